@@ -1,0 +1,4 @@
+from litgpt_vocagnolm.cli import main
+
+if __name__ == "__main__":
+    main()

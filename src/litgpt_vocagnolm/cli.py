@@ -1,0 +1,95 @@
+"""Command lines: `vocagnolm <command>` and the `litgpt pretrain --recipe NAME` dispatch.
+
+Each command is a typed function; jsonargparse builds its parser (with `--help`, `--config`, `--print_config` and
+dotted overrides) only for the command that runs, so `vocagnolm --help` stays fast.
+"""
+
+import sys
+from importlib import import_module
+from importlib.metadata import entry_points
+from typing import Callable, NoReturn
+
+RECIPE_GROUP = "litgpt.recipes"
+
+# name -> ("module:function", one-line help). `pretrain` is dispatched through the recipe registry instead.
+COMMANDS: dict[str, tuple[str | None, str]] = {
+    "pretrain": (None, "Run a registered recipe (default: vocagnolm); the same as `litgpt pretrain --recipe NAME`"),
+}
+
+
+def registered_recipes() -> dict[str, object]:
+    return {ep.name: ep for ep in entry_points(group=RECIPE_GROUP)}
+
+
+def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
+    """Takes `--recipe NAME` / `--recipe=NAME` out of `args` (a copy: Fabric's children re-read `sys.argv`)."""
+    rest = list(args)
+    for i, arg in enumerate(rest):
+        if arg == "--recipe":
+            if i + 1 >= len(rest):
+                _fail("--recipe needs a name", registered_recipes())
+            return rest[i + 1], rest[:i] + rest[i + 2 :]
+        if arg.startswith("--recipe="):
+            return arg.split("=", 1)[1], rest[:i] + rest[i + 1 :]
+    return None, rest
+
+
+def _fail(message: str, recipes: dict) -> NoReturn:
+    names = ", ".join(sorted(recipes)) or "(none: is litgpt-vocagnolm installed in this environment?)"
+    print(f"error: {message}. Registered recipes ({RECIPE_GROUP} entry points): {names}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def run_recipe(name: str, args: list[str]) -> None:
+    recipes = registered_recipes()
+    if name not in recipes:
+        _fail(f"unknown recipe {name!r}", recipes)
+    setup = recipes[name].load()
+    _run(setup, args, prog=f"litgpt pretrain --recipe {name}")
+
+
+def _run(function: Callable, args: list[str], prog: str) -> None:
+    # What `litgpt.__main__.main` sets up before its CLI call.
+    import warnings
+
+    import torch
+    from jsonargparse import CLI, set_config_read_mode, set_docstring_parse_options
+
+    set_docstring_parse_options(attribute_docstrings=True)
+    set_config_read_mode(urls_enabled=True)
+    warnings.filterwarnings(
+        "ignore", message=r"The epoch parameter in `scheduler.step\(\)` was not necessary", category=UserWarning
+    )
+    torch.set_float32_matmul_precision("high")
+    CLI(function, args=args, prog=prog)
+
+
+def litgpt_main(upstream_main: Callable[[], None]) -> None:
+    """Replaces `litgpt.__main__.main` (see _hook.py): `pretrain --recipe NAME` runs the recipe, all else is LitGPT's."""
+    if sys.argv[1:2] == ["pretrain"]:
+        name, rest = _split_recipe(sys.argv[2:])
+        if name is not None:
+            return run_recipe(name, rest)
+    return upstream_main()
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "usage: vocagnolm <command> [--help] [options]\n\ncommands:\n" + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"error: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        raise SystemExit(2)
+    if command == "pretrain":
+        name, rest = _split_recipe(rest)
+        return run_recipe(name or "vocagnolm", rest)
+    module, function = COMMANDS[command][0].split(":")
+    _run(getattr(import_module(module), function), rest, prog=f"vocagnolm {command}")
