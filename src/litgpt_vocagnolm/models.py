@@ -1,0 +1,79 @@
+"""LitGPT model configs for the paper's teachers that LitGPT 0.5 lacks, from the models' published config.json.
+
+`register()` adds them to `litgpt.config` (idempotent); the recipe, `vocagnolm evaluate` and
+`vocagnolm convert_to_litgpt` call it, so `Config.from_name("llemma_7b")` works wherever we run. `litgpt download`
+itself cannot see them: download with `--convert_checkpoint false`, then run `vocagnolm convert_to_litgpt DIR`.
+"""
+
+from pathlib import Path
+
+CONFIGS = [
+    # https://huggingface.co/EleutherAI/llemma_7b/blob/main/config.json (Code Llama 7B continued on Proof-Pile-2)
+    dict(
+        name="llemma_7b",
+        hf_config=dict(org="EleutherAI", name="llemma_7b"),
+        block_size=4096,
+        vocab_size=32016,
+        padding_multiple=16,
+        n_layer=32,
+        n_head=32,
+        n_embd=4096,
+        rotary_percentage=1.0,
+        parallel_residual=False,
+        bias=False,
+        norm_class_name="RMSNorm",
+        norm_eps=1e-05,
+        mlp_class_name="LLaMAMLP",
+        intermediate_size=11008,
+        rope_base=1000000,
+    ),
+    # https://huggingface.co/deepseek-ai/deepseek-math-7b-base/blob/main/config.json (LlamaForCausalLM, 30 layers)
+    # and its -instruct / -rl siblings, which share the architecture.
+    *(
+        dict(
+            name=f"deepseek-math-7b-{kind}",
+            hf_config=dict(org="deepseek-ai", name=f"deepseek-math-7b-{kind}"),
+            block_size=4096,
+            vocab_size=102400,
+            padded_vocab_size=102400,
+            n_layer=30,
+            n_head=32,
+            n_embd=4096,
+            rotary_percentage=1.0,
+            parallel_residual=False,
+            bias=False,
+            norm_class_name="RMSNorm",
+            norm_eps=1e-06,
+            mlp_class_name="LLaMAMLP",
+            intermediate_size=11008,
+            rope_base=10000,
+        )
+        for kind in ("base", "instruct", "rl")
+    ),
+]
+
+
+def register() -> None:
+    from litgpt import config
+
+    # gair-prox/Mistral-7B-ProXMath: Mistral-7B-v0.1 continued on ProX-refined OpenWebMath; the same architecture.
+    proxmath = dict(config.name_to_config["Mistral-7B-v0.1"])
+    proxmath.update(name="Mistral-7B-ProXMath", hf_config=dict(org="gair-prox", name="Mistral-7B-ProXMath"))
+    for entry in [*CONFIGS, proxmath]:
+        if entry["name"] not in config.name_to_config:
+            config.configs.append(entry)
+            config.name_to_config[entry["name"]] = entry
+
+
+def convert_to_litgpt(checkpoint_dir: Path, model_name: str | None = None, dtype: str | None = None) -> None:
+    """`litgpt convert_to_litgpt` that also knows llemma_7b, deepseek-math-7b-* and Mistral-7B-ProXMath.
+
+    Arguments:
+        checkpoint_dir: A Hugging Face checkpoint directory (e.g. from `litgpt download --convert_checkpoint false`).
+        model_name: The LitGPT config name; inferred from the directory name by default.
+        dtype: The dtype of the converted weights.
+    """
+    from litgpt.scripts.convert_hf_checkpoint import convert_hf_checkpoint
+
+    register()
+    convert_hf_checkpoint(checkpoint_dir=checkpoint_dir, model_name=model_name, dtype=dtype)
