@@ -1,0 +1,512 @@
+"""Teacher Guided Loss (Shin et al., ICML 2025, §3.2 of DESIGN.md) and the paper's baselines.
+
+Pure functions: tensors in, tensors out. Nothing here knows about Fabric or process groups; the one cross-rank
+quantity (`scope="global"`) arrives as an `all_gather` callable, as torchtitan passes `global_valid_tokens`.
+
+`guided_loss` returns a weighted loss SUM and a weight SUM. The recipe adds both up over the micro-batches and ranks of
+one optimizer step and divides once, so every trained token weighs the same:
+
+    loss = sum(w * ls) / max(sum(w), 1)
+
+Selection runs under `no_grad`: weights carry no gradient, only the student's per-token loss does.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Literal, get_args
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Method = Literal["vocagnolm", "ce", "rho1", "kld", "uld", "chunk", "random"]
+Aggregation = Literal["max", "mean"]
+Unmapped = Literal["include", "exclude"]
+Scope = Literal["batch", "sequence", "global"]
+AllGather = Callable[[Tensor], Tensor]
+
+
+@dataclass
+class GuidanceArgs:
+    """How the teacher guides the student (`--guidance.*`)."""
+
+    method: Method = "vocagnolm"
+    """vocagnolm: train the top-k mapped tokens by excess loss (student minus aligned teacher loss);
+    ce: naive continual pretraining; rho1: vocagnolm for a same-vocabulary teacher, token i paired with token i;
+    kld: CE + forward KL to the teacher's distribution (same vocabulary); uld: CE + Universal Logit Distillation
+    (sorted-probability L1, any vocabulary); chunk: vocagnolm through chunk-level alignment ranges;
+    random: as many mapped tokens as vocagnolm trains, drawn uniformly (the control)"""
+    top_k: float = 0.4
+    """Fraction of the mapped tokens trained, in (0, 1]: ceil(top_k * mapped) per scope (paper: 0.4)"""
+    aggregation: Aggregation = "max"
+    """How the losses of the teacher tokens mapped to one student token are combined (paper: max)"""
+    unmapped: Unmapped = "include"
+    """Whether student tokens with no teacher token (special tokens) are trained (paper: include)"""
+    scope: Scope = "batch"
+    """Where the top-k is ranked: the micro-batch, each sequence, or the micro-batches of all data-parallel ranks"""
+    temperature: float = 1.0
+    """kld: softmax temperature of both distributions; the KL term is scaled by temperature**2"""
+    distill_weight: float = 1.0
+    """kld, uld: weight of the distillation term added to each token's cross-entropy"""
+    num_chunks: int = 8
+    """chunk: number of chunks of equal token count both sequences are cut into (chunk alignment)"""
+
+    def __post_init__(self) -> None:
+        for name, kind in (("method", Method), ("aggregation", Aggregation), ("unmapped", Unmapped), ("scope", Scope)):
+            if getattr(self, name) not in get_args(kind):
+                raise ValueError(f"guidance.{name} must be one of {get_args(kind)}, got {getattr(self, name)!r}")
+        if not 0 < self.top_k <= 1:
+            raise ValueError(f"guidance.top_k must be in (0, 1] (the paper uses 0.4), got {self.top_k}")
+        if not self.temperature > 0:
+            raise ValueError(f"guidance.temperature must be > 0 (1.0: the plain softmax), got {self.temperature}")
+        if not (math.isfinite(self.distill_weight) and self.distill_weight >= 0):
+            raise ValueError(f"guidance.distill_weight must be finite and >= 0, got {self.distill_weight}")
+        if self.num_chunks < 1:
+            raise ValueError(f"guidance.num_chunks must be >= 1, got {self.num_chunks}")
+
+    @property
+    def needs_teacher_loss(self) -> bool:
+        """The teacher's per-token loss (B, M) is needed: the teacher runs forward on every batch."""
+        return self.method in ("vocagnolm", "rho1", "chunk")
+
+    @property
+    def needs_teacher_logits(self) -> bool:
+        """The teacher's full logits are needed (distillation baselines)."""
+        return self.method in ("kld", "uld")
+
+    @property
+    def same_vocab_only(self) -> bool:
+        """The method compares student and teacher token by token over one vocabulary."""
+        return self.method in ("rho1", "kld")
+
+    def check_tokenizers(self, same_vocabulary: bool) -> None:
+        """Refuses a same-vocabulary method for a teacher whose vocabulary differs from the student's."""
+        if self.same_vocab_only and not same_vocabulary:
+            raise ValueError(
+                f"guidance.method={self.method!r} needs a teacher with the student's vocabulary, but the tokenizers"
+                " differ. Use --guidance.method vocagnolm (or uld) for a teacher with another vocabulary, or pick a"
+                " teacher that shares the student's tokenizer."
+            )
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Per-row cross-entropy in float32, `chunk_size` rows at a time; backward recomputes each chunk's softmax.
+
+    Autograd keeps only the logits (which exist anyway) and the targets: at B=1, T=2048, V=32000 the float32
+    log-probabilities that `F.cross_entropy` would keep for a bf16 input are 262 MB more.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, ignore: Tensor, chunk_size: int) -> Tensor:
+        # logits (N, V), targets (N,) in [0, V), ignore (N,) bool
+        loss = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        for start in range(0, logits.shape[0], chunk_size):
+            rows = slice(start, start + chunk_size)
+            log_probs = torch.log_softmax(logits[rows].float(), dim=-1)  # (chunk, V), freed each iteration
+            loss[rows] = -log_probs.gather(1, targets[rows, None]).squeeze(1)
+        ctx.save_for_backward(logits, targets, ignore)
+        ctx.chunk_size = chunk_size
+        return loss.masked_fill_(ignore, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        logits, targets, ignore = ctx.saved_tensors
+        grad = grad.float().masked_fill(ignore, 0.0)[:, None]  # (N, 1)
+        grad_logits = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.chunk_size):
+            rows = slice(start, start + ctx.chunk_size)
+            # d CE / d logits = softmax - one_hot(target)
+            chunk = torch.softmax(logits[rows].float(), dim=-1).mul_(grad[rows])
+            chunk.scatter_add_(1, targets[rows, None], -grad[rows])
+            grad_logits[rows] = chunk
+        return grad_logits, None, None, None
+
+
+def per_token_cross_entropy(
+    logits: Tensor, targets: Tensor, ignore_index: int = -100, chunk_size: int = 128
+) -> Tensor:
+    """Cross-entropy of each target token.
+
+    Like `litgpt.utils.chunked_cross_entropy`, computed `chunk_size` rows at a time, but unreduced and always in
+    float32 whatever the logits' dtype, without ever holding a float32 copy of all logits (not even for backward).
+
+    Args:
+        logits: (B, T, V), any float dtype.
+        targets: (B, T) token ids, `ignore_index` where there is nothing to predict (padding).
+        ignore_index: target value whose loss is 0.
+        chunk_size: rows of (V,) logits upcast at once.
+
+    Returns: (B, T) float32, 0 where `targets == ignore_index`.
+    """
+    if logits.dim() != 3 or logits.shape[:2] != targets.shape:
+        raise ValueError(f"logits must be (B, T, V), targets (B, T); got {tuple(logits.shape)}, {tuple(targets.shape)}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    ignore = targets == ignore_index
+    flat_targets = targets.masked_fill(ignore, 0).reshape(-1)
+    flat_logits = logits.reshape(-1, logits.shape[-1])  # (B * T, V), a view
+    loss = _ChunkedCrossEntropy.apply(flat_logits, flat_targets, ignore.reshape(-1), chunk_size)
+    return loss.view(targets.shape)
+
+
+@torch.no_grad()
+def aggregate_teacher_loss(lt: Tensor, ranges: Tensor, aggregation: Aggregation = "max") -> tuple[Tensor, Tensor]:
+    """The teacher loss of each student token: max (or mean) over its range of teacher tokens.
+
+    Cost does not depend on range length: a mean is a difference of float64 prefix sums; a max is the larger of two
+    overlapping power-of-two windows from a sparse table (log2(M) + 1 rows of window maxima). O(B M log M + B T),
+    no loop over tokens, exact for any range.
+
+    Args:
+        lt: (B, M) teacher per-token loss, NaN where unavailable (the first token of a teacher window, padding).
+        ranges: (B, T, 2) integer; student token i maps to teacher tokens [a, e) of its row, 0 <= a <= e <= M,
+            a == e for an unmapped token.
+        aggregation: "max" or "mean" of the non-NaN values in the range.
+
+    Returns: `agg` (B, T) float32, 0 where unmapped, and `mapped` (B, T) bool: the range holds a non-NaN value.
+    """
+    if aggregation not in get_args(Aggregation):
+        raise ValueError(f"aggregation must be one of {get_args(Aggregation)}, got {aggregation!r}")
+    if lt.dim() != 2 or ranges.dim() != 3 or ranges.shape[-1] != 2 or ranges.shape[0] != lt.shape[0]:
+        raise ValueError(f"lt must be (B, M) and ranges (B, T, 2), got {tuple(lt.shape)} and {tuple(ranges.shape)}")
+    (B, M), T = lt.shape, ranges.shape[1]
+    start, end = ranges.long().unbind(-1)  # (B, T) each
+    # Checked on the device: a host sync here would stall every micro-batch.
+    torch._assert_async(
+        ((start >= 0) & (start <= end) & (end <= M)).all(),
+        f"ranges must satisfy 0 <= a <= e <= M={M} (a == e: unmapped); fix the alignment that built them",
+    )
+    if M == 0:
+        return torch.zeros(B, T, device=lt.device), torch.zeros(B, T, dtype=torch.bool, device=lt.device)
+    available = ~torch.isnan(lt)
+    counts = F.pad(available.long().cumsum(-1), (1, 0))  # (B, M + 1): counts[:, j] = available in [0, j)
+    mapped = counts.gather(1, end) > counts.gather(1, start)
+    if aggregation == "mean":
+        # float64: a float32 difference of prefix sums would lose ~1e-3 at M = 2048
+        sums = F.pad(torch.where(available, lt.double(), 0.0).cumsum(-1), (1, 0))  # (B, M + 1)
+        count = (counts.gather(1, end) - counts.gather(1, start)).clamp(min=1)
+        agg = ((sums.gather(1, end) - sums.gather(1, start)) / count).float()
+    else:
+        table = [torch.where(available, lt.float(), -math.inf)]  # table[k][b, j] = max lt[b, j : j + 2**k]
+        while 2 ** len(table) <= M:
+            width, previous = 2 ** (len(table) - 1), table[-1]
+            table.append(torch.maximum(previous, F.pad(previous[:, width:], (0, width), value=-math.inf)))
+        levels = torch.stack(table)  # (log2(M) + 1, B, M)
+        length = (end - start).clamp(min=1)
+        level = torch.frexp(length.float()).exponent.long() - 1  # floor(log2(length)), exact below 2**24
+        row = torch.arange(B, device=lt.device)[:, None]
+        left = levels[level, row, start.clamp(max=M - 1)]
+        right = levels[level, row, (end - 2**level).clamp(min=0)]
+        agg = torch.maximum(left, right)
+    return torch.where(mapped, agg, 0.0), mapped
+
+
+@torch.no_grad()
+def select_top_k(
+    scores: Tensor,
+    candidate: Tensor,
+    top_k: float,
+    *,
+    scope: Scope = "batch",
+    all_gather: AllGather | None = None,
+    rank: int = 0,
+) -> Tensor:
+    """The `ceil(top_k * n)` candidates with the largest score among the n candidates of each scope.
+
+    Ties go to the earlier token: by (b, t) in a batch, t in a sequence, (rank, b, t) across ranks.
+
+    Args:
+        scores: (B, T) float.
+        candidate: (B, T) bool: tokens that may be selected.
+        top_k: fraction in [0, 1].
+        scope: "batch" (the whole tensor), "sequence" (each row) or "global" (every rank's tensor).
+        all_gather: for "global": stacks a tensor from every data-parallel rank along a new leading dim
+            (`fabric.all_gather`; with one process it may return its input unchanged). All ranks need equal shapes.
+        rank: this process's index in the `all_gather` result (`fabric.global_rank`).
+
+    Returns: (B, T) bool.
+    """
+    if not 0 <= top_k <= 1:
+        raise ValueError(f"top_k must be in [0, 1], got {top_k}")
+    if scope == "sequence":
+        return _top_k_rows(scores, candidate, top_k)
+    if scope == "batch":
+        return _top_k_rows(scores.reshape(1, -1), candidate.reshape(1, -1), top_k).view_as(candidate)
+    if scope != "global":
+        raise ValueError(f"scope must be one of {get_args(Scope)}, got {scope!r}")
+    if all_gather is None:
+        raise ValueError("scope='global' needs all_gather (e.g. fabric.all_gather) and this process's rank")
+    local = torch.stack([scores.float(), candidate.float()])  # (2, B, T): one collective instead of two
+    gathered = all_gather(local)
+    if gathered.dim() == local.dim():  # one process: fabric.all_gather adds no leading dim
+        gathered = gathered[None]
+    if gathered.shape[1:] != local.shape or not 0 <= rank < gathered.shape[0]:
+        raise ValueError(
+            f"all_gather gave {tuple(gathered.shape)} for local {tuple(local.shape)} at rank {rank}: every rank"
+            " needs micro-batches of the same shape, and rank must index the gathered dim"
+        )
+    world = gathered.shape[0]
+    selected = _top_k_rows(gathered[:, 0].reshape(1, -1), gathered[:, 1].reshape(1, -1).bool(), top_k)
+    return selected.view(world, *scores.shape)[rank]
+
+
+def _top_k_rows(scores: Tensor, candidate: Tensor, top_k: float) -> Tensor:
+    # scores, candidate (R, N) -> (R, N) bool: ceil(top_k * n_r) per row, without a host sync.
+    n = candidate.sum(-1, keepdim=True)  # (R, 1)
+    # 0.7 * 10 is 7.000000000000001 in floating point; the tolerance makes it 7 (top_k has < 9 decimals).
+    k = torch.ceil(n.double() * top_k - 1e-9)
+    # Candidates strictly above non-candidates, so a -inf excess still outranks a non-candidate.
+    keys = torch.where(candidate, scores.float().nan_to_num(), -math.inf)
+    order = torch.sort(keys, dim=-1, descending=True, stable=True).indices  # stable: ties by position
+    position = torch.arange(scores.shape[-1], device=scores.device).expand_as(order)
+    ranking = torch.empty_like(order).scatter_(-1, order, position)
+    return candidate & (ranking < k)
+
+
+def _weights(selected: Tensor, valid: Tensor, mapped: Tensor, unmapped: Unmapped) -> Tensor:
+    # 1 selected, 0 mapped-unselected, 1 valid unmapped if included, 0 invalid: (B, T) float32
+    if unmapped not in get_args(Unmapped):
+        raise ValueError(f"unmapped must be one of {get_args(Unmapped)}, got {unmapped!r}")
+    keep = selected & valid
+    if unmapped == "include":
+        keep = keep | (valid & ~mapped)
+    return keep.float()
+
+
+@torch.no_grad()
+def teacher_guided_weights(
+    ls: Tensor,
+    lt: Tensor,
+    ranges: Tensor,
+    valid: Tensor,
+    *,
+    top_k: float = 0.4,
+    aggregation: Aggregation = "max",
+    unmapped: Unmapped = "include",
+    scope: Scope = "batch",
+    all_gather: AllGather | None = None,
+    rank: int = 0,
+) -> Tensor:
+    """VocAgnoLM's token weights: the top-k valid mapped tokens by excess loss `ls - agg(lt[range])`.
+
+    Args:
+        ls: (B, T) student per-token loss (its gradient is not used).
+        lt: (B, M) teacher per-token loss, NaN where unavailable.
+        ranges: (B, T, 2) teacher tokens [a, e) of each student token, a == e unmapped.
+        valid: (B, T) bool, False for padding.
+        top_k: fraction of the valid mapped tokens selected: exactly ceil(top_k * n_mapped) per scope.
+        aggregation: "max" or "mean" of the teacher losses in a range.
+        unmapped: "include" trains valid unmapped tokens (weight 1), "exclude" does not.
+        scope: where the top-k is ranked; see `select_top_k` (with `all_gather` and `rank` for "global").
+
+    Returns: (B, T) float32 weights in {0, 1}, no gradient.
+    """
+    agg, mapped = aggregate_teacher_loss(lt, ranges, aggregation)
+    candidate = valid & mapped
+    selected = select_top_k(ls.float() - agg, candidate, top_k, scope=scope, all_gather=all_gather, rank=rank)
+    return _weights(selected, valid, mapped, unmapped)
+
+
+@torch.no_grad()
+def random_weights(
+    valid: Tensor,
+    mapped: Tensor,
+    top_k: float,
+    unmapped: Unmapped,
+    generator: torch.Generator | None = None,
+    *,
+    scope: Scope = "batch",
+    all_gather: AllGather | None = None,
+    rank: int = 0,
+) -> Tensor:
+    """The control: as many valid mapped tokens as `teacher_guided_weights` selects, drawn uniformly.
+
+    valid, mapped (B, T) bool; `generator` on their device. With scope="global" every rank draws its own scores
+    and the gathered scores decide, so the global count is exact as well. Returns (B, T) float32.
+    """
+    scores = torch.rand(valid.shape, generator=generator, device=valid.device)
+    selected = select_top_k(scores, valid & mapped, top_k, scope=scope, all_gather=all_gather, rank=rank)
+    return _weights(selected, valid, mapped, unmapped)
+
+
+def kld_loss(
+    student_logits: Tensor, teacher_logits: Tensor, valid: Tensor, temperature: float = 1.0, chunk_size: int = 128
+) -> Tensor:
+    """Forward KL(teacher || student) of each position's next-token distributions, same vocabulary.
+
+    Both distributions are softened by `temperature` and the result scaled by temperature**2 (Hinton et al., 2015),
+    so the gradient's size does not change with the temperature. Computed in float32, `chunk_size` rows at a time;
+    autograd keeps the student's float32 log-probabilities (B * T * V * 4 bytes), a cost only this baseline pays.
+
+    Args:
+        student_logits: (B, T, V).
+        teacher_logits: (B, T, V), no gradient flows into it.
+        valid: (B, T) bool.
+
+    Returns: (B, T) float32, 0 where not valid.
+    """
+    if student_logits.shape != teacher_logits.shape or student_logits.shape[:2] != valid.shape:
+        raise ValueError(
+            f"kld needs student and teacher logits of one shape (B, T, V) and valid (B, T), got"
+            f" {tuple(student_logits.shape)}, {tuple(teacher_logits.shape)}, {tuple(valid.shape)}; if the vocabularies"
+            " match but the padded sizes differ, slice both logits to the tokenizer's vocab_size"
+        )
+    student = student_logits.reshape(-1, student_logits.shape[-1])
+    teacher = teacher_logits.detach().reshape(-1, teacher_logits.shape[-1])
+    chunks = []
+    for start in range(0, student.shape[0], chunk_size):
+        rows = slice(start, start + chunk_size)
+        log_q = torch.log_softmax(student[rows].float() / temperature, dim=-1)
+        log_p = torch.log_softmax(teacher[rows].float() / temperature, dim=-1)
+        chunks.append(F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1))
+    kl = torch.cat(chunks).view(valid.shape) * temperature**2
+    return torch.where(valid, kl, 0.0)
+
+
+def uld_loss(
+    student_logits: Tensor, teacher_logits: Tensor, pair_index: Tensor, valid: Tensor, chunk_size: int = 128
+) -> Tensor:
+    """Universal Logit Distillation (Boizard et al., 2024): L1 distance between sorted probability vectors.
+
+    Both probability vectors are sorted in decreasing order and the shorter is zero-padded to the larger vocabulary.
+    Only the top `min(Vs, Vt)` entries are sorted (`topk`); the larger vocabulary's tail enters as its summed mass.
+    Student position i is paired with teacher position `pair_index[b, i]`, taken from the alignment (e.g. the last
+    teacher token of i's range), never by index. Sorting a 152k teacher vocabulary per token is this baseline's cost.
+
+    Args:
+        student_logits: (B, T, Vs).
+        teacher_logits: (B, M, Vt), no gradient flows into it.
+        pair_index: (B, T) long into the teacher positions of the row, -1 = unpaired.
+        valid: (B, T) bool.
+
+    Returns: (B, T) float32, 0 where not valid or unpaired.
+    """
+    (B, T, Vs), (Bt, M, Vt) = student_logits.shape, teacher_logits.shape
+    if B != Bt or pair_index.shape != (B, T) or valid.shape != (B, T):
+        raise ValueError(
+            f"uld needs student logits (B, T, Vs), teacher logits (B, M, Vt), pair_index and valid (B, T), got"
+            f" {tuple(student_logits.shape)}, {tuple(teacher_logits.shape)}, {tuple(pair_index.shape)},"
+            f" {tuple(valid.shape)}"
+        )
+    paired = valid & (pair_index >= 0)
+    torch._assert_async((pair_index < M).all(), f"pair_index must be < M={M} (or -1: unpaired)")
+    student = student_logits.reshape(B * T, Vs)
+    teacher = teacher_logits.detach().reshape(B * M, Vt)
+    teacher_row = (pair_index.clamp(min=0) + torch.arange(B, device=pair_index.device)[:, None] * M).reshape(-1)
+    width = min(Vs, Vt)
+    chunks = []
+    for start in range(0, B * T, chunk_size):
+        rows = slice(start, start + chunk_size)
+        q = torch.softmax(student[rows].float(), dim=-1)
+        with torch.no_grad():
+            p = torch.softmax(teacher[teacher_row[rows]].float(), dim=-1)
+            p_top = p.topk(width, dim=-1, sorted=True).values
+        q_top = q.topk(width, dim=-1, sorted=True).values
+        # The zero-padded entries of the smaller vocabulary meet the larger one's tail: |0 - x| = x.
+        tail = (1.0 - q_top.sum(-1)).clamp(min=0) if Vs > width else (1.0 - p_top.sum(-1)).clamp(min=0)
+        chunks.append((q_top - p_top).abs().sum(-1) + tail)
+    return torch.where(paired, torch.cat(chunks).view(B, T), 0.0)
+
+
+def guided_loss(
+    args: GuidanceArgs,
+    logits: Tensor,
+    targets: Tensor,
+    *,
+    teacher_loss: Tensor | None = None,
+    ranges: Tensor | None = None,
+    teacher_logits: Tensor | None = None,
+    pair_index: Tensor | None = None,
+    all_gather: AllGather | None = None,
+    rank: int = 0,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """One micro-batch's loss for `args.method`: (weighted loss SUM, weight SUM, metrics).
+
+    Divide the summed losses by the summed weights of all micro-batches and ranks of an optimizer step, once.
+    kld and uld add `distill_weight * distillation` to each valid token's cross-entropy with the same weight 1, so
+    their loss is mean CE + distill_weight * distillation summed over valid tokens / valid tokens (unpaired uld
+    tokens add 0 to the sum, 1 to the count).
+
+    Args:
+        args: the method and its options.
+        logits: (B, T, V) student logits.
+        targets: (B, T), -100 = not a target (padding).
+        teacher_loss: (B, M) teacher per-token loss, NaN = unavailable; vocagnolm, rho1, chunk; random (optional:
+            without it a token is mapped when its range is non-empty).
+        ranges: (B, T, 2) teacher tokens [a, e) of each student token; vocagnolm, chunk (chunk-alignment ranges),
+            random; rho1 defaults to 1:1 (token i -> [i, i + 1)).
+        teacher_logits: kld (B, T, V), uld (B, M, Vt).
+        pair_index: uld (B, T) teacher position paired with each student position, -1 = unpaired.
+        all_gather, rank: scope="global" (see `select_top_k`).
+        generator: random's generator, on the logits' device.
+
+    Returns: loss_sum (float32 scalar, with gradient to `logits` only), weight_sum (float32 scalar, no gradient),
+        metrics (detached float32 scalars, no host sync): student_loss (mean CE over valid tokens),
+        trained_fraction (weight sum / valid), and for the selecting methods mapped_fraction (of valid),
+        selected_fraction (of valid mapped), plus, with a teacher loss, teacher_loss (mean over valid mapped),
+        excess_selected and excess_unselected (mean excess of valid mapped tokens); for kld/uld distill_loss.
+    """
+    method = args.method
+    if method in ("vocagnolm", "rho1", "chunk") and teacher_loss is None:
+        raise ValueError(f"guidance.method={method!r} needs teacher_loss (B, M)")
+    if method in ("vocagnolm", "chunk", "random") and ranges is None:
+        raise ValueError(f"guidance.method={method!r} needs ranges (B, T, 2) from the alignment")
+    if method in ("kld", "uld") and teacher_logits is None:
+        raise ValueError(f"guidance.method={method!r} needs teacher_logits")
+    if method == "uld" and pair_index is None:
+        raise ValueError("guidance.method='uld' needs pair_index (B, T) from the alignment")
+    if method == "rho1" and ranges is None:
+        if teacher_loss.shape != targets.shape:
+            raise ValueError(
+                f"guidance.method='rho1' pairs token i with teacher token i: teacher_loss must be"
+                f" {tuple(targets.shape)}, got {tuple(teacher_loss.shape)} (pass ranges, or use vocagnolm for"
+                " different tokenizers)"
+            )
+        position = torch.arange(targets.shape[1], device=targets.device)
+        ranges = torch.stack([position, position + 1], dim=-1).expand(*targets.shape, 2)
+
+    valid = targets != -100
+    ls = per_token_cross_entropy(logits, targets)  # (B, T) float32
+    n_valid = valid.sum().clamp(min=1)
+    metrics = {"student_loss": ls.detach().sum() / n_valid}
+    per_token = ls
+
+    if method in ("ce", "kld", "uld"):
+        weights = valid.float()
+        if method != "ce":
+            if method == "kld":
+                distill = kld_loss(logits, teacher_logits, valid, args.temperature)
+            else:
+                distill = uld_loss(logits, teacher_logits, pair_index, valid)
+            per_token = ls + args.distill_weight * distill
+            metrics["distill_loss"] = distill.detach().sum() / n_valid
+    else:
+        with torch.no_grad():
+            if teacher_loss is not None:
+                agg, mapped = aggregate_teacher_loss(teacher_loss, ranges, args.aggregation)
+            else:
+                agg, mapped = None, ranges[..., 1] > ranges[..., 0]
+            candidate = valid & mapped
+            excess = None if agg is None else ls.detach() - agg
+            cross_rank = dict(scope=args.scope, all_gather=all_gather, rank=rank)
+            if method == "random":
+                weights = random_weights(valid, mapped, args.top_k, args.unmapped, generator, **cross_rank)
+                selected = candidate & (weights > 0)
+            else:
+                selected = select_top_k(excess, candidate, args.top_k, **cross_rank)
+                weights = _weights(selected, valid, mapped, args.unmapped)
+            n_candidate, n_selected = candidate.sum(), selected.sum()
+            metrics["mapped_fraction"] = n_candidate / n_valid
+            metrics["selected_fraction"] = n_selected / n_candidate.clamp(min=1)
+            if excess is not None:
+                unselected = candidate & ~selected
+                metrics["teacher_loss"] = torch.where(candidate, agg, 0.0).sum() / n_candidate.clamp(min=1)
+                metrics["excess_selected"] = torch.where(selected, excess, 0.0).sum() / n_selected.clamp(min=1)
+                n_unselected = unselected.sum().clamp(min=1)
+                metrics["excess_unselected"] = torch.where(unselected, excess, 0.0).sum() / n_unselected
+
+    weight_sum = weights.sum()
+    metrics["trained_fraction"] = weight_sum / n_valid
+    metrics = {name: value.detach().float() for name, value in metrics.items()}
+    return (weights * per_token).sum(), weight_sum, metrics
