@@ -1,0 +1,412 @@
+"""Token-level Lexical Alignment (the paper's Algorithm 1) and its metrics.
+
+Each student token is mapped to the contiguous range of teacher tokens whose character spans overlap its own. Both
+tokenizers report spans into the same text, so two binary searches over the teacher's sorted span ends and starts
+find every range at once: O(N log M), vectorized, exact (DESIGN.md §3.1).
+
+Special tokens: the BOS/EOS that the data pipeline adds carry empty spans (e.g. `(0, 0)`, or `(len(text), len(text))`
+for EOS). An empty student span is unmapped (`a == b`) and an empty teacher span is never inside a range, wherever it
+sits in the sequence. Unmapped rows are `(0, 0)`.
+
+Getting offsets out of a tokenizer is the expensive part: `Encoding.offsets` builds a Python list of tuples, which
+costs about a quarter of the tokenization itself. `encode` instead derives them from the token ids: a per-vocabulary
+table of how many bytes of the text each token covers, a cumulative sum, and a byte -> character index map. This holds
+for byte-level BPE (Qwen2.5, DeepSeek, Llama 3) and for Metaspace SentencePiece BPE (Llama 2, Mistral) whenever the
+normalizer leaves the text as it is; `encode` checks that per text (byte total, NFC) and otherwise uses the
+tokenizer's own offsets.
+"""
+
+import functools
+import gzip
+import json
+import unicodedata
+from itertools import chain
+from pathlib import Path
+from typing import Iterable, NamedTuple, Optional, Sequence, Union
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.json.gz")
+METASPACE = "\u2581"  # "▁", SentencePiece's space marker
+# Byte length given to added and unknown tokens: any text holding one fails the byte-total check of the derived
+# offsets, so it falls back to the tokenizer's own offsets (added tokens match text outside the model's vocabulary).
+NO_FAST_PATH = 1 << 40
+
+
+def find_tokenizer_file(path: Union[str, Path]) -> Path:
+    """The file `load_tokenizer` reads: `path` itself, or `tokenizer.json[.gz]` in a tokenizer or LitGPT checkpoint dir."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise FileNotFoundError(f"Tokenizer path {str(path)!r} does not exist.")
+    for name in TOKENIZER_FILES:
+        if (path / name).is_file():
+            return path / name
+    names = sorted(p.name for p in path.iterdir())
+    hint = ""
+    if "tokenizer.model" in names:
+        hint = (
+            " There is a SentencePiece `tokenizer.model`, which reports no character offsets: write the fast tokenizer"
+            " next to it with `transformers.AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)`."
+        )
+    raise FileNotFoundError(
+        f"No {' or '.join(TOKENIZER_FILES)} in {str(path)!r} (it holds: {', '.join(names) or 'nothing'}).{hint}"
+        " Pass a LitGPT checkpoint dir, a tokenizer dir or the tokenizer.json file itself."
+    )
+
+
+def load_tokenizer(path: Union[str, Path]) -> Tokenizer:
+    """A Hugging Face fast tokenizer from a tokenizer.json (gzipped or not), a tokenizer dir or a LitGPT checkpoint dir."""
+    file = find_tokenizer_file(path)
+    data = file.read_bytes()
+    try:
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        return Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as error:  # tokenizers raises a bare Exception for malformed files
+        raise ValueError(
+            f"{str(file)!r} is not a fast-tokenizer JSON file (the tokenizer.json written by Hugging Face tokenizers):"
+            f" {error}"
+        ) from error
+
+
+class _OffsetTable(NamedTuple):
+    """What `encode` needs to derive character offsets from token ids for one tokenizer."""
+
+    byte_lengths: np.ndarray
+    """(V,) int64: bytes of the original text each token id covers; NO_FAST_PATH for added and unknown tokens."""
+    prepend: str
+    """Metaspace's "▁" put before the text: "never", "always", or "unless_space" (not before a leading space)."""
+    needs_nfc: bool
+    """The normalizer is NFC: the table holds only for text that NFC leaves unchanged."""
+
+
+def _state(component: object) -> list[dict]:
+    """A tokenizer component (normalizer, pre-tokenizer, post-processor) as a flat list of JSON dicts."""
+    if component is None:
+        return []
+    state = json.loads(component.__getstate__())
+    members = state.get("normalizers", state.get("pretokenizers", state.get("processors")))
+    if state["type"] == "Sequence" and members is not None:
+        return members
+    return [state]
+
+
+@functools.lru_cache(maxsize=16)
+def _offset_table(tokenizer: Tokenizer, vocab_size: int) -> Optional[_OffsetTable]:
+    """The table for tokenizers whose offsets follow from the ids alone, else None. Cached: Qwen's takes ~0.1 s."""
+    model = tokenizer.model
+    if type(model).__name__ != "BPE":
+        return None
+    normalizer = [s["type"] for s in _state(tokenizer.normalizer)]
+    pre_tokenizer = _state(tokenizer.pre_tokenizer)
+    for processor in _state(tokenizer.post_processor):
+        # The ByteLevel post-processor trims whitespace out of offsets when asked to; templates only add tokens.
+        if processor["type"] not in ("ByteLevel", "TemplateProcessing") or processor.get("trim_offsets", False):
+            return None
+    vocab = tokenizer.get_vocab(with_added_tokens=False)
+    byte_lengths = np.full(vocab_size, NO_FAST_PATH, dtype=np.int64)
+    ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
+
+    byte_level = [p for p in pre_tokenizer if p["type"] == "ByteLevel"]
+    if byte_level and normalizer in ([], ["NFC"]):
+        if any(p.get("add_prefix_space") for p in byte_level):
+            return None
+        # Each character of a byte-level token stands for one byte.
+        byte_lengths[ids] = np.fromiter(map(len, vocab), dtype=np.int64, count=len(vocab))
+        prepend, needs_nfc = "never", normalizer == ["NFC"]
+    elif normalizer == ["Prepend", "Replace"] and not pre_tokenizer:
+        steps = _state(tokenizer.normalizer)
+        if steps[0]["prepend"] != METASPACE or steps[1]["pattern"] != {"String": " "} or steps[1]["content"] != METASPACE:
+            return None
+        byte_lengths[ids] = _metaspace_lengths(vocab, model.byte_fallback)
+        prepend, needs_nfc = "always", False
+    elif not normalizer and [p["type"] for p in pre_tokenizer] == ["Metaspace"]:
+        if pre_tokenizer[0]["replacement"] != METASPACE:
+            return None
+        byte_lengths[ids] = _metaspace_lengths(vocab, model.byte_fallback)
+        # "first" and "always" differ only after added tokens, which take the fallback anyway.
+        prepend = "never" if pre_tokenizer[0]["prepend_scheme"] == "never" else "unless_space"
+        needs_nfc = False
+    else:
+        return None
+    byte_lengths[list(tokenizer.get_added_tokens_decoder())] = NO_FAST_PATH
+    if model.unk_token is not None and model.unk_token in vocab:
+        byte_lengths[vocab[model.unk_token]] = NO_FAST_PATH
+    return _OffsetTable(byte_lengths, prepend, needs_nfc)
+
+
+def _metaspace_lengths(vocab: dict[str, int], byte_fallback: bool) -> np.ndarray:
+    """Bytes of the original text covered by each SentencePiece piece: "▁" is one space, "<0xAB>" one byte."""
+
+    def length(piece: str) -> int:
+        if byte_fallback and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return 1
+        return len(piece.replace(METASPACE, " ").encode("utf-8"))
+
+    return np.fromiter(map(length, vocab), dtype=np.int64, count=len(vocab))
+
+
+def _derived_offsets(table: _OffsetTable, ids: np.ndarray, text: str) -> Optional[np.ndarray]:
+    """(N, 2) character offsets computed from `ids` (N,), or None where the tokenizer changed the text."""
+    if table.needs_nfc and not text.isascii() and not unicodedata.is_normalized("NFC", text):
+        return None
+    prepended = int(table.prepend == "always" or (table.prepend == "unless_space" and not text.startswith(" ")))
+    if len(ids) == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    lengths = table.byte_lengths[ids]  # (N,)
+    ends = np.cumsum(lengths)  # (N,) byte ends in "▁" * prepended + text
+    data = text if text.isascii() else text.encode("utf-8")
+    if ends[-1] != len(data) + prepended:
+        return None
+    starts = ends - lengths
+    if prepended:
+        # The prepended "▁" is not in the text; the tokenizer aligns it with the first character.
+        starts = np.maximum(starts - 1, 0)
+        ends = np.maximum(ends - 1, 1)
+    if isinstance(data, bytes):
+        # Character holding each byte: count the UTF-8 lead bytes up to it. A token that holds part of a character
+        # (byte fallback, byte-level BPE) spans the whole character, as in the tokenizer's own offsets.
+        char_of_byte = np.cumsum((np.frombuffer(data, dtype=np.uint8) & 0xC0) != 0x80) - 1  # (bytes,)
+        starts, ends = char_of_byte[starts], char_of_byte[ends - 1] + 1
+    return np.stack([starts, ends], axis=1)
+
+
+def token_offsets(tokenizer: Tokenizer, text: str, encoding: Encoding, ids: np.ndarray) -> np.ndarray:
+    """(N, 2) int64 character offsets of `encoding`, the encoding of `text` without special tokens.
+
+    Equal to `encoding.offsets`, derived from `ids` ((N,), the encoding's ids as an array) where the tokenizer allows,
+    which costs a fraction of reading `encoding.offsets` (see the module docstring).
+    """
+    table = _offset_table(tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+    offsets = None if table is None else _derived_offsets(table, ids, text)
+    if offsets is None:
+        offsets = np.fromiter(chain.from_iterable(encoding.offsets), dtype=np.int64, count=2 * len(ids))
+        offsets = offsets.reshape(-1, 2)
+    return offsets
+
+
+def encode(tokenizer: Tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids (N,) int32 and character offsets (N, 2) int64 of `text`, without special tokens.
+
+    The offsets equal `tokenizer.encode(text, add_special_tokens=False).offsets` (see `token_offsets`).
+    """
+    encoding = tokenizer.encode(text, add_special_tokens=False)
+    ids = np.array(encoding.ids, dtype=np.int32)  # (N,)
+    return ids, token_offsets(tokenizer, text, encoding, ids)
+
+
+def encode_batch(tokenizer: Tokenizer, texts: Iterable[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`encode` for many texts, tokenized in parallel by the tokenizer's Rust thread pool."""
+    texts = list(texts)
+    encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+    ids = [np.array(encoding.ids, dtype=np.int32) for encoding in encodings]
+    return [(i, token_offsets(tokenizer, text, e, i)) for i, text, e in zip(ids, texts, encodings)]
+
+
+def _check_offsets(offsets: np.ndarray, name: str) -> np.ndarray:
+    """`offsets` as an (N, 2) integer array of spans in text order; a clear error otherwise."""
+    offsets = np.asarray(offsets)
+    if offsets.size == 0:
+        offsets = offsets.reshape(-1, 2).astype(np.int64)
+    if offsets.ndim != 2 or offsets.shape[1] != 2:
+        raise ValueError(f"{name} must have shape (N, 2), [start, end) character spans; got shape {offsets.shape}.")
+    if not np.issubdtype(offsets.dtype, np.integer):
+        raise ValueError(f"{name} must hold integer character offsets; got dtype {offsets.dtype}.")
+    starts, ends = offsets[:, 0], offsets[:, 1]
+    if starts.min(initial=0) < 0 or (starts > ends).any():
+        i = np.flatnonzero((starts < 0) | (starts > ends))[0]
+        raise ValueError(f"{name}[{i}] = {offsets[i].tolist()} is not a span: need 0 <= start <= end.")
+    # Empty spans (special tokens) may sit anywhere; the others must advance through the text.
+    kept = np.flatnonzero(starts < ends) if (starts == ends).any() else slice(None)
+    spans = offsets[kept]
+    backwards = spans[1:] < spans[:-1]  # (N' - 1, 2)
+    if backwards.any():
+        i, j = np.arange(len(offsets))[kept][np.flatnonzero(backwards.any(axis=1))[0] + np.array([0, 1])]
+        raise ValueError(
+            f"{name} go backwards: token {j} spans {offsets[j].tolist()} after token {i} spans {offsets[i].tolist()}."
+            " Offsets must come from one encoding of one text, in token order; shift each document's offsets by its"
+            " start when concatenating documents."
+        )
+    return offsets
+
+
+def align(student_offsets: np.ndarray, teacher_offsets: np.ndarray) -> np.ndarray:
+    """Token-level Lexical Alignment: for each student token, the range of teacher tokens covering its characters.
+
+    Arguments:
+        student_offsets: (N, 2) character spans `[start, end)` of the student tokens.
+        teacher_offsets: (M, 2) character spans of the teacher tokens of the same text.
+
+    Returns:
+        (N, 2) int64: row `i` is the half-open range `[a, b)` of the teacher tokens whose spans overlap student span
+        `i`. Teacher tokens with empty spans are never inside a range; an empty student span, or one that overlaps no
+        teacher token, is unmapped: `(0, 0)`.
+    """
+    student = _check_offsets(student_offsets, "student_offsets")
+    teacher = _check_offsets(teacher_offsets, "teacher_offsets")
+    starts, ends = teacher[:, 0], teacher[:, 1]  # (M,) each, non-decreasing over the tokens with characters
+    special = (starts == ends).any()
+    if special:
+        kept = np.append(np.flatnonzero(starts < ends), len(teacher))  # (M' + 1,): tokens with characters, then M
+        starts, ends = starts[kept[:-1]], ends[kept[:-1]]
+    # Teacher token j overlaps [s, e) iff ends[j] > s and starts[j] < e. Both columns are sorted, so the overlapping
+    # tokens are the run [first, stop): first = #(ends <= s), stop = #(starts < e).
+    first = np.searchsorted(ends, student[:, 0], side="right")  # (N,)
+    stop = np.searchsorted(starts, student[:, 1], side="left")  # (N,)
+    unmapped = (first >= stop) | (student[:, 0] == student[:, 1])  # (N,)
+    if special:
+        # Back to indices into all teacher tokens; the run must not enclose a token without characters.
+        count = stop - first
+        first, stop = kept[first], kept[stop - 1] + 1
+        enclosed = np.flatnonzero(~unmapped & (stop - first != count))
+        if enclosed.size:
+            i = enclosed[0]
+            raise ValueError(
+                f"Teacher tokens with empty spans lie inside teacher range [{first[i]}, {stop[i]}) of student token {i}"
+                f" (span {student[i].tolist()}): give special tokens a span at a document boundary, such as (0, 0)"
+                " before the text or (len(text), len(text)) after it."
+            )
+    ranges = np.stack([first, stop], axis=1)  # (N, 2)
+    ranges[unmapped] = 0
+    return ranges
+
+
+def align_batch(student_offsets: Sequence[np.ndarray], teacher_offsets: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """`align` for many documents in one vectorized call: ranges[d] == align(student_offsets[d], teacher_offsets[d]).
+
+    One `align` call costs tens of microseconds of NumPy overhead whatever its size, more than a Python loop takes for
+    a short document; this pays it once. Each document's ranges index its own teacher tokens.
+    """
+    if len(student_offsets) != len(teacher_offsets):
+        raise ValueError(
+            f"Got {len(student_offsets)} student and {len(teacher_offsets)} teacher offset arrays; need one pair per"
+            " document."
+        )
+    if not student_offsets:
+        return []
+    student_counts = np.fromiter(map(len, student_offsets), dtype=np.int64, count=len(student_offsets))  # (D,)
+    teacher_counts = np.fromiter(map(len, teacher_offsets), dtype=np.int64, count=len(teacher_offsets))  # (D,)
+    try:
+        student, teacher = np.concatenate(student_offsets), np.concatenate(teacher_offsets)  # (N, 2), (M, 2)
+        if min(student.min(initial=0), teacher.min(initial=0)) < 0:
+            raise ValueError("negative offsets")
+        # Moving document d to characters [d * stride, (d + 1) * stride) keeps the documents apart and in order.
+        doc_starts = np.arange(len(student_counts)) * (max(student.max(initial=0), teacher.max(initial=0)) + 1)
+        student = student + np.repeat(doc_starts, student_counts)[:, None]
+        teacher = teacher + np.repeat(doc_starts, teacher_counts)[:, None]
+        ranges = align(student, teacher)  # (N, 2) into all M teacher tokens
+    except (ValueError, IndexError):
+        # Name the document at fault: align it alone.
+        for d, (s, t) in enumerate(zip(student_offsets, teacher_offsets)):
+            try:
+                align(s, t)
+            except ValueError as error:
+                raise ValueError(f"Document {d}: {error}") from None
+        raise
+    # Each document's ranges index its own teacher tokens; unmapped rows stay (0, 0).
+    teacher_firsts = np.repeat(np.cumsum(teacher_counts) - teacher_counts, student_counts)  # (N,)
+    ranges -= (teacher_firsts * (ranges[:, 0] < ranges[:, 1]))[:, None]
+    bounds = np.cumsum(student_counts).tolist()
+    return [ranges[start:stop] for start, stop in zip([0] + bounds[:-1], bounds)]
+
+
+def chunk_align(num_student: int, num_teacher: int, num_chunks: int) -> np.ndarray:
+    """Chunk alignment, the paper's Table 2 baseline: both sequences cut into `num_chunks` chunks of equal token count.
+
+    Chunk c holds tokens `[c * n // C, (c + 1) * n // C)` of a sequence of n tokens (sizes differ by at most one).
+
+    Returns:
+        (num_student, 2) int64: student tokens of chunk c map to all teacher tokens of chunk c (`a == b` where that
+        teacher chunk is empty, when there are fewer teacher tokens than chunks).
+    """
+    if num_chunks < 1:
+        raise ValueError(f"num_chunks must be at least 1, got {num_chunks}.")
+    if num_student < 0 or num_teacher < 0:
+        raise ValueError(f"Token counts must be non-negative, got num_student={num_student}, num_teacher={num_teacher}.")
+    student_bounds = np.arange(num_chunks + 1) * num_student // num_chunks  # (C + 1,)
+    teacher_bounds = np.arange(num_chunks + 1) * num_teacher // num_chunks  # (C + 1,)
+    chunk = np.searchsorted(student_bounds, np.arange(num_student), side="right") - 1  # (N,)
+    return np.stack([teacher_bounds[chunk], teacher_bounds[chunk + 1]], axis=1)
+
+
+def token_ios_iou(
+    student_offsets: np.ndarray, teacher_offsets: np.ndarray, ranges: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token IoS and IoU of each student span with its mapped teacher span.
+
+    The mapped teacher span of a range `[a, b)` runs from the start of its first to the end of its last token with
+    characters. IoS = |student ∩ teacher| / |student|, IoU = |∩| / |∪|.
+
+    Returns:
+        ios, iou: (N,) float64 each; 0 for unmapped tokens, NaN for empty student spans (they are not measured).
+    """
+    student = _check_offsets(student_offsets, "student_offsets")
+    teacher = _check_offsets(teacher_offsets, "teacher_offsets")
+    ranges = np.asarray(ranges)
+    if ranges.shape != (len(student), 2):
+        raise ValueError(
+            f"ranges must have shape ({len(student)}, 2), one row per student token; got shape {ranges.shape}."
+        )
+    if np.any(ranges[:, 0] < 0) or np.any(ranges[:, 0] > ranges[:, 1]) or np.any(ranges[:, 1] > len(teacher)):
+        raise ValueError(f"ranges must be [a, b) with 0 <= a <= b <= {len(teacher)} (the number of teacher tokens).")
+    has_chars = teacher[:, 0] < teacher[:, 1]
+    kept_before = np.concatenate([[0], np.cumsum(has_chars)])  # (M + 1,): teacher tokens with characters before j
+    starts, ends = teacher[has_chars, 0], teacher[has_chars, 1]
+    first, stop = kept_before[ranges[:, 0]], kept_before[ranges[:, 1]]  # (N,) each: the range within starts / ends
+    measured = student[:, 0] < student[:, 1]
+    ios = np.where(measured, 0.0, np.nan)  # (N,)
+    iou = ios.copy()
+    mapped = measured & (first < stop)
+    s, e = student[mapped, 0], student[mapped, 1]
+    t_start, t_end = starts[first[mapped]], ends[stop[mapped] - 1]
+    inter = np.clip(np.minimum(e, t_end) - np.maximum(s, t_start), 0, None)
+    ios[mapped] = inter / (e - s)
+    iou[mapped] = inter / ((e - s) + (t_end - t_start) - inter)
+    return ios, iou
+
+
+def ios_iou(student_offsets: np.ndarray, teacher_offsets: np.ndarray, ranges: np.ndarray) -> tuple[float, float]:
+    """Mean IoS and IoU over the student tokens with non-empty spans (NaN if there are none). See `token_ios_iou`."""
+    ios, iou = token_ios_iou(student_offsets, teacher_offsets, ranges)
+    measured = ~np.isnan(ios)
+    if not measured.any():
+        return float("nan"), float("nan")
+    return float(ios[measured].mean()), float(iou[measured].mean())
+
+
+def vocab_overlap(student: Tokenizer, teacher: Tokenizer) -> float:
+    """|V_S ∩ V_T| / |V_T| over raw token strings, added tokens included (the paper's Figure 1)."""
+    student_vocab = student.get_vocab(with_added_tokens=True)
+    teacher_vocab = teacher.get_vocab(with_added_tokens=True)
+    return len(student_vocab.keys() & teacher_vocab.keys()) / len(teacher_vocab)
+
+
+class TextAlignment(NamedTuple):
+    """Both encodings of one text and the alignment between them."""
+
+    student_ids: np.ndarray
+    """(N,) int32"""
+    student_offsets: np.ndarray
+    """(N, 2) int64 character spans"""
+    teacher_ids: np.ndarray
+    """(M,) int32"""
+    teacher_offsets: np.ndarray
+    """(M, 2) int64 character spans"""
+    ranges: np.ndarray
+    """(N, 2) int64: `align(student_offsets, teacher_offsets)`"""
+
+
+def align_text(
+    student: Union[Tokenizer, str, Path], teacher: Union[Tokenizer, str, Path], text: str
+) -> TextAlignment:
+    """Encodes `text` with both tokenizers (or tokenizer / LitGPT checkpoint dirs) and aligns the two, no special tokens."""
+    student = student if isinstance(student, Tokenizer) else load_tokenizer(student)
+    teacher = teacher if isinstance(teacher, Tokenizer) else load_tokenizer(teacher)
+    student_ids, student_offsets = encode(student, text)
+    teacher_ids, teacher_offsets = encode(teacher, text)
+    return TextAlignment(
+        student_ids, student_offsets, teacher_ids, teacher_offsets, align(student_offsets, teacher_offsets)
+    )
