@@ -1,0 +1,628 @@
+"""The `vocagnolm` recipe: continual pretraining of a student guided by a frozen teacher with another tokenizer.
+
+`litgpt pretrain --recipe vocagnolm --config recipes/<setting>.yaml` (or `vocagnolm pretrain ...`).
+
+It mirrors litgpt/pretrain.py (`setup()` -> `main()` -> `fit()` -> `validate()`, the same `state` keys, checkpoints
+in `step-%08d/` and `final/`) and changes one thing: the loss. Each micro-batch carries the student block, the teacher
+tokens covering the same characters and the alignment between them (prepared offline by `vocagnolm prepare`); the
+frozen teacher scores its own tokens, and `guided_loss` weights the student's per-token losses (DESIGN.md §3.2).
+Baselines (`ce`, `rho1`, `kld`, `uld`, `chunk`, `random`) are one switch, `--guidance.method`, never a forked loop.
+
+The loss is a weighted sum over every micro-batch and rank of one optimizer step divided once by the total weight:
+each micro-batch backpropagates its unnormalised sum, and the gradients are divided by the all-reduced weight count
+before clipping (so every trained token weighs the same, however selection spreads over micro-batches and ranks).
+"""
+
+import math
+import pprint
+import shutil
+import time
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn as nn
+import yaml
+from lightning.fabric.strategies import ModelParallelStrategy
+from litgpt.args import EvalArgs, LogArgs, TrainArgs
+from litgpt.config import Config
+from litgpt.data import DataModule
+from litgpt.model import GPT
+from litgpt.pretrain import get_lr, initialize_weights
+from litgpt.types import LoggerChoice
+from litgpt.utils import (
+    CycleIterator,
+    choose_logger,
+    copy_config_files,
+    find_resume_path,
+    init_out_dir,
+    instantiate_torch_optimizer,
+    load_checkpoint,
+    num_parameters,
+    parse_devices,
+    save_config,
+)
+
+from litgpt_vocagnolm.alignment import load_tokenizer, vocab_overlap
+from litgpt_vocagnolm.data import VocAgnoData
+from litgpt_vocagnolm.models import register
+from litgpt_vocagnolm.loss import GuidanceArgs, guided_loss, per_token_cross_entropy
+from litgpt_vocagnolm.teacher import TeacherArgs, check_checkpoint_dir, load_teacher, teacher_token_loss
+
+
+@dataclass
+class FSDPArgs:
+    """Sharding of both models when training on more than one device (FSDP2, `fully_shard`, per transformer block)."""
+
+    activation_checkpointing: bool = False
+    """Recompute each student block's activations in the backward pass: less memory, about a third more compute."""
+
+
+def setup(
+    model_name: str | None = None,
+    model_config: Config | None = None,
+    out_dir: Path = Path("out/vocagnolm"),
+    precision: Literal["bf16-true", "bf16-mixed", "32-true", None] = None,
+    initial_checkpoint_dir: Path | None = None,
+    resume: bool | Literal["auto"] | Path = False,
+    data: DataModule | None = None,
+    train: TrainArgs = TrainArgs(
+        save_interval=1000,
+        log_interval=1,
+        global_batch_size=1024,  # x 2048 tokens = 2M tokens per step, as in the paper
+        micro_batch_size=4,
+        max_tokens=int(15e9),  # OpenWebMath, once
+        max_norm=1.0,
+        min_lr=8e-6,
+        lr_warmup_steps=100,
+        tie_embeddings=False,
+    ),
+    eval: EvalArgs = EvalArgs(interval=1000, max_iters=100),
+    log: LogArgs = LogArgs(),
+    optimizer: str | dict = "AdamW",
+    devices: int | str = "auto",
+    num_nodes: int = 1,
+    tokenizer_dir: Path | None = None,
+    logger_name: LoggerChoice = "tensorboard",
+    seed: int = 42,
+    teacher: TeacherArgs = TeacherArgs(),
+    guidance: GuidanceArgs = GuidanceArgs(),
+    fsdp: FSDPArgs = FSDPArgs(),
+    compile: bool = False,
+) -> None:
+    """Continually pretrain a student with VocAgnoLM: a frozen teacher with a different tokenizer picks the tokens
+    worth learning.
+
+    Arguments:
+        model_name: The student architecture, a name from ``litgpt.config`` (e.g. "tiny-llama-1.1b"). Use "list" to
+            list them.
+        model_config: A ``litgpt.Config`` for the student. Overrides ``model_name``.
+        out_dir: Directory for checkpoints (``step-*/``, ``final/``) and logs.
+        precision: Student precision. Default: "bf16-mixed" on GPU, "32-true" on CPU.
+        initial_checkpoint_dir: The student checkpoint to continue pretraining from (e.g. TinyLlama). With
+            ``resume="auto"`` it is used only while ``out_dir`` has no checkpoint yet.
+        resume: A checkpoint directory to resume from, ``True`` for the latest in ``out_dir``, or ``"auto"``: the
+            latest if there is one (what a requeued Slurm job wants).
+        data: The prepared data: ``VocAgnoData`` (``--data VocAgnoData --data.path DIR``, see ``vocagnolm prepare``).
+            Plain LitGPT data modules work for ``--guidance.method ce`` only.
+        train: Training-related arguments. See ``litgpt.args.TrainArgs``.
+        eval: Evaluation-related arguments. See ``litgpt.args.EvalArgs``.
+        log: Logger-related arguments. See ``litgpt.args.LogArgs``.
+        optimizer: An optimizer name (such as "AdamW") or config.
+        devices: Devices (GPUs) per node. Uses all GPUs by default.
+        num_nodes: Number of nodes.
+        tokenizer_dir: The student's tokenizer directory (usually ``initial_checkpoint_dir``); copied into every
+            checkpoint so that ``litgpt generate`` can use it.
+        logger_name: Where to send metrics.
+        seed: Random seed.
+        teacher: The frozen teacher. See ``TeacherArgs``.
+        guidance: The loss: VocAgnoLM or a baseline. See ``GuidanceArgs``.
+        fsdp: Sharding settings for multi-device runs. See ``FSDPArgs``.
+        compile: ``torch.compile`` both models (worth it on GPUs; ~20 s of compilation on a CPU).
+    """
+    hparams = hyperparameters(locals())
+    register()  # the paper's teachers that LitGPT lacks (llemma_7b, deepseek-math-7b-*, Mistral-7B-ProXMath)
+    if model_name == "list":
+        from litgpt.config import name_to_config
+
+        print("Available values:\n" + "\n".join(sorted(name_to_config)))
+        return
+    config = resolve_model_config(model_name, model_config)
+    check_setup(data, guidance, teacher, tokenizer_dir, initial_checkpoint_dir, resume, train)
+
+    precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
+    devices = parse_devices(devices)
+    out_dir = init_out_dir(out_dir)
+    logger = choose_logger(
+        logger_name,
+        out_dir,
+        name=f"vocagnolm-{config.name}",
+        resume=bool(resume),
+        log_interval=train.log_interval,
+        log_args=asdict(log),
+    )
+    if devices * num_nodes > 1:
+        strategy = ModelParallelStrategy(
+            parallelize_fn=partial(parallelize, activation_checkpointing=fsdp.activation_checkpointing),
+            data_parallel_size=devices * num_nodes,
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=False,  # one lit_model.pth, as `litgpt generate` and `convert_from_litgpt` expect
+        )
+    else:
+        strategy = "auto"
+    fabric = L.Fabric(devices=devices, num_nodes=num_nodes, strategy=strategy, precision=precision, loggers=[logger])
+    fabric.launch()
+
+    fabric.print(pprint.pformat(hparams))
+    if logger_name in ("tensorboard", "wandb", "mlflow"):
+        fabric.logger.log_hyperparams(hparams)
+
+    main(
+        fabric=fabric,
+        devices=devices,
+        num_nodes=num_nodes,
+        seed=seed,
+        initial_checkpoint_dir=initial_checkpoint_dir,
+        resume=resume,
+        config=config,
+        data=data,
+        out_dir=out_dir,
+        tokenizer_dir=tokenizer_dir,
+        train=train,
+        eval=eval,
+        optimizer=optimizer,
+        teacher_args=teacher,
+        guidance=guidance,
+        compile=compile,
+        hparams=hparams,
+    )
+
+
+def main(
+    fabric: L.Fabric,
+    devices: int,
+    num_nodes: int,
+    seed: int,
+    initial_checkpoint_dir: Path | None,
+    resume: bool | Literal["auto"] | Path,
+    config: Config,
+    data: DataModule,
+    out_dir: Path,
+    tokenizer_dir: Path | None,
+    train: TrainArgs,
+    eval: EvalArgs,
+    optimizer: str | dict,
+    teacher_args: TeacherArgs,
+    guidance: GuidanceArgs,
+    compile: bool,
+    hparams: dict,
+) -> None:
+    if fabric.global_rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, VocAgnoData) and tokenizer_dir is not None:
+            fabric.print(tokenizer_pair_summary(data, tokenizer_dir, teacher_args.checkpoint_dir))
+    fabric.seed_everything(seed)  # the same seed on every rank: identical initialisation before sharding
+
+    t0 = time.perf_counter()
+    with fabric.init_module(empty_init=True):
+        model = GPT(config)
+    initialize_weights(fabric, model, n_layer=config.n_layer, n_embd=config.n_embd)
+    if train.tie_embeddings:
+        model.transformer.wte.weight = model.lm_head.weight
+    if train.max_seq_length:
+        model.max_seq_length = train.max_seq_length
+    fabric.print(f"Time to instantiate model: {time.perf_counter() - t0:.02f} seconds.")
+    fabric.print(f"Total parameters: {num_parameters(model):,}")
+    if compile:
+        model = torch.compile(model)
+    model = fabric.setup(model)
+
+    teacher = None
+    if needs_teacher(guidance) and teacher_args.cache is None:
+        t0 = time.perf_counter()
+        teacher = load_teacher(fabric, teacher_args.checkpoint_dir, teacher_args.dtype(fabric.device))
+        if compile:
+            teacher = torch.compile(teacher)
+        fabric.print(
+            f"Teacher {teacher_args.checkpoint_dir} ({num_parameters(teacher):,} parameters, frozen) loaded in"
+            f" {time.perf_counter() - t0:.02f} seconds."
+        )
+
+    extra_kwargs = {"fused": fabric.device.type == "cuda"}
+    optimizer = instantiate_torch_optimizer(optimizer, model.parameters(), **extra_kwargs)
+    optimizer = fabric.setup_optimizers(optimizer)
+
+    data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length)
+    with fabric.rank_zero_first():
+        data.prepare_data()
+    data.setup()
+    train_dataloader, val_dataloader = fabric.setup_dataloaders(data.train_dataloader(), data.val_dataloader())
+
+    resume = find_resume_path(resume, out_dir)
+    if initial_checkpoint_dir and not resume:
+        load_checkpoint(fabric, model, initial_checkpoint_dir / "lit_model.pth")
+
+    # The teacher is not here: it is frozen, so it is reloaded on resume and never saved.
+    state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0}
+    if hasattr(train_dataloader, "state_dict"):  # LitData's loaders: resume continues mid-epoch
+        state["train_dataloader"] = train_dataloader
+    if resume:
+        fabric.print(f"Resuming training from {resume}")
+        fabric.load(resume, state)
+
+    train_time = time.perf_counter()
+    fit(fabric, devices, num_nodes, state, teacher, train_dataloader, val_dataloader, out_dir, tokenizer_dir,
+        train, eval, guidance, seed, hparams)  # fmt: skip
+    save_checkpoint(fabric, state, tokenizer_dir, out_dir / "final" / "lit_model.pth", hparams)
+
+    total_tokens = state["iter_num"] * train.micro_batch_size * model.max_seq_length * fabric.world_size
+    separator = "-" * 40
+    fabric.print(separator)
+    fabric.print("| Performance")
+    fabric.print(f"| - Total tokens  : {total_tokens:,}")
+    fabric.print(f"| - Training Time : {(time.perf_counter() - train_time):.2f} s")
+    fabric.print(f"| - Tok/sec       : {total_tokens / (time.perf_counter() - train_time):.2f} tok/s")
+    if fabric.device.type == "cuda":
+        fabric.print(f"| - Memory Used   : {torch.cuda.max_memory_allocated() / 1e9:.2f} GB")
+    fabric.print(separator)
+
+
+def fit(
+    fabric: L.Fabric,
+    devices: int,
+    num_nodes: int,
+    state: dict,
+    teacher: nn.Module | None,
+    train_dataloader,
+    val_dataloader,
+    out_dir: Path,
+    tokenizer_dir: Path | None,
+    train: TrainArgs,
+    eval: EvalArgs,
+    guidance: GuidanceArgs,
+    seed: int,
+    hparams: dict,
+) -> None:
+    model = state["model"]
+    optimizer = state["optimizer"]
+    accumulation = train.gradient_accumulation_iters(devices, num_nodes)
+
+    if eval.initial_validation:
+        val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
+        fabric.print(f"Initial validation | {format_metrics(val_metrics)}")
+    else:
+        fabric.print("Verifying settings ...")
+        validate(fabric, model, val_dataloader, max_iters=2)  # sanity check
+    val_metrics = {}
+
+    tokens_per_iter = train.micro_batch_size * model.max_seq_length
+    max_iters = train.max_tokens // fabric.world_size // tokens_per_iter
+    if train.max_steps is not None:
+        max_iters = min(max_iters, train.max_steps * accumulation)
+    warmup_iters = train.warmup_iters(devices, num_nodes, max_iters, train_dataloader)
+    log_iter_interval = train.log_interval * accumulation
+    fabric.print(
+        f"Tokens per optimizer step: {tokens_per_iter * accumulation * fabric.world_size:,}"
+        f" ({accumulation} micro-batches of {train.micro_batch_size} x {model.max_seq_length} on {fabric.world_size}"
+        f" ranks); {max_iters // accumulation:,} steps."
+    )
+    all_gather = fabric.all_gather if guidance.scope == "global" else None
+    train_iterator = CycleIterator(train_dataloader)
+    initial_iter = state["iter_num"]
+    step_sums = torch.zeros(2, device=fabric.device)  # (weighted loss sum, weight sum) over the step's micro-batches
+    step_metrics: dict[str, torch.Tensor] = {}
+    teacher_time = step_time = 0.0
+    fabric.barrier()
+    total_t0 = time.perf_counter()
+
+    for batch in train_iterator:
+        if state["iter_num"] >= max_iters:
+            break
+        lr = get_lr(optimizer.defaults["lr"], state["iter_num"], warmup_iters, max_iters, train.min_lr)
+        for param_group in optimizer.param_groups:
+            param_group["lr"] = lr
+
+        state["iter_num"] += 1
+        iter_t0 = time.perf_counter()
+        is_accumulating = state["iter_num"] % accumulation != 0
+        # Seeded by position, so `random` selection is reproducible and survives a resume without extra state.
+        generator = torch.Generator(device=fabric.device).manual_seed(seed * 1_000_003 + state["iter_num"])
+        with fabric.no_backward_sync(model, enabled=is_accumulating):
+            loss_sum, weight_sum, metrics, t_teacher = forward_and_loss(
+                model, teacher, batch, guidance, all_gather=all_gather, rank=fabric.global_rank, generator=generator
+            )
+            fabric.backward(loss_sum)
+        teacher_time += t_teacher
+        step_sums += torch.stack([loss_sum.detach(), weight_sum.detach()])
+        for name, value in metrics.items():
+            step_metrics[name] = step_metrics.get(name, 0.0) + value / accumulation
+
+        if not is_accumulating:
+            # One all-reduce per step (a host sync when logged): the divisor of the whole step's loss.
+            totals = fabric.all_reduce(step_sums, reduce_op="sum")
+            # FSDP averages gradients over ranks; undo that and divide by the step's total weight instead.
+            scale = fabric.world_size / totals[1].clamp(min=1)
+            for param in model.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(scale)
+            fabric.clip_gradients(model, optimizer, max_norm=train.max_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+            state["step_count"] += 1
+        step_time += time.perf_counter() - iter_t0
+
+        if not is_accumulating and state["iter_num"] % log_iter_interval == 0:
+            t1 = time.perf_counter()
+            loss = (totals[0] / totals[1].clamp(min=1)).item()  # expensive device-to-host synchronization
+            tokens = (state["iter_num"] - initial_iter) * tokens_per_iter * fabric.world_size
+            log = {
+                "loss": loss,
+                "iter": state["iter_num"],
+                "step": state["step_count"],
+                "epoch": train_iterator.epoch,
+                "iter_time": t1 - iter_t0,
+                "remaining_time": (t1 - total_t0) / (state["iter_num"] - initial_iter) * (max_iters - state["iter_num"]),
+                "tokens": state["iter_num"] * tokens_per_iter,
+                "total_tokens": state["iter_num"] * tokens_per_iter * fabric.world_size,
+                "learning_rate": lr,
+                "tokens_per_sec": tokens / (t1 - total_t0),
+                "teacher_time_share": teacher_time / max(step_time, 1e-9),
+                **{name: float(value) for name, value in step_metrics.items()},
+            }
+            fabric.print(
+                f"Epoch {log['epoch'] + 1} | iter {log['iter']} step {log['step']} | loss train: {loss:.3f},"
+                f" student CE: {log.get('student_loss', float('nan')):.3f},"
+                f" selected: {log.get('selected_fraction', 1.0):.2f} of mapped {log.get('mapped_fraction', 0.0):.2f}"
+                f" | {format_metrics(val_metrics)} | iter time: {log['iter_time'] * 1000:.2f} ms"
+                f" remaining time: {timedelta(seconds=int(log['remaining_time']))!s}"
+            )
+            fabric.log_dict(log, step=state["iter_num"] - 1)
+        if not is_accumulating:
+            step_sums.zero_()
+            step_metrics = {}
+
+        if val_dataloader is not None and not is_accumulating and state["step_count"] % eval.interval == 0:
+            t0 = time.perf_counter()
+            val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
+            fabric.print(f"iter {state['iter_num']}: {format_metrics(val_metrics)}, val time: {(time.perf_counter() - t0) * 1000:.2f} ms")
+            fabric.log_dict(val_metrics, step=state["iter_num"] - 1)
+            fabric.barrier()
+
+        if train.save_interval is not None and not is_accumulating and state["step_count"] % train.save_interval == 0:
+            save_checkpoint(fabric, state, tokenizer_dir, out_dir / f"step-{state['step_count']:08d}" / "lit_model.pth", hparams)
+
+    if eval.final_validation:
+        val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
+        fabric.log_dict(val_metrics, step=state["iter_num"])
+        fabric.print(f"Final evaluation | {format_metrics(val_metrics)}")
+
+
+def forward_and_loss(
+    model: nn.Module,
+    teacher: nn.Module | None,
+    batch: dict[str, torch.Tensor] | torch.Tensor,
+    guidance: GuidanceArgs,
+    all_gather=None,
+    rank: int = 0,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], float]:
+    """One micro-batch: teacher scores (online or from the cache), student forward, guided loss.
+
+    Returns the weighted loss sum, the weight sum, detached metrics and the seconds spent in the teacher.
+    """
+    if isinstance(batch, torch.Tensor):  # a plain LitGPT data module: (B, T + 1) token blocks, `ce` only
+        batch = {"input_ids": batch[:, :-1].long(), "targets": batch[:, 1:].long()}
+    teacher_loss = teacher_logits = pair_index = None
+    t0 = time.perf_counter()
+    if "teacher_loss" in batch:  # from the cache written by `vocagnolm score-teacher`
+        teacher_loss = batch["teacher_loss"]
+    elif teacher is not None:
+        with torch.no_grad():
+            logits = teacher(batch["teacher_ids"])  # (B, M, V_teacher)
+        teacher_loss = teacher_token_loss(logits, batch["teacher_ids"], batch["teacher_valid"])
+        if guidance.needs_teacher_logits:
+            # The teacher's prediction of the first teacher token of each target's range (made at the position
+            # before it) meets the student's prediction of the target: both continue the same characters.
+            start, end = batch["ranges"].unbind(-1)  # (B, T) each
+            pair_index = torch.where((end > start) & (start > 0), start - 1, -1)
+            teacher_logits = logits
+        if logits.device.type == "cuda":
+            torch.cuda.synchronize()  # only to attribute time to the teacher in the logs
+    teacher_seconds = time.perf_counter() - t0
+
+    logits = model(batch["input_ids"])  # (B, T, V_student)
+    if guidance.method == "kld":  # one vocabulary: the paired teacher distribution, position by position
+        paired = torch.gather(teacher_logits, 1, pair_index.clamp(min=0)[..., None].expand(-1, -1, logits.shape[-1]))
+        teacher_logits = torch.where((pair_index >= 0)[..., None], paired, logits.detach())  # unpaired: KL = 0
+    loss_sum, weight_sum, metrics = guided_loss(
+        guidance,
+        logits,
+        batch["targets"],
+        teacher_loss=teacher_loss,
+        ranges=batch.get("ranges"),
+        teacher_logits=teacher_logits,
+        pair_index=pair_index,
+        all_gather=all_gather,
+        rank=rank,
+        generator=generator,
+    )
+    return loss_sum, weight_sum, metrics, teacher_seconds
+
+
+@torch.no_grad()
+def validate(fabric: L.Fabric, model: nn.Module, val_dataloader, max_iters: int) -> dict[str, float]:
+    """Student cross-entropy on every held-out token, and bits per byte (comparable across tokenizers)."""
+    fabric.barrier()
+    model.eval()
+    sums = torch.zeros(3, device=fabric.device, dtype=torch.float64)  # nats, tokens, bytes
+    for k, batch in enumerate(val_dataloader):
+        if k >= max_iters:
+            break
+        if isinstance(batch, torch.Tensor):
+            batch = {"input_ids": batch[:, :-1].long(), "targets": batch[:, 1:].long()}
+        targets = batch["targets"]
+        nats = per_token_cross_entropy(model(batch["input_ids"]), targets)
+        num_bytes = batch["num_bytes"].sum() if "num_bytes" in batch else torch.zeros((), device=fabric.device)
+        sums += torch.stack([nats.sum().double(), (targets != -100).sum().double(), num_bytes.double()])
+    sums = fabric.all_reduce(sums, reduce_op="sum")
+    model.train()
+    fabric.barrier()
+    nats, tokens, num_bytes = sums.tolist()
+    metrics = {"val_loss": nats / max(tokens, 1), "val_ppl": math.exp(min(nats / max(tokens, 1), 50))}
+    if num_bytes > 0:
+        metrics["val_bpb"] = nats / math.log(2) / num_bytes
+    return metrics
+
+
+def tokenizer_pair_summary(data: VocAgnoData, student_dir: Path, teacher_dir: Path | None) -> str:
+    """One line that makes a wrong pairing visible at once (e.g. 6.32% overlap, 99.9% mapped for TinyLlama/Qwen2.5)."""
+    manifest = data.manifest
+    line = f"Tokenizer pair: {manifest['mapped_share']:.2%} of the prepared student tokens map to teacher tokens"
+    if teacher_dir is not None:
+        student, teacher = load_tokenizer(student_dir), load_tokenizer(teacher_dir)
+        line += (
+            f"; vocabulary overlap {vocab_overlap(student, teacher):.2%} of the teacher's"
+            f" ({student.get_vocab_size():,} student vs {teacher.get_vocab_size():,} teacher tokens)"
+        )
+    return line + f"; teacher windows up to {manifest['teacher_max_length']} tokens for {manifest['max_seq_length']}."
+
+
+def needs_teacher(guidance: GuidanceArgs) -> bool:
+    return guidance.needs_teacher_loss or guidance.needs_teacher_logits
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    if not metrics:
+        return "val: n/a"
+    return ", ".join(f"{name}: {value:.3f}" for name, value in metrics.items() if name != "val_ppl")
+
+
+def parallelize(model: GPT, device_mesh, activation_checkpointing: bool) -> GPT:
+    """FSDP2 for both models: `fully_shard` each transformer block, then the root (cf. litgpt/finetune/lora.py).
+
+    Activation checkpointing only where there are gradients to compute: never for the frozen teacher.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    if activation_checkpointing and any(p.requires_grad for p in model.parameters()):
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        model.transformer.h = nn.ModuleList(checkpoint_wrapper(b, preserve_rng_state=False) for b in model.transformer.h)
+    mesh = device_mesh["data_parallel"]
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def save_checkpoint(fabric: L.Fabric, state: dict, tokenizer_dir: Path | None, checkpoint_file: Path, hparams: dict) -> None:
+    """litgpt.pretrain.save_checkpoint, changed twice: hyperparameters.yaml is written from the parsed arguments
+    (LitGPT's version re-parses `sys.argv` against its own `setup` and exits on our extra flags), and the directory
+    appears only once complete (written as `.partial-<name>`, then renamed), so a job killed mid-save resumes from
+    the previous checkpoint instead of a truncated file."""
+    final_dir = checkpoint_file.parent
+    partial_dir = final_dir.with_name(f".partial-{final_dir.name}")
+    if fabric.global_rank == 0:
+        shutil.rmtree(partial_dir, ignore_errors=True)
+        partial_dir.mkdir(parents=True)
+    fabric.barrier()
+    fabric.print(f"Saving checkpoint to {str(checkpoint_file)!r}")
+    fabric.save(partial_dir / checkpoint_file.name, state)
+    if fabric.global_rank == 0:
+        with open(partial_dir / "hyperparameters.yaml", "w", encoding="utf-8") as f:
+            yaml.safe_dump(hparams, f, sort_keys=False)
+        if tokenizer_dir is not None:
+            copy_config_files(tokenizer_dir, partial_dir)
+        save_config(state["model"].config, partial_dir)
+        shutil.rmtree(final_dir, ignore_errors=True)
+        partial_dir.rename(final_dir)
+    fabric.barrier()
+
+
+def hyperparameters(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of `setup` in the layout `--config` reads back (data modules as class_path/init_args)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, DataModule):
+            init_args = {f.name: plain(getattr(value, f.name)) for f in fields(value) if f.init}
+            return {"class_path": f"{type(value).__module__}.{type(value).__qualname__}", "init_args": init_args}
+        if is_dataclass(value):
+            return {f.name: plain(getattr(value, f.name)) for f in fields(value) if f.init}
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, Path):
+            return str(value)
+        return value
+
+    return {name: plain(value) for name, value in arguments.items()}
+
+
+def resolve_model_config(model_name: str | None, model_config: Config | None) -> Config:
+    if model_config is not None:
+        return model_config
+    if model_name is None:
+        raise ValueError("Name the student: --model_name (e.g. tiny-llama-1.1b) or --model_config.")
+    return Config.from_name(model_name)
+
+
+def check_setup(
+    data: DataModule | None,
+    guidance: GuidanceArgs,
+    teacher: TeacherArgs,
+    tokenizer_dir: Path | None,
+    initial_checkpoint_dir: Path | None,
+    resume: bool | Literal["auto"] | Path,
+    train: TrainArgs,
+) -> None:
+    """Every configuration error we can see before building a model, each with what to change."""
+    if data is None:
+        raise ValueError("Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`).")
+    if initial_checkpoint_dir is not None and resume not in (False, "auto"):
+        raise ValueError(
+            "Can't provide both --resume and --initial_checkpoint_dir. Choose one, or --resume auto: it starts from"
+            " --initial_checkpoint_dir until out_dir has a checkpoint (what a requeued Slurm job needs)."
+        )
+    if initial_checkpoint_dir is not None:
+        check_checkpoint_dir(initial_checkpoint_dir, what="--initial_checkpoint_dir")
+    if train.max_tokens is None or train.max_norm is None:
+        raise ValueError("The recipe needs --train.max_tokens and --train.max_norm.")
+    if train.epochs is not None:
+        raise ValueError("The recipe counts tokens, not epochs: set --train.max_tokens instead of --train.epochs.")
+    if isinstance(data, VocAgnoData):
+        if data.chunks is not None and guidance.method != "chunk":
+            raise ValueError(f"--data.chunks is for --guidance.method chunk, not {guidance.method}: drop it.")
+        if guidance.method == "chunk":
+            data.chunks = guidance.num_chunks  # the collate replaces token-level ranges by chunk alignment
+    if guidance.method == "ce":
+        return
+    if not isinstance(data, VocAgnoData):
+        raise ValueError(
+            f"--guidance.method {guidance.method} needs aligned data: --data VocAgnoData --data.path DIR"
+            f" (from `vocagnolm prepare`), not {type(data).__name__}. Only `ce` trains on plain LitGPT data."
+        )
+    if needs_teacher(guidance) and teacher.cache is None:
+        if teacher.checkpoint_dir is None:
+            raise ValueError(
+                f"--guidance.method {guidance.method} needs a teacher: --teacher.checkpoint_dir DIR (or"
+                " --teacher.cache DIR from `vocagnolm score-teacher`)."
+            )
+        check_checkpoint_dir(teacher.checkpoint_dir)
+    if tokenizer_dir is None:
+        raise ValueError("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
+    data.check_tokenizers(tokenizer_dir, teacher.checkpoint_dir)
+    guidance.check_tokenizers(same_vocabulary=data.same_vocabulary())
+    if teacher.checkpoint_dir is not None:
+        teacher_config = Config.from_file(teacher.checkpoint_dir / "model_config.yaml")
+        vocab_size = load_tokenizer(teacher.checkpoint_dir).get_vocab_size(with_added_tokens=True)
+        if vocab_size > teacher_config.padded_vocab_size:
+            raise ValueError(
+                f"The teacher's tokenizer has {vocab_size} tokens but its model only {teacher_config.padded_vocab_size}"
+                f" (padded_vocab_size in {teacher.checkpoint_dir / 'model_config.yaml'}): tokenizer and weights do"
+                " not belong together. Use the tokenizer files that came with the teacher checkpoint."
+            )

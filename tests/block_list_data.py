@@ -1,0 +1,21 @@
+"""A map-style `VocAgnoData` for the multi-process tests (importable by the subprocesses through PYTHONPATH).
+
+Fabric gives a map-style loader a DistributedSampler without shuffling: rank r takes blocks r, r + W, r + 2W, ...
+So two processes with one micro-batch each and one process with two accumulated micro-batches see exactly the same
+blocks in every optimizer step, which lets a test compare their loss curves.
+"""
+
+import functools
+from dataclasses import dataclass
+
+from torch.utils.data import DataLoader
+
+from litgpt_vocagnolm.data import VocAgnoData, collate_blocks, open_split
+
+
+@dataclass
+class BlockList(VocAgnoData):
+    def train_dataloader(self) -> DataLoader:
+        items = list(open_split(self.path, "train", self.manifest))
+        collate = functools.partial(collate_blocks, block_size=self.manifest["block_size"], chunks=self.chunks)
+        return DataLoader(items, batch_size=self.batch_size, shuffle=False, collate_fn=collate)

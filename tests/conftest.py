@@ -1,0 +1,96 @@
+"""Shared fixtures: real tokenizers, a small real corpus prepared once per session, tiny LitGPT checkpoints."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from litgpt.config import Config
+from litgpt.model import GPT
+from litgpt.utils import save_config
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZERS = ROOT / "tests" / "fixtures" / "tokenizers"
+TINYLLAMA, QWEN, MISTRAL = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5", TOKENIZERS / "mistral-7b-v0.1"
+
+
+def tiny_config(name: str, vocab_size: int, n_layer: int = 1, n_embd: int = 32, block_size: int = 256) -> Config:
+    return Config(
+        name=name,
+        block_size=block_size,
+        vocab_size=vocab_size,
+        padding_multiple=64,
+        n_layer=n_layer,
+        n_head=2,
+        n_embd=n_embd,
+        rotary_percentage=1.0,
+        parallel_residual=False,
+        bias=False,
+        norm_class_name="RMSNorm",
+        mlp_class_name="LLaMAMLP",
+        intermediate_size=2 * n_embd,
+    )
+
+
+def make_checkpoint(directory: Path, config: Config, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A LitGPT checkpoint directory as `litgpt download` leaves it: weights, config, tokenizer files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    torch.save(GPT(config).state_dict(), directory / "lit_model.pth")
+    save_config(config, directory)
+    for file in tokenizer_dir.iterdir():
+        if file.name == "tokenizer.json.gz":  # litgpt.Tokenizer reads plain JSON
+            import gzip
+
+            (directory / "tokenizer.json").write_bytes(gzip.decompress(file.read_bytes()))
+        else:
+            shutil.copy(file, directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def gsm8k_sample(tmp_path_factory) -> Path:
+    """The first 240 GSM8K train records (real math text shipped in data/)."""
+    path = tmp_path_factory.mktemp("corpus") / "gsm8k.jsonl"
+    lines = (ROOT / "data" / "gsm8k" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:240]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def prepare_pair(output: Path, corpus: Path, student: Path, teacher: Path, max_seq_length: int = 64) -> Path:
+    from litgpt_vocagnolm.data import prepare
+
+    prepare(student=student, teacher=teacher, input=[corpus], output=output, max_seq_length=max_seq_length,
+            num_workers=1, text_key="question,answer", val_fraction=0.1)  # fmt: skip
+    return output
+
+
+@pytest.fixture(scope="session")
+def tinyllama_mistral_data(tmp_path_factory, gsm8k_sample) -> Path:
+    return prepare_pair(tmp_path_factory.mktemp("data") / "tl-mistral", gsm8k_sample, TINYLLAMA, MISTRAL)
+
+
+@pytest.fixture(scope="session")
+def tinyllama_qwen_data(tmp_path_factory, gsm8k_sample) -> Path:
+    return prepare_pair(tmp_path_factory.mktemp("data") / "tl-qwen", gsm8k_sample, TINYLLAMA, QWEN)
+
+
+@pytest.fixture(scope="session")
+def mistral_teacher(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "teacher-mistral", tiny_config("t", 32000), MISTRAL, seed=1)
+
+
+@pytest.fixture(scope="session")
+def qwen_teacher(tmp_path_factory) -> Path:
+    config = tiny_config("t", 151665, n_embd=16)
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "teacher-qwen", config, QWEN, seed=1)
+
+
+def student_config_yaml(path: Path) -> Path:
+    """A 1-layer student for TinyLlama's tokenizer, as a --model_config file."""
+    config = tiny_config("student", 32000, block_size=64)
+    path.write_text(json.dumps({k: getattr(config, k) for k in (
+        "name", "block_size", "vocab_size", "padding_multiple", "n_layer", "n_head", "n_embd", "rotary_percentage",
+        "parallel_residual", "bias", "norm_class_name", "mlp_class_name", "intermediate_size")}))  # fmt: skip
+    return path

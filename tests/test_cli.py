@@ -1,0 +1,107 @@
+"""The plugin mechanism, through the real console scripts in subprocesses."""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run(*args: str, cwd: Path = ROOT, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def test_recipe_help_shows_teacher_and_guidance_groups():
+    out = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--help")
+    assert out.returncode == 0, out.stderr
+    for flag in ("--teacher.checkpoint_dir", "--guidance.method", "--guidance.top_k", "--fsdp.activation_checkpointing",
+                 "--train.micro_batch_size", "--data", "--config", "--print_config"):  # fmt: skip
+        assert flag in out.stdout, flag
+    assert "usage: litgpt pretrain --recipe vocagnolm" in out.stdout
+
+
+def test_upstream_pretrain_is_untouched():
+    out = run(str(BIN / "litgpt"), "pretrain", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "--guidance" not in out.stdout and "--teacher" not in out.stdout
+    assert "--model_name" in out.stdout  # LitGPT's own parser
+
+
+@pytest.mark.parametrize("args", [["--recipe", "nope"], ["--recipe=nope"]])
+def test_unknown_recipe_lists_registered_ones(args):
+    out = run(str(BIN / "litgpt"), "pretrain", *args)
+    assert out.returncode == 2
+    assert "unknown recipe 'nope'" in out.stderr and "vocagnolm" in out.stderr
+
+
+def test_print_config_and_dotted_overrides_round_trip(tmp_path):
+    out = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--guidance.top_k", "0.25",
+              "--guidance.aggregation", "mean", "--print_config")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    config = tmp_path / "config.yaml"
+    config.write_text(out.stdout)
+    again = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config),
+                "--guidance.unmapped", "exclude", "--print_config")  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "top_k: 0.25" in again.stdout and "aggregation: mean" in again.stdout and "unmapped: exclude" in again.stdout
+
+
+def test_hook_free_module_equivalent():
+    out = run(sys.executable, "-m", "litgpt_vocagnolm", "pretrain", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "--guidance.method" in out.stdout
+
+
+def test_vocagnolm_help_lists_commands():
+    out = run(str(BIN / "vocagnolm"), "--help")
+    assert out.returncode == 0
+    assert "pretrain" in out.stdout
+    bad = run(str(BIN / "vocagnolm"), "nope")
+    assert bad.returncode == 2 and "unknown command 'nope'" in bad.stderr
+
+
+@pytest.mark.parametrize("argv", [[], ["pretrain", "--recipe", "vocagnolm"]])
+def test_interpreter_start_imports_neither_torch_nor_litgpt(argv):
+    # Even with `--recipe` on the command line, only the tiny hook module may load until litgpt.__main__ runs.
+    code = "import sys; print(sorted(m for m in ('torch', 'litgpt', 'jsonargparse') if m in sys.modules))"
+    out = run(sys.executable, "-c", code, *argv)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_regular_wheel_install_dispatches(tmp_path):
+    """A non-editable install: the .pth file must land at the wheel root and work from a fresh environment."""
+    wheels = tmp_path / "wheels"
+    built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT))
+    assert built.returncode == 0, built.stderr
+    (wheel,) = wheels.glob("litgpt_vocagnolm-*.whl")
+    assert "litgpt_vocagnolm_recipes.pth" in zipfile.ZipFile(wheel).namelist()
+
+    # A fresh environment that sees the dependencies of this one (a plain path entry: their .pth files don't run,
+    # so the editable install of this checkout is invisible there) and gets the wheel installed for real.
+    env_dir = tmp_path / "env"
+    assert run(sys.executable, "-m", "venv", "--without-pip", str(env_dir)).returncode == 0
+    python = env_dir / "bin" / "python"
+    site = Path(run(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+    deps = sysconfig.get_paths()["purelib"]
+    (site / "deps.pth").write_text(deps + "\n")
+    installed = run(sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel))
+    assert installed.returncode == 0, installed.stderr
+    litgpt = env_dir / "bin" / "litgpt"
+    shutil.copy(BIN / "litgpt", litgpt)
+    litgpt.write_text(f"#!{python}\n" + litgpt.read_text().split("\n", 1)[1])
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = run(str(litgpt), "pretrain", "--recipe", "vocagnolm", "--help", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "--guidance.method" in out.stdout
+    where = run(str(python), "-c", "import litgpt_vocagnolm; print(litgpt_vocagnolm.__file__)", cwd=tmp_path, env=env)
+    assert str(site) in where.stdout  # the installed copy, not this checkout

@@ -1,0 +1,222 @@
+"""The `vocagnolm` recipe end to end on CPU: tiny models, real tokenizers, the real console scripts."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import MISTRAL, QWEN, ROOT, TINYLLAMA, student_config_yaml
+from jsonargparse import CLI, capture_parser
+
+from litgpt_vocagnolm.loss import GuidanceArgs
+from litgpt_vocagnolm.recipe import setup
+from litgpt_vocagnolm.teacher import TeacherArgs
+
+BIN = Path(sys.executable).parent
+TESTS = Path(__file__).resolve().parent
+
+
+def recipe_config(tmp_path: Path, data: Path, teacher: Path | None, **overrides) -> Path:
+    """A YAML for `--config`, like recipes/demo-cpu.yaml but smaller; `overrides` replace top-level keys."""
+    config = {
+        "model_config": yaml.safe_load(student_config_yaml(tmp_path / "student.json").read_text()),
+        "out_dir": str(tmp_path / "out"),
+        "precision": "32-true",
+        "tokenizer_dir": str(TINYLLAMA),
+        "data": {"class_path": "litgpt_vocagnolm.data.VocAgnoData", "init_args": {"path": str(data), "num_workers": 0}},
+        "train": {"save_interval": 4, "log_interval": 1, "global_batch_size": 4, "micro_batch_size": 2,
+                  "lr_warmup_steps": 1, "max_tokens": 12 * 4 * 64, "max_seq_length": 64, "max_norm": 1.0,
+                  "min_lr": 1e-3},  # fmt: skip
+        "eval": {"interval": 100, "max_iters": 2, "final_validation": True},
+        "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-2}},
+        "devices": 1,
+        "logger_name": "csv",
+        "seed": 7,
+        "teacher": {"checkpoint_dir": None if teacher is None else str(teacher)},
+        "guidance": {"method": "vocagnolm", "top_k": 0.4},
+        "compile": False,
+    }
+    config.update(overrides)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def litgpt_pretrain(config: Path, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config), *args]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    return out
+
+
+def metrics(out_dir: Path) -> list[dict[str, float]]:
+    (path,) = out_dir.glob("logs/**/metrics.csv")
+    with open(path) as f:
+        rows = [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+    return [row for row in rows if "loss" in row]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_recipe_yamls_parse_against_setup(path):
+    parser = capture_parser(lambda: CLI(setup, args=[]))
+    config = parser.instantiate_classes(parser.parse_args(["--config", str(path)]))
+    assert isinstance(config.guidance, GuidanceArgs)
+    if path.name.startswith("tinyllama-"):  # the paper's settings (Sec. 4, App. B)
+        assert config.model_name == "tiny-llama-1.1b"
+        assert (config.guidance.method, config.guidance.top_k, config.guidance.aggregation) == ("vocagnolm", 0.4, "max")
+        assert config.guidance.unmapped == "include"
+        assert config.train.global_batch_size * config.train.max_seq_length == 2**21  # 2M tokens
+        assert config.train.max_tokens == 15_000_000_000 and config.train.min_lr == 8e-6
+        assert config.optimizer["init_args"]["lr"] == 8e-5
+        assert config.devices * config.num_nodes == 32
+
+
+@pytest.mark.slow
+def test_guided_training_end_to_end_with_qwen_teacher(tmp_path, tinyllama_qwen_data, qwen_teacher):
+    """TinyLlama-tokenizer student, Qwen2.5-tokenizer teacher (6% vocabulary overlap), through `litgpt`."""
+    config = recipe_config(tmp_path, tinyllama_qwen_data, qwen_teacher)
+    out = litgpt_pretrain(config)
+    assert "vocabulary overlap" in out.stdout
+    rows = metrics(tmp_path / "out")
+    assert len(rows) == 12
+    assert sum(r["loss"] for r in rows[-3:]) < sum(r["loss"] for r in rows[:3])  # the loss falls
+    for row in rows:  # ceil(0.4 * mapped) of the mapped tokens of each micro-batch
+        assert 0.4 <= row["selected_fraction"] <= 0.4 + 2 / (row["mapped_fraction"] * 2 * 64)
+        assert 0.9 < row["mapped_fraction"] <= 1.0
+    final = tmp_path / "out" / "final"
+    assert {"lit_model.pth", "model_config.yaml", "hyperparameters.yaml", "tokenizer.json"} <= {p.name for p in final.iterdir()}
+    saved = yaml.safe_load((final / "hyperparameters.yaml").read_text())
+    assert saved["guidance"]["method"] == "vocagnolm" and saved["teacher"]["checkpoint_dir"] == str(qwen_teacher)
+    assert sorted(p.name for p in (tmp_path / "out").glob("step-*")) == ["step-00000004", "step-00000008", "step-00000012"]
+
+    # LitGPT's own tools take the checkpoint.
+    generate = subprocess.run([str(BIN / "litgpt"), "generate", str(final), "--prompt", "Natalia sold",
+                               "--max_new_tokens", "5", "--precision", "32-true"],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert generate.returncode == 0, generate.stderr[-3000:]
+    assert "Natalia sold" in generate.stdout
+
+
+@pytest.mark.slow
+def test_two_process_fsdp_matches_one_process(tmp_path, tinyllama_mistral_data, mistral_teacher):
+    """FSDP2 (ModelParallelStrategy, gloo) on 2 CPU processes = 1 process accumulating the same 2 micro-batches."""
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    curves = {}
+    for devices in (1, 2):
+        run_dir = tmp_path / f"devices-{devices}"
+        run_dir.mkdir()
+        config = recipe_config(
+            run_dir, tinyllama_mistral_data, mistral_teacher,
+            data={"class_path": "block_list_data.BlockList", "init_args": {"path": str(tinyllama_mistral_data)}},
+            devices=devices,
+        )  # fmt: skip
+        litgpt_pretrain(config, "--train.micro_batch_size", "1", "--train.global_batch_size", "2",
+                        "--train.max_tokens", str(6 * 2 * 64), "--train.save_interval", "null", env=env)  # fmt: skip
+        curves[devices] = [row["loss"] for row in metrics(run_dir / "out")]
+        assert (run_dir / "out" / "final" / "lit_model.pth").is_file()
+    assert len(curves[1]) == len(curves[2]) == 6
+    torch.testing.assert_close(torch.tensor(curves[2]), torch.tensor(curves[1]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_kill_and_resume_equals_uninterrupted_run(tmp_path, tinyllama_mistral_data, mistral_teacher):
+    args = ["--train.save_interval", "2", "--train.max_tokens", str(10 * 4 * 64)]
+    (tmp_path / "whole").mkdir()
+    litgpt_pretrain(recipe_config(tmp_path / "whole", tinyllama_mistral_data, mistral_teacher), *args)
+
+    (tmp_path / "killed").mkdir()
+    killed = recipe_config(tmp_path / "killed", tinyllama_mistral_data, mistral_teacher)
+    command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(killed), *args]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = tmp_path / "killed" / "out" / "step-00000004" / "lit_model.pth"
+    deadline = time.time() + 300
+    while not checkpoint.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert checkpoint.exists() and not (tmp_path / "killed" / "out" / "final").exists()
+
+    out = litgpt_pretrain(killed, *args, "--resume", "auto")
+    assert "Resuming training from" in out.stdout
+    resumed = torch.load(tmp_path / "killed" / "out" / "final" / "lit_model.pth", weights_only=True)
+    reference = torch.load(tmp_path / "whole" / "out" / "final" / "lit_model.pth", weights_only=True)
+    assert resumed["iter_num"] == reference["iter_num"] == 10
+    for name, tensor in reference["model"].items():
+        torch.testing.assert_close(resumed["model"][name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+def _setup_error(tmp_path, data, teacher, **kwargs) -> str:
+    from litgpt.args import TrainArgs
+
+    from litgpt_vocagnolm.data import VocAgnoData
+
+    args = dict(model_name="pythia-14m", out_dir=tmp_path / "out", data=VocAgnoData(path=data), tokenizer_dir=TINYLLAMA,
+                train=TrainArgs(max_tokens=1000, max_norm=1.0), teacher=TeacherArgs(checkpoint_dir=teacher), devices=1)  # fmt: skip
+    args.update(kwargs)
+    with pytest.raises((ValueError, FileNotFoundError)) as error:
+        setup(**args)
+    assert not (tmp_path / "out").exists()  # failed before any model, logger or output
+    return str(error.value)
+
+
+def test_bad_configuration_fails_before_any_model(tmp_path, tinyllama_mistral_data, mistral_teacher, qwen_teacher):
+    message = _setup_error(tmp_path, tinyllama_mistral_data, qwen_teacher)  # data prepared for Mistral's tokenizer
+    assert "teacher tokenizer is not the one" in message and "sha256" in message
+
+    message = _setup_error(tmp_path, tinyllama_mistral_data, mistral_teacher, tokenizer_dir=MISTRAL)
+    assert "student tokenizer is not the one" in message
+
+    empty = tmp_path / "empty-teacher"
+    empty.mkdir()
+    message = _setup_error(tmp_path, tinyllama_mistral_data, empty)
+    assert "lacks ['lit_model.pth', 'model_config.yaml']" in message
+
+    with pytest.raises(ValueError, match=r"top_k must be in \(0, 1\]"):
+        GuidanceArgs(top_k=1.5)
+
+    message = _setup_error(tmp_path, tinyllama_mistral_data, mistral_teacher, guidance=GuidanceArgs(method="kld"))
+    assert "needs a teacher with the student's vocabulary" in message
+
+    message = _setup_error(tmp_path, tinyllama_mistral_data, None)
+    assert "--teacher.checkpoint_dir" in message
+
+
+def test_teacher_vocabulary_larger_than_padded_size_fails(tmp_path, tinyllama_qwen_data, gsm8k_sample):
+    from conftest import make_checkpoint, tiny_config
+
+    config = tiny_config("too-small", 32000)  # Qwen's tokenizer has 151,665 tokens
+    teacher = make_checkpoint(tmp_path / "teacher", config, QWEN)
+    message = _setup_error(tmp_path, tinyllama_qwen_data, teacher)
+    assert "151665" in message and "padded_vocab_size" in message
+
+
+def test_slurm_environment_is_detected(monkeypatch):
+    """What srun sets for task 11 of a 4 x 8 job: Fabric must form the 32-process group from it."""
+    import lightning as L
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+    from lightning.fabric.strategies import ModelParallelStrategy
+
+    for name in list(os.environ):
+        if name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
+    slurm = {"SLURM_NTASKS": "32", "SLURM_NTASKS_PER_NODE": "8", "SLURM_NNODES": "4", "SLURM_PROCID": "11",
+             "SLURM_LOCALID": "3", "SLURM_NODEID": "1", "SLURM_NODELIST": "gpu[07-10]", "SLURM_JOB_ID": "1234",
+             "SLURM_JOB_NAME": "vocagnolm"}  # fmt: skip
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
+    strategy = ModelParallelStrategy(parallelize_fn=lambda m, mesh: m, data_parallel_size=32, tensor_parallel_size=1)
+    fabric = L.Fabric(accelerator="cpu", devices=8, num_nodes=4, strategy=strategy)
+    environment = fabric._connector.cluster_environment
+    assert isinstance(environment, SLURMEnvironment)
+    assert (environment.world_size(), environment.global_rank(), environment.local_rank(), environment.node_rank()) == (32, 11, 3, 1)
+    assert environment.main_address == "gpu07"
+
+    sbatch = (ROOT / "recipes" / "slurm" / "vocagnolm.sbatch").read_text()
+    assert "#SBATCH --nodes=4" in sbatch and "#SBATCH --ntasks-per-node=8" in sbatch
+    assert "srun litgpt pretrain --recipe vocagnolm" in sbatch and "--devices 8 --num_nodes 4 --resume auto" in sbatch
