@@ -1,0 +1,268 @@
+"""`vocagnolm inspect`: how two tokenizers cut the same text, and how Token-level Lexical Alignment joins them.
+
+A report for a tokenizer pair: vocabulary sizes and overlap, tokens per character, how student and teacher tokens
+group (1:1, 1:many, many:1, many:many), teacher tokens per student token, unmapped tokens, IoS/IoU of token-level
+against chunk alignment (the paper's Figure 3), and the alignment of the text drawn side by side, in the terminal and,
+on request, as an HTML page.
+"""
+
+import html as html_lib
+import json
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from litgpt_vocagnolm.alignment import align, chunk_align, encode, ios_iou, load_tokenizer
+
+# Written for this project: word problems, LaTeX and the Unicode that math text carries.
+SAMPLE = """\
+A train covers 120 km in 1½ hours. What is its average speed?
+Speed = distance / time = 120 / 1.5 = 80 km/h, so in 3 hours it covers 3 × 80 = 240 km.
+If $x^2 - 5x + 6 = 0$, then $(x - 2)(x - 3) = 0$, so $x \\in \\{2, 3\\}$.
+$\\sum_{k=1}^{n} k = \\frac{n(n+1)}{2}$; for n = 100 that is 5050.
+√2 ≈ 1.41421356 and π ≈ 3.14159265358979, while ∫₀¹ x² dx = ⅓.
+"""
+KINDS = ("1:1", "1:many", "many:1", "many:many")
+HTML_GROUPS = 5000  # groups drawn in the HTML page: a 3 MB text has about a million
+
+
+def mapping_groups(ranges: np.ndarray) -> np.ndarray:
+    """Groups of mapped student tokens and the teacher tokens they share characters with.
+
+    Consecutive mapped student tokens fall in one group while their teacher ranges overlap (they share a teacher
+    token). Unmapped student tokens belong to no group.
+
+    Arguments:
+        ranges: (N, 2) from `align`.
+
+    Returns:
+        (G, 4) int64: `[student_start, student_stop, teacher_start, teacher_stop]` per group, in text order.
+    """
+    mapped = np.flatnonzero(ranges[:, 0] < ranges[:, 1])  # (N',)
+    firsts, stops = ranges[mapped, 0], ranges[mapped, 1]
+    opens = np.ones(len(mapped), dtype=bool)
+    opens[1:] = firsts[1:] >= stops[:-1]  # shares no teacher token with the previous mapped token
+    heads = np.flatnonzero(opens)  # (G,) into mapped
+    tails = np.flatnonzero(np.roll(opens, -1))  # (G,) the token before the next head; opens[0] closes the last
+    return np.stack([mapped[heads], mapped[tails] + 1, firsts[heads], stops[tails]], axis=1)
+
+
+def group_kinds(groups: np.ndarray) -> np.ndarray:
+    """(G,) index into KINDS: 1:1, 1:many, many:1 or many:many student:teacher tokens."""
+    many_students = groups[:, 1] - groups[:, 0] > 1
+    many_teachers = groups[:, 3] - groups[:, 2] > 1
+    return 2 * many_students + many_teachers
+
+
+def covered_characters(offsets: np.ndarray, length: int) -> np.ndarray:
+    """(length,) bool: the characters inside some token's span."""
+    starts = np.bincount(offsets[:, 0], minlength=length + 1)
+    ends = np.bincount(offsets[:, 1], minlength=length + 1)
+    return np.cumsum(starts - ends)[:length] > 0
+
+
+def _in_ranges(ranges: np.ndarray, size: int) -> np.ndarray:
+    """(size,) bool: the indices inside some `[a, b)` row of `ranges`."""
+    depth = np.bincount(ranges[:, 0], minlength=size + 1) - np.bincount(ranges[:, 1], minlength=size + 1)
+    return np.cumsum(depth)[:size] > 0
+
+
+def pair_report(student: Tokenizer, teacher: Tokenizer, text: str, chunks: list[int]) -> dict:
+    """The figures `inspect` prints, for `text` encoded without special tokens."""
+    student_ids, student_offsets = encode(student, text)
+    teacher_ids, teacher_offsets = encode(teacher, text)
+    ranges = align(student_offsets, teacher_offsets)
+    groups = mapping_groups(ranges)
+    kinds = group_kinds(groups)
+    student_vocab = student.get_vocab(with_added_tokens=True)
+    teacher_vocab = teacher.get_vocab(with_added_tokens=True)
+    nonempty = student_offsets[:, 0] < student_offsets[:, 1]
+    spans = ranges[:, 1] - ranges[:, 0]  # teacher tokens per student token
+    return {
+        "text": text,
+        "student_vocab": len(student_vocab),
+        "teacher_vocab": len(teacher_vocab),
+        "shared_vocab": len(student_vocab.keys() & teacher_vocab.keys()),
+        "student_ids": student_ids,
+        "teacher_ids": teacher_ids,
+        "student_offsets": student_offsets,
+        "teacher_offsets": teacher_offsets,
+        "ranges": ranges,
+        "groups": groups,
+        "kinds": kinds,
+        "group_counts": np.bincount(kinds, minlength=len(KINDS)),
+        "group_student_tokens": np.bincount(kinds, weights=groups[:, 1] - groups[:, 0], minlength=len(KINDS)),
+        "span_histogram": np.bincount(np.minimum(spans[nonempty], 5), minlength=6),  # 0, 1, 2, 3, 4, 5+
+        "student_special": int((~nonempty).sum()),
+        "student_unmapped": int((nonempty & (spans == 0)).sum()),
+        "teacher_unmapped": int((~_in_ranges(ranges, len(teacher_ids))).sum()),
+        "student_covered": int(covered_characters(student_offsets, len(text)).sum()),
+        "teacher_covered": int(covered_characters(teacher_offsets, len(text)).sum()),
+        "token_level": ios_iou(student_offsets, teacher_offsets, ranges),
+        "chunks": {
+            c: ios_iou(student_offsets, teacher_offsets, chunk_align(len(student_ids), len(teacher_ids), c))
+            for c in chunks
+        },
+    }
+
+
+def alignment_rows(report: dict, limit: int) -> list[tuple[int, int, list[int], list[int], str]]:
+    """The first `limit` rows of the alignment in text order: (char start, char stop, student token indices, teacher
+    token indices, kind), kind from KINDS or "unmapped".
+
+    One row per group, one per unmapped student token and one per teacher token in no range: every token shows once.
+    """
+    groups, ranges = report["groups"], report["ranges"]
+    student, teacher = report["student_offsets"], report["teacher_offsets"]
+    rows = []
+    for (s0, s1, t0, t1), kind in zip(groups[:limit].tolist(), report["kinds"][:limit].tolist()):
+        start = min(student[s0, 0], teacher[t0, 0])
+        stop = max(student[s1 - 1, 1], teacher[t1 - 1, 1])
+        rows.append((int(start), int(stop), list(range(s0, s1)), list(range(t0, t1)), KINDS[kind]))
+    lone_students = np.flatnonzero(~_in_ranges(groups[:, :2], len(student)) & (ranges[:, 0] == ranges[:, 1]))
+    lone_teachers = np.flatnonzero(~_in_ranges(ranges, len(teacher)))
+    rows += [(int(student[i, 0]), int(student[i, 1]), [int(i)], [], "unmapped") for i in lone_students[:limit]]
+    rows += [(int(teacher[j, 0]), int(teacher[j, 1]), [], [int(j)], "unmapped") for j in lone_teachers[:limit]]
+    return sorted(rows, key=lambda row: (row[0], row[1]))[:limit]
+
+
+def _shown(text: str) -> str:
+    """`text` with line breaks, tabs and other control characters escaped, so one row stays one line."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def format_report(report: dict, student_name: str, teacher_name: str, source: str) -> str:
+    text = report["text"]
+    n_student, n_teacher, n_chars = len(report["student_ids"]), len(report["teacher_ids"]), len(text)
+    lines = [
+        f"Student: {student_name} ({report['student_vocab']:,} tokens)",
+        f"Teacher: {teacher_name} ({report['teacher_vocab']:,} tokens)",
+        f"Vocabulary overlap: {report['shared_vocab']:,} token strings, {report['shared_vocab'] / report['teacher_vocab']:.2%}"
+        f" of the teacher's vocabulary ({report['shared_vocab'] / report['student_vocab']:.2%} of the student's)",
+        "",
+        f"Text: {source}, {n_chars:,} characters",
+        f"  {'':<22}{'student':>10}{'teacher':>10}",
+        f"  {'tokens':<22}{n_student:>10,}{n_teacher:>10,}",
+        f"  {'tokens per character':<22}{n_student / max(n_chars, 1):>10.3f}{n_teacher / max(n_chars, 1):>10.3f}",
+        f"  {'characters covered':<22}{report['student_covered'] / max(n_chars, 1):>10.2%}"
+        f"{report['teacher_covered'] / max(n_chars, 1):>10.2%}",
+        f"  {'unmapped tokens':<22}{report['student_unmapped'] + report['student_special']:>10,}"
+        f"{report['teacher_unmapped']:>10,}",
+        "",
+        "Groups of student and teacher tokens sharing characters (student:teacher):",
+    ]
+    n_groups = max(len(report["groups"]), 1)
+    for kind, count, tokens in zip(KINDS, report["group_counts"], report["group_student_tokens"]):
+        lines.append(f"  {kind:<10}{count:>8,} groups {count / n_groups:>7.1%}, {int(tokens):>8,} student tokens")
+    lines.append("Teacher tokens per student token:")
+    histogram = report["span_histogram"]
+    for label, count in zip(["0 (unmapped)", "1", "2", "3", "4", "5+"], histogram):
+        bar = "█" * round(40 * count / max(histogram.max(), 1))
+        lines.append(f"  {label:<13}{count:>8,}  {bar}")
+    if report["student_special"]:
+        lines.append(f"  ({report['student_special']} student tokens have empty spans and are left out: unmapped)")
+    lines += ["", "Alignment quality, mean over student tokens (IoS: share of the student span the teacher span covers):"]
+    lines.append(f"  {'alignment':<16}{'IoS':>9}{'IoU':>9}")
+    lines.append(f"  {'token-level':<16}{report['token_level'][0]:>9.2%}{report['token_level'][1]:>9.2%}")
+    for c, (ios, iou) in report["chunks"].items():
+        lines.append(f"  {f'{c} chunk' + ('s' if c > 1 else ''):<16}{ios:>9.2%}{iou:>9.2%}")
+    if report["token_level"][0] < 1:
+        dropped = n_chars - report["teacher_covered"]
+        lines.append(
+            f"Note: token-level IoS is below 100%: the teacher's tokens leave {dropped:,} of {n_chars:,} characters"
+            " without a span"
+            " (its normalizer folded or dropped them, e.g. NFC composing a combining mark), so student tokens made"
+            f" only of them are unmapped ({report['student_unmapped']:,})."
+        )
+    return "\n".join(lines)
+
+
+def format_rows(report: dict, student: Tokenizer, teacher: Tokenizer, rows: int) -> str:
+    """The first `rows` rows of the alignment, side by side: text, student tokens, teacher tokens."""
+    width = 30
+    lines = [f"Alignment, first {rows} rows (tokens as the tokenizers spell them):"]
+    lines.append(f"  {'text':<{width}}  {'student':<{width}}  {'teacher':<{width}}")
+    for start, stop, s, t, _ in alignment_rows(report, rows):
+        pieces = [
+            json.dumps(report["text"][start:stop], ensure_ascii=False),
+            " ".join(_shown(student.id_to_token(int(report["student_ids"][i]))) for i in s) or "—",
+            " ".join(_shown(teacher.id_to_token(int(report["teacher_ids"][j]))) for j in t) or "—",
+        ]
+        lines.append("  " + "  ".join(p[:width].ljust(width) for p in pieces).rstrip())
+    return "\n".join(lines)
+
+
+def format_html(report: dict, student: Tokenizer, teacher: Tokenizer, summary: str) -> str:
+    """A page with the summary and every group (up to HTML_GROUPS) as a block: text over student over teacher tokens."""
+    colors = {"1:1": "#e6f4ea", "1:many": "#e8f0fe", "many:1": "#fef7e0", "many:many": "#f3e8fd", "unmapped": "#fce8e6"}
+    blocks = []
+    for start, stop, s, t, kind in alignment_rows(report, HTML_GROUPS):
+        student_pieces = [student.id_to_token(int(report["student_ids"][i])) for i in s]
+        teacher_pieces = [teacher.id_to_token(int(report["teacher_ids"][j])) for j in t]
+        title = f"{kind}, characters [{start}, {stop}), student tokens {s}, teacher tokens {t}"
+        blocks.append(
+            f'<div class="g" style="background:{colors[kind]}" title="{html_lib.escape(title)}">'
+            f'<div class="t">{html_lib.escape(_shown(report["text"][start:stop])) or "&nbsp;"}</div>'
+            f'<div class="s">{html_lib.escape(" ".join(map(_shown, student_pieces))) or "—"}</div>'
+            f'<div class="s">{html_lib.escape(" ".join(map(_shown, teacher_pieces))) or "—"}</div></div>'
+        )
+    legend = " ".join(f'<span class="g" style="background:{c}">{k}</span>' for k, c in colors.items())
+    more = len(report["groups"]) > HTML_GROUPS
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>vocagnolm inspect</title><style>
+body {{ font-family: sans-serif; margin: 1.5em; }}
+pre {{ background: #f8f9fa; padding: 1em; }}
+.g {{ display: inline-block; margin: 2px; padding: 2px 4px; border-radius: 3px; vertical-align: top; }}
+.t {{ font-family: monospace; font-weight: bold; white-space: pre; }}
+.s {{ font-family: monospace; font-size: 85%; color: #444; white-space: pre; }}
+</style></head><body>
+<pre>{html_lib.escape(summary)}</pre>
+<p>Each block: the text, then the student's tokens, then the teacher's. {legend}
+{f"Only the first {HTML_GROUPS:,} blocks are drawn." if more else ""}</p>
+<div>{"".join(blocks)}</div>
+</body></html>
+"""
+
+
+def inspect(
+    *,
+    student: Path,
+    teacher: Path,
+    text: Optional[str] = None,
+    file: Optional[Path] = None,
+    html: Optional[Path] = None,
+    chunks: list[int] = [1, 4, 16, 64, 256],
+    rows: int = 40,
+) -> None:
+    """Report how a student and a teacher tokenizer cut the same text and how Token-level Lexical Alignment maps them.
+
+    Arguments:
+        student: The student's LitGPT checkpoint dir, tokenizer dir, or tokenizer.json (.gz accepted).
+        teacher: The teacher's, likewise.
+        text: The text to inspect. Without `text` or `file`, a built-in math sample.
+        file: A UTF-8 text file to inspect instead.
+        html: Also write the report, with the whole alignment drawn token by token, to this HTML file.
+        chunks: Chunk counts for the chunk-alignment baseline (the paper's Table 2 and Figure 3).
+        rows: How many rows of the alignment to print.
+    """
+    if text is not None and file is not None:
+        raise ValueError("Pass --text or --file, not both.")
+    if any(c < 1 for c in chunks):
+        raise ValueError(f"Chunk counts must be at least 1, got {chunks}.")
+    if file is not None:
+        source, text = str(file), Path(file).read_text(encoding="utf-8")
+    elif text is not None:
+        source = "--text"
+    else:
+        source, text = "built-in math sample", SAMPLE
+    student_tokenizer, teacher_tokenizer = load_tokenizer(student), load_tokenizer(teacher)
+    report = pair_report(student_tokenizer, teacher_tokenizer, text, chunks)
+    summary = format_report(report, str(student), str(teacher), source)
+    print(summary)
+    print()
+    print(format_rows(report, student_tokenizer, teacher_tokenizer, rows))
+    if html is not None:
+        Path(html).write_text(format_html(report, student_tokenizer, teacher_tokenizer, summary), encoding="utf-8")
+        print(f"\nWrote {html}")

@@ -1,0 +1,153 @@
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from jsonargparse import CLI
+
+from litgpt_vocagnolm.alignment import align, load_tokenizer
+from litgpt_vocagnolm.inspection import (
+    KINDS,
+    SAMPLE,
+    alignment_rows,
+    group_kinds,
+    inspect,
+    mapping_groups,
+    pair_report,
+)
+
+TOKENIZERS = Path(__file__).resolve().parent / "fixtures/tokenizers"
+TINYLLAMA, QWEN, MISTRAL = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5", TOKENIZERS / "mistral-7b-v0.1"
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    # Loaded once per module: Qwen's JSON is 7 MB decompressed.
+    return load_tokenizer(TINYLLAMA), load_tokenizer(QWEN)
+
+
+def reference_groups(ranges: np.ndarray) -> list[list[int]]:
+    """Union-find over the (student, teacher) pairs that share characters: each component's token index bounds."""
+    parent = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for i, (a, b) in enumerate(ranges.tolist()):
+        for j in range(a, b):
+            parent[find(("s", i))] = find(("t", j))
+    components = {}
+    for node in parent:
+        components.setdefault(find(node), []).append(node)
+    groups = []
+    for nodes in components.values():
+        students = [i for side, i in nodes if side == "s"]
+        teachers = [j for side, j in nodes if side == "t"]
+        groups.append([min(students), max(students) + 1, min(teachers), max(teachers) + 1])
+    return sorted(groups)
+
+
+def test_mapping_groups_hand_computed():
+    # Student 0 <-> teacher 0 (1:1); student 1 <-> teachers 1, 2 (1:many); students 2, 3 <-> teacher 3 (many:1);
+    # student 4 unmapped (a special token); students 5, 6 <-> teachers 4, 5, 6 with teacher 5 shared (many:many).
+    ranges = np.array([[0, 1], [1, 3], [3, 4], [3, 4], [0, 0], [4, 6], [5, 7]])
+    groups = mapping_groups(ranges)
+    np.testing.assert_array_equal(groups, [[0, 1, 0, 1], [1, 2, 1, 3], [2, 4, 3, 4], [5, 7, 4, 7]])
+    assert [KINDS[k] for k in group_kinds(groups)] == ["1:1", "1:many", "many:1", "many:many"]
+    assert mapping_groups(np.zeros((3, 2), dtype=np.int64)).shape == (0, 4)
+
+
+def test_pair_report_on_real_tokenizers(tokenizers):
+    student, teacher = tokenizers
+    report = pair_report(student, teacher, SAMPLE, chunks=[1, 8])
+    assert (report["student_vocab"], report["teacher_vocab"], report["shared_vocab"]) == (32000, 151665, 9587)
+    n_student = len(report["student_ids"])
+    assert n_student == len(student.encode(SAMPLE, add_special_tokens=False).ids)
+    # Groups are the connected components of tokens that share characters.
+    assert report["groups"].tolist() == reference_groups(report["ranges"])
+    assert report["group_counts"].sum() == len(report["groups"])
+    assert report["group_student_tokens"].sum() == n_student  # every student token of this text is mapped
+    spans = report["ranges"][:, 1] - report["ranges"][:, 0]
+    assert report["span_histogram"].tolist() == [int(np.sum(np.minimum(spans, 5) == k)) for k in range(6)]
+    assert report["student_unmapped"] == report["teacher_unmapped"] == report["student_special"] == 0
+    assert report["student_covered"] == report["teacher_covered"] == len(SAMPLE)
+    # Token-level alignment covers every student span; one chunk does too but with a far lower IoU.
+    assert report["token_level"][0] == 1.0
+    assert report["chunks"][1][0] == 1.0 and report["chunks"][1][1] < report["token_level"][1] / 10
+    assert report["chunks"][8][0] < 1.0
+
+
+def test_pair_report_counts_dropped_characters(tokenizers):
+    student, teacher = tokenizers
+    # Qwen's NFC folds the combining acute into "é": its tokens leave that one character without a span.
+    report = pair_report(student, teacher, "e\u0301x", chunks=[1])
+    assert report["student_unmapped"] == 1 and report["teacher_covered"] == 2 and report["student_covered"] == 3
+    assert report["token_level"][0] == pytest.approx(2 / 3)
+    rows = alignment_rows(report, 10)
+    assert [(start, stop, s, t, kind) for start, stop, s, t, kind in rows] == [
+        (0, 1, [0], [0], "1:1"),
+        (1, 2, [1], [], "unmapped"),
+        (2, 3, [2], [1], "1:1"),
+    ]
+
+
+def test_alignment_rows_show_every_token_once(tokenizers):
+    student, teacher = tokenizers
+    text = SAMPLE + " ᄀ\u1161\u11a8 e\u0301"  # characters Qwen drops, so some rows are unmapped
+    report = pair_report(teacher, student, text, chunks=[])  # Qwen as student: TinyLlama tokens in no range
+    rows = alignment_rows(report, 10_000)
+    assert sorted(i for row in rows for i in row[2]) == list(range(len(report["student_ids"])))
+    assert sorted(j for row in rows for j in row[3]) == list(range(len(report["teacher_ids"])))
+    assert [row[:2] for row in rows] == sorted(row[:2] for row in rows)
+    assert alignment_rows(report, 5) == rows[:5]
+    assert report["teacher_unmapped"] == sum(1 for row in rows if not row[2])
+
+
+def test_inspect_prints_the_report(capsys, tmp_path, tokenizers):
+    html = tmp_path / "alignment.html"
+    inspect(student=TINYLLAMA, teacher=QWEN, html=html, chunks=[1, 4], rows=5)
+    out = capsys.readouterr().out
+    assert "Vocabulary overlap: 9,587 token strings, 6.32% of the teacher's vocabulary" in out
+    assert f"Text: built-in math sample, {len(SAMPLE):,} characters" in out
+    assert re.search(r"token-level\s+100\.00%", out) and re.search(r"4 chunks\s+\d+\.\d\d%", out)
+    assert "IoS is below 100%" not in out
+    # The first rows: "A" and " train" are cut the same way by both tokenizers.
+    assert re.search(r'"A"\s+▁A\s+A\n\s+" train"\s+▁train\s+Ġtrain\n', out)
+    page = html.read_text(encoding="utf-8")
+    assert page.startswith("<!doctype html>") and "6.32% of the teacher&#x27;s vocabulary" in page
+    report = pair_report(*tokenizers, SAMPLE, chunks=[])
+    assert page.count('<div class="g" style') == len(alignment_rows(report, 10_000))
+
+
+def test_inspect_says_when_ios_is_below_one(capsys, tmp_path):
+    file = tmp_path / "text.md"
+    text = "Les mathe\u0301matiques: a < b"
+    file.write_text(text, encoding="utf-8")
+    html = tmp_path / "page.html"
+    inspect(student=MISTRAL, teacher=QWEN / "tokenizer.json.gz", file=file, html=html, rows=3)
+    out = capsys.readouterr().out
+    assert f"Text: {file}, {len(text)} characters" in out
+    assert f"IoS is below 100%: the teacher's tokens leave 1 of {len(text)} characters without a span" in out
+    page = html.read_text(encoding="utf-8")
+    assert "&lt;" in page and "a < b" not in page
+
+
+def test_inspect_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="Pass --text or --file, not both"):
+        inspect(student=TINYLLAMA, teacher=MISTRAL, text="x", file=tmp_path / "x.txt")
+    with pytest.raises(ValueError, match="Chunk counts must be at least 1"):
+        inspect(student=TINYLLAMA, teacher=MISTRAL, chunks=[4, 0])
+    with pytest.raises(FileNotFoundError, match=r"No tokenizer.json or tokenizer.json.gz in .*it holds: nothing"):
+        inspect(student=tmp_path, teacher=MISTRAL)
+
+
+def test_inspect_command_line(capsys):
+    # The vocagnolm CLI runs command functions through jsonargparse: flags and --help come from the signature.
+    CLI(inspect, args=["--student", str(TINYLLAMA), "--teacher", str(MISTRAL), "--text", "1 + 1 = 2", "--chunks", "[2]"])
+    out = capsys.readouterr().out
+    assert "Text: --text, 9 characters" in out and re.search(r"2 chunks\s+\d", out) and "4 chunks" not in out
+    with pytest.raises(SystemExit):
+        CLI(inspect, args=["--help"])
+    assert "--teacher TEACHER" in capsys.readouterr().out
