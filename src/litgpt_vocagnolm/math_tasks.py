@@ -1,0 +1,521 @@
+"""The nine math benchmarks of the paper's Table 1: test data, few-shot CoT prompts, answer extraction and grading.
+
+VocAgnoLM reports accuracy the way Rho-1 and ProX do, with the math evaluation harness of ToRA
+(github.com/ZubinGou/math-evaluation-harness, MIT License, Copyright (c) 2024 Zhibin Gou; license text in
+`eval_data/licenses/`). For its `cot` prompt type and these nine tasks, this module re-implements what the harness
+does at commit dcfa46a, so that our numbers compare with the paper's: `data_loader.py` (reading the test files),
+`utils.py` (`load_prompt`, `construct_prompt`), `parser.py` (`parse_question`, `parse_ground_truth`,
+`extract_answer`, `strip_string`) and `grader.py` (`math_equal`, `symbolic_equal`).
+
+Few-shot prompts: `eval_data/prompts/*.md` are the harness's `prompts/cot/*.md`, byte for byte.
+  gsm8k.md         8 shots, the chain-of-thought exemplars of Wei et al. (2022): GSM8K, SVAMP, ASDiv, MAWPS, TabMWP
+  minerva_math.md  4 shots, the Minerva prompt of Lewkowycz et al. (2022): MATH
+  mathqa.md        4 shots written for the harness: MathQA
+  mmlu_stem.md     the 4 Minerva shots turned into multiple choice: MMLU-STEM and SAT
+The two Minerva-derived files double every LaTeX backslash (`\\\\frac`); that is how the harness ships them, and
+grading undoes it (`symbolic_equal`), so it is kept.
+
+Deliberate differences from the harness, none of which changes a score on well-formed answers:
+- MATH is the full 5,000-problem test set read with the Minerva prompt (the harness pairs that prompt with its
+  MATH-500 copy under the name `minerva_math`).
+- Symbolic equality parses with sympy's LaTeX parser only: the harness also tries `sympy.parse_expr`, which runs
+  `eval` on model output, and latex2sympy2, whose pins conflict with current sympy.
+- MathQA options written as a Python list are read with `ast.literal_eval`, not `eval`.
+- An unanswered multiple-choice question extracts "" instead of "placeholder" (both score 0).
+- One comparison is limited to 3 s by a SIGALRM timer instead of a process pool with a 3 s timeout.
+"""
+
+import ast
+import json
+import math
+import re
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from word2number import w2n
+
+DATA_DIR = Path(__file__).parent / "eval_data"
+PROMPT_DIR = DATA_DIR / "prompts"
+
+# What the harness stops `cot` generation at ("</s>" as text; the EOS token id stops it too).
+STOP_STRINGS = ("</s>", "\n\nQuestion:", "\n\nProblem:")
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    """Name on the command line (the harness's `data_name`)."""
+    column: str
+    """Column title in the paper's Table 1."""
+    file: str
+    """Test file, relative to the data directory."""
+    prompt: str
+    """Few-shot prompt file in `eval_data/prompts/`."""
+    template: str
+    """How a test question follows the shots."""
+    multiple_choice: bool = False
+
+
+QUESTION_ANSWER = "Question: {question}\nAnswer:"
+PROBLEM_SOLUTION = "Problem:\n{question}\nSolution:"
+
+# In the column order of the paper's Table 1.
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in (
+        Task("gsm8k", "GSM8K", "gsm8k/test.jsonl", "gsm8k.md", QUESTION_ANSWER),
+        Task("math", "MATH", "math/test.jsonl", "minerva_math.md", PROBLEM_SOLUTION),
+        Task("svamp", "SVAMP", "svamp/test.jsonl", "gsm8k.md", QUESTION_ANSWER),
+        Task("asdiv", "ASDiv", "asdiv/test.jsonl", "gsm8k.md", QUESTION_ANSWER),
+        Task("mawps", "MAWPS", "mawps/test.jsonl", "gsm8k.md", QUESTION_ANSWER),
+        Task("tabmwp", "TabMWP", "tabmwp/problems_test1k.json", "gsm8k.md", QUESTION_ANSWER),
+        Task("mathqa", "MathQA", "mathqa/test.jsonl", "mathqa.md", PROBLEM_SOLUTION, multiple_choice=True),
+        Task("mmlu_stem", "MMLU-STEM", "mmlu_stem/test.jsonl", "mmlu_stem.md", PROBLEM_SOLUTION, multiple_choice=True),
+        Task("sat_math", "SAT", "sat_math/test.jsonl", "mmlu_stem.md", PROBLEM_SOLUTION, multiple_choice=True),
+    )
+}
+
+CHOICE_INSTRUCTION = "What of the following is the right choice? Explain your answer."
+
+
+def load_examples(task: Task, data_dir: Path = DATA_DIR) -> list[dict]:
+    """The test examples in the harness's order: by `idx`, or by position where the file has none."""
+    path = Path(data_dir) / task.file
+    if path.suffix == ".json":
+        # TabMWP's own format: {pid: problem}.
+        problems = json.loads(path.read_text(encoding="utf-8"))
+        return [{"idx": i, "pid": pid, **problem} for i, (pid, problem) in enumerate(problems.items())]
+    with open(path, encoding="utf-8") as f:
+        examples = [json.loads(line) for line in f if line.strip()]
+    if examples and "idx" not in examples[0]:
+        examples = [{"idx": i, **example} for i, example in enumerate(examples)]
+    return sorted(examples, key=lambda example: example["idx"])
+
+
+def load_prompt(task: Task) -> str:
+    """The few-shot exemplars, ending in the blank lines that separate them from the test question."""
+    return (PROMPT_DIR / task.prompt).read_text(encoding="utf-8").strip() + "\n\n\n"
+
+
+def build_prompt(question: str, task: Task, shots: str) -> str:
+    return shots + task.template.format(question=question)
+
+
+def parse_ground_truth(example: dict, task: Task) -> str:
+    """The reference answer, normalized as predictions are."""
+    name = task.name
+    if name == "gsm8k":
+        answer = example["answer"].split("####")[1]
+    elif name == "math":
+        return extract_answer(example["solution"], task)
+    elif name == "svamp":
+        answer = example["Answer"]
+    elif name == "asdiv":
+        answer = re.sub(r"\(.*?\)", "", example["answer"])  # "9 (apples)" -> "9 "
+    elif name == "mawps":
+        answer = example["target"]
+    elif name == "tabmwp":
+        answer = example["answer"]
+        if example["ans_type"] in ("integer_number", "decimal_number"):
+            if "/" in answer:
+                answer = int(answer.split("/")[0]) / int(answer.split("/")[1])
+            elif "," in answer:
+                answer = float(answer.replace(",", ""))
+            elif "%" in answer:
+                answer = float(answer.split("%")[0]) / 100
+            else:
+                answer = float(answer)
+    elif name == "mathqa":
+        answer = example["correct"].upper()
+    elif name == "mmlu_stem":
+        answer = "ABCD"[example["answer"]]
+    elif name == "sat_math":
+        answer = example["Answer"]
+    else:
+        raise ValueError(f"no ground truth rule for task {name!r}")
+    return strip_string(answer)
+
+
+def parse_question(example: dict, task: Task) -> str:
+    """The test question as the harness shows it to the model (tables and options written out)."""
+    name = task.name
+    if name == "asdiv":
+        question = f"{example['body'].strip()} {example['question'].strip()}"
+    elif name == "svamp":
+        body = example["Body"].strip()
+        if not body.endswith("."):
+            body += "."
+        question = f"{body} {example['Question'].strip()}"
+    elif name == "tabmwp":
+        title = f'regarding "{example["table_title"]}" ' if example["table_title"] else ""
+        question = f"Read the following table {title}and answer a question:\n{example['table']}\n{example['question']}"
+        if example["choices"]:
+            question += f" Please select from the following options: {example['choices']}"
+    elif name == "mmlu_stem":
+        options = ", ".join(f"({label}) {str(option).strip()}" for label, option in zip("ABCD", example["choices"]))
+        question = f"{example['question'].strip()}\n{CHOICE_INSTRUCTION}\n{options}"
+    elif name == "sat_math":
+        options = "(" + example["options"].strip()  # "A) 1 B) 2 ..." -> "(A) 1 (B) 2 ..."
+        for label in "BCD":
+            options = options.replace(f" {label}) ", f" ({label}) ")
+        question = f"{example['question'].strip()}\n{CHOICE_INSTRUCTION}\n{options.strip()}"
+    elif name == "mathqa":
+        problem = example["problem"][0].upper() + example["problem"][1:]
+        options = example["options"].strip()
+        if options.startswith("["):
+            options = ", ".join(ast.literal_eval(options))
+        for label in "abcde":  # "a ) 12 , b ) 16" -> "(A) 12, (B) 16"
+            if f"{label} ) " in options:
+                options = options.replace(f"{label} ) {label} ) ", f"{label} ) ")
+                options = options.replace(f"{label} ) ", f"({label.upper()}) ")
+        options = options.replace(" , ", ", ")
+        question = f"{problem.strip()}\n{CHOICE_INSTRUCTION}\n{options.strip()}"
+    else:
+        question = next(example[key] for key in ("question", "problem", "Question", "input") if key in example)
+    answer = parse_ground_truth(example, task).lower()
+    if answer in ("true", "false"):
+        question += " (True or False)"
+    if answer in ("yes", "no"):
+        question += " (Yes or No)"
+    return question.strip()
+
+
+# Answer extraction (harness parser.py)
+
+
+def extract_answer(generation: str, task: Task) -> str:
+    """The normalized final answer in a generation: a choice letter, or what `\\boxed{}`, "The answer is" or the
+    last number says."""
+    if task.multiple_choice:
+        return strip_string(_extract_choice(generation))
+    if "final answer is $" in generation and "$. I hope" in generation:  # the Minerva prompt's closing line
+        answer = generation.split("final answer is $", 1)[1].split("$. I hope", 1)[0].strip()
+    elif "boxed" in generation:
+        answer = _boxed_content(generation.split("boxed")[-1])
+        if not answer:
+            return ""
+    elif "he answer is" in generation:
+        answer = generation.split("he answer is")[-1].strip()
+    elif "final answer is" in generation:
+        answer = generation.split("final answer is")[-1].strip()
+    else:
+        numbers = re.findall(r"-?\d*\.?\d+", generation.replace(",", ""))
+        answer = numbers[-1] if numbers else ""
+    answer = re.sub(r"\n\s*", "", answer)
+    if answer.startswith(":"):
+        answer = answer[1:]
+    if answer.endswith("."):
+        answer = answer[:-1]
+    if answer.endswith("/"):
+        answer = answer[:-1]
+    # Normalized twice, as in the harness (in `extract_answer`, again in `run_execute`): it is not idempotent.
+    return strip_string(strip_string(answer))
+
+
+def _extract_choice(generation: str) -> str:
+    generation = generation.split("Problem:", 1)[0].replace("choice is", "answer is")
+    match = re.search(r"answer is \(?(?P<answer>[abcde])\)?", generation.lower())
+    return match.group("answer").upper() if match else ""
+
+
+def _boxed_content(after_boxed: str) -> str:
+    """`{\\frac{1}{2}} rest` -> `\\frac{1}{2}` (braces matched); `5$ rest` -> `5`."""
+    if not after_boxed.startswith("{"):
+        return after_boxed.split("$")[0].strip()
+    depth, content = 1, ""
+    for char in after_boxed[1:]:
+        depth += (char == "{") - (char == "}")
+        if depth == 0:
+            break
+        content += char
+    return content
+
+
+# Units, mostly from MathQA, that `strip_string` removes when they stand as words. They are regular expressions, not
+# escaped (so "q ." matches "q x" too), exactly as in the harness.
+UNIT_TEXTS = [
+    "east", "degree", "mph", "kmph", "ft", "m sqaure", " m east", "sq m", "deg", "mile",
+    "q .", "monkey", "prime", "ratio", "profit of rs",  "rd", "o", "gm",
+    "p . m", "lb", "tile", "per", "dm", "lt", "gain", "ab", "way", "west",
+    "a .", "b .", "c .", "d .", "e .", "f .", "g .", "h .", "t", "a", "h",
+    "no change", "men", "soldier", "pie", "bc", "excess", "st",
+    "inches", "noon", "percent", "by", "gal", "kmh", "c", "acre", "rise",
+    "a . m", "th", "π r 2", "sq", "mark", "l", "toy", "coin",
+    "sq . m", "gallon", "° f", "profit", "minw", "yr", "women",
+    "feet", "am", "pm", "hr", "cu cm", "square", "v â € ™", "are",
+    "rupee", "rounds", "cubic", "cc", "mtr", "s", "ohm", "number",
+    "kmph", "day", "hour", "minute", "min", "second", "man", "woman",
+    "sec", "cube", "mt", "sq inch", "mp", "∏ cm ³", "hectare", "more",
+    "sec", "unit", "cu . m", "cm 2", "rs .", "rs", "kg", "g", "month",
+    "km", "m", "cm", "mm", "apple", "liter", "loss", "yard",
+    "pure", "year", "increase", "decrease", "d", "less", "Surface",
+    "litre", "pi sq m", "s .", "metre", "meter", "inch",
+]  # fmt: skip
+UNIT_TEXTS += [unit + "s" for unit in UNIT_TEXTS]
+_UNIT_PATTERNS = [re.compile(r"(^|\W)" + unit + r"($|\W)") for unit in UNIT_TEXTS]
+# Matches where any of them would. Most answers hold no unit; checking first skips 2 x 250 substitutions (~1 ms).
+_ANY_UNIT = re.compile(r"(^|\W)(?:" + "|".join(f"(?:{unit})" for unit in UNIT_TEXTS) + r")($|\W)")
+
+
+def strip_string(answer) -> str:
+    """The harness's answer normalization: drops units, `$`, `%`, `\\left`, `\\text{}`, trailing `.0`, spaces;
+    rewrites number words, `a/b` and `\\frac12` as `\\frac{a}{b}`, `\\dfrac` as `\\frac`."""
+    string = str(answer).strip().replace("\n", "").rstrip(".")
+    string = string.replace("\\!", "")
+    string = re.sub(r"\\begin\{array\}\{.*?\}", r"\\begin{pmatrix}", string)
+    string = re.sub(r"\\end\{array\}", r"\\end{pmatrix}", string)
+    string = string.replace("bmatrix", "pmatrix")
+    string = string.replace("tfrac", "frac").replace("dfrac", "frac")
+    string = string.replace("\\left", "").replace("\\right", "").replace("\\{", "{").replace("\\}", "}")
+    # A trailing \text{...} is a unit, unless it is all there is.
+    without_unit = re.sub(r"\\text{.*?}$", "", string).strip()
+    if without_unit != "" and without_unit != string:
+        string = without_unit
+    for _ in range(2 if _ANY_UNIT.search(string) else 0):
+        for pattern in _UNIT_PATTERNS:
+            without_unit = pattern.sub(r"\1\2", string)
+            if without_unit != "":
+                string = without_unit
+    string = string.replace("^{\\circ}", "").replace("^\\circ", "")
+    string = string.replace("\\$", "").replace("$", "")
+    string = _convert_word_number(string)
+    string = re.sub(r"\\text\{(.*?)\}", r"\1", string)
+    for key in ("x=", "y=", "z=", "x\\in", "y\\in", "z\\in", "x\\to", "y\\to", "z\\to"):
+        string = string.replace(key, "")
+    string = string.replace("\\emptyset", "{}").replace("(-\\infty,\\infty)", "\\mathbb{R}")
+    string = string.replace("\\%", "").replace("%", "")
+    string = string.replace(" .", " 0.").replace("{.", "{0.")
+    string = string.replace("infinity", "\\infty")
+    if "\\infty" not in string:
+        string = string.replace("inf", "\\infty")
+    string = string.replace("and", "").replace("\\mathbf", "")
+    string = re.sub(r"\\mbox{.*?}", "", string)
+    if "j" in string and "i" not in string:
+        string = string.replace("j", "i")
+    string = re.sub(r"(\d+)\.0*([^\d])", r"\1\2", string)  # 2.000x -> 2x
+    string = re.sub(r"(\d+)\.0*$", r"\1", string)  # 2.0 -> 2
+    if not string:
+        return string
+    if string[0] == ".":
+        string = "0" + string
+    if len(string.split("=")) == 2 and len(string.split("=")[0]) <= 2:  # "k = 5" -> "5"
+        string = string.split("=")[1]
+    string = re.sub(r"\\sqrt(\w+)", r"\\sqrt{\1}", string)
+    string = string.replace(" ", "")
+    string = _fix_fracs(string)
+    return _fix_a_slash_b(string)
+
+
+def _convert_word_number(text: str) -> str:
+    try:
+        return str(w2n.word_to_num(text))
+    except Exception:  # it raises ValueError, and IndexError on some inputs, when there is no number
+        return text
+
+
+def _fix_fracs(string: str) -> str:
+    """`\\frac12` -> `\\frac{1}{2}`, `\\frac1{72}` -> `\\frac{1}{72}`."""
+    head, *parts = string.split("\\frac")
+    fixed = head
+    for part in parts:
+        fixed += "\\frac"
+        if part.startswith("{"):
+            fixed += part
+            continue
+        if len(part) < 2:
+            return string
+        numerator, denominator, rest = part[0], part[1], part[2:]
+        if denominator != "{":
+            fixed += "{" + numerator + "}{" + denominator + "}" + rest
+        else:
+            fixed += "{" + numerator + "}" + denominator + rest
+    return fixed
+
+
+def _fix_a_slash_b(string: str) -> str:
+    """`3/4` -> `\\frac{3}{4}` when both sides are plain integers (or hold a sqrt)."""
+    parts = string.split("/")
+    if len(parts) != 2:
+        return string
+    numerator, denominator = parts
+    try:
+        numerator = numerator if "sqrt" in numerator else int(numerator)
+        denominator = denominator if "sqrt" in denominator else int(denominator)
+    except ValueError:
+        return string
+    if string != f"{numerator}/{denominator}":
+        return string
+    return "\\frac{" + str(numerator) + "}{" + str(denominator) + "}"
+
+
+# Grading (harness grader.py)
+
+
+def math_equal(prediction: str, reference: str, include_percentage: bool = True) -> bool:
+    """Whether two normalized answers are the same: as strings, as numbers (within 1e-4 relative, also the reference
+    as a percentage), element-wise for tuples, intervals and matrices, or symbolically (sympy)."""
+    if prediction == reference:
+        return True
+    prediction_number, reference_number = _parse_digits(prediction), _parse_digits(reference)
+    if prediction_number is not None and reference_number is not None:
+        candidates = [reference_number]
+        if include_percentage:
+            candidates = [reference_number / 100, reference_number, reference_number * 100]
+        return any(_numeric_equal(prediction_number, candidate) for candidate in candidates)
+    if not prediction:
+        return False
+
+    prediction, reference = prediction.strip(), reference.strip()
+    if "pmatrix" in prediction and "pmatrix" not in reference:
+        reference = _str_to_pmatrix(reference)
+
+    # Brackets: "[1,2]" vs "1,2", "(a)" vs "a".
+    prediction_text, reference_text = prediction, reference
+    if (prediction.startswith("[") and prediction.endswith("]") and not reference.startswith("(")) or (
+        prediction.startswith("(") and prediction.endswith(")") and not reference.startswith("[")
+    ):
+        prediction_text, reference_text = prediction_text.strip("[]()"), reference_text.strip("[]()")
+    for bracket in "{}()":
+        prediction_text, reference_text = prediction_text.replace(bracket, ""), reference_text.replace(bracket, "")
+    if prediction_text.lower() == reference_text.lower():
+        return True
+
+    # (a, b) vs (c, d): element by element.
+    bracketed = r"(\(|\[).+(\)|\])"
+    if re.match(bracketed, prediction) and re.match(bracketed, reference):
+        prediction_parts, reference_parts = prediction[1:-1].split(","), reference[1:-1].split(",")
+        if len(prediction_parts) == len(reference_parts) and all(
+            math_equal(p, r, include_percentage) for p, r in zip(prediction_parts, reference_parts)
+        ):
+            return True
+
+    if _is_matrix(prediction) and _is_matrix(reference):
+        prediction_rows, reference_rows = _matrix_rows(prediction), _matrix_rows(reference)
+        if len(prediction_rows) == len(reference_rows) and all(
+            len(p) == len(r) and all(math_equal(a, b, include_percentage) for a, b in zip(p, r))
+            for p, r in zip(prediction_rows, reference_rows)
+        ):
+            return True
+
+    # Equations: "x + y = 1" vs "y = 1 - x"; "x = 3" vs "3".
+    if prediction.count("=") == 1 and reference.count("=") == 1:
+        prediction_zero = "{} - ({})".format(*(side.strip() for side in prediction.split("=")))
+        reference_zero = "{} - ({})".format(*(side.strip() for side in reference.split("=")))
+        if symbolic_equal(prediction_zero, reference_zero) or symbolic_equal(f"-({prediction_zero})", reference_zero):
+            return True
+    elif prediction.count("=") == 1 and len(prediction.split("=")[0].strip()) <= 2 and "=" not in reference:
+        if math_equal(prediction.split("=")[1], reference, include_percentage):
+            return True
+    elif reference.count("=") == 1 and len(reference.split("=")[0].strip()) <= 2 and "=" not in prediction:
+        if math_equal(prediction, reference.split("=")[1], include_percentage):
+            return True
+
+    return symbolic_equal(prediction, reference)
+
+
+def _parse_digits(text: str) -> float | None:
+    text = str(text).replace(",", "")
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if text.endswith("%"):
+        text = text[:-1].removesuffix("\\")
+        try:
+            return float(text) / 100
+        except ValueError:
+            pass
+    return None
+
+
+def _numeric_equal(prediction: float, reference: float) -> bool:
+    return math.isclose(reference, prediction, rel_tol=1e-4)
+
+
+def _str_to_pmatrix(text: str) -> str:
+    """`{1,2}` -> `\\begin{pmatrix}1\\2\\end{pmatrix}`, for references written as sets."""
+    matrices = re.findall(r"\{.*,.*\}", text.strip())
+    return ", ".join(r"\begin{pmatrix}" + m.strip("{}").replace(",", "\\") + r"\end{pmatrix}" for m in matrices)
+
+
+def _is_matrix(text: str) -> bool:
+    begins, ends = ("\\begin{pmatrix}", "\\begin{bmatrix}"), ("\\end{pmatrix}", "\\end{bmatrix}")
+    return text.startswith(begins) and text.endswith(ends)
+
+
+def _matrix_rows(text: str) -> list[list[str]]:
+    body = text[len("\\begin{pmatrix}") : -len("\\end{pmatrix}")]
+    return [line.strip().split("&") for line in body.split("\\\\") if line.strip()]
+
+
+def symbolic_equal(a: str, b: str) -> bool:
+    """Equality of two LaTeX expressions under sympy: identical, simplifying to a zero difference, equal equations,
+    numerically equal, or equal matrices to 3 decimals."""
+    from sympy import N, simplify
+
+    a, b = _parse_latex(a), _parse_latex(b)
+    try:
+        if str(a) == str(b) or a == b:
+            return True
+    except Exception:
+        pass
+    try:
+        if a.equals(b) or simplify(a - b) == 0:
+            return True
+    except Exception:
+        pass
+    try:
+        if (abs(a.lhs - a.rhs)).equals(abs(b.lhs - b.rhs)):
+            return True
+    except Exception:
+        pass
+    try:
+        if _numeric_equal(float(N(a)), float(N(b))):
+            return True
+    except Exception:
+        pass
+    try:
+        if a.shape == b.shape and a.applyfunc(lambda x: round(x, 3)).equals(b.applyfunc(lambda x: round(x, 3))):
+            return True
+    except Exception:
+        pass
+    return False
+
+
+def _parse_latex(text: str):
+    """A sympy expression, or the text itself when it does not parse. Doubled backslashes (the Minerva prompts')
+    are tried as single ones first."""
+    from sympy.parsing.latex import parse_latex
+
+    for candidate in (text.replace("\\\\", "\\"), text):
+        try:
+            return parse_latex(candidate)
+        except Exception:
+            pass
+    return text
+
+
+class _Timeout(BaseException):
+    """A BaseException, so that the `except Exception` around sympy calls cannot swallow it."""
+
+
+def is_correct(prediction: str, reference: str, timeout: float = 3.0) -> bool:
+    """`math_equal` under a time limit (sympy's simplify can run for minutes on a long generated expression); a
+    comparison that runs out of time is wrong. The limit needs SIGALRM, so it applies in the main thread only."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        return math_equal(prediction, reference)
+
+    def _raise(signum, frame):
+        raise _Timeout
+
+    previous = signal.signal(signal.SIGALRM, _raise)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        return math_equal(prediction, reference)
+    except _Timeout:
+        return False
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
