@@ -103,7 +103,7 @@ def as_tensors(ls, lt, ranges, valid):
 @settings(max_examples=150, deadline=None)
 @given(
     inputs=guidance_inputs(),
-    top_k=st.sampled_from([0.0, 0.05, 0.1, 0.25, 0.3, 0.4, 0.5, 0.7, 0.9, 1.0]),
+    top_k=st.sampled_from([0.0, 0.05, 0.1, 0.14, 0.25, 0.28, 0.3, 0.4, 0.5, 0.7, 0.9, 1.0]),
     aggregation=st.sampled_from(["max", "mean"]),
     unmapped=st.sampled_from(["include", "exclude"]),
     scope=st.sampled_from(["batch", "sequence"]),
@@ -195,7 +195,10 @@ def test_aggregate_teacher_loss_rejects_ranges_outside_the_row():
 
 @pytest.mark.parametrize(
     ("top_k", "n", "expected"),
-    [(0.7, 10, 7), (0.1, 10, 1), (0.3, 10, 3), (0.4, 5, 2), (0.4, 6, 3), (0.001, 3, 1), (1.0, 9, 9), (0.0, 9, 0)],
+    [
+        (0.7, 10, 7), (0.07, 100, 7), (0.14, 50, 7), (0.55, 100, 55),  # top_k * n is x.000000000000001 in floats
+        (0.4, 5, 2), (0.4, 6, 3), (0.001, 3, 1), (1.0, 9, 9), (0.0, 9, 0),
+    ],
 )
 def test_selected_count_is_ceil_top_k_times_mapped(top_k, n, expected):
     scores = torch.randn(1, n + 4)

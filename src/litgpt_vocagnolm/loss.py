@@ -253,7 +253,7 @@ def select_top_k(
 def _top_k_rows(scores: Tensor, candidate: Tensor, top_k: float) -> Tensor:
     # scores, candidate (R, N) -> (R, N) bool: ceil(top_k * n_r) per row, without a host sync.
     n = candidate.sum(-1, keepdim=True)  # (R, 1)
-    # 0.7 * 10 is 7.000000000000001 in floating point; the tolerance makes it 7 (top_k has < 9 decimals).
+    # 0.07 * 100 is 7.000000000000001 in floating point; the tolerance makes it 7 (top_k has < 9 decimals).
     k = torch.ceil(n.double() * top_k - 1e-9)
     # Candidates strictly above non-candidates, so a -inf excess still outranks a non-candidate.
     keys = torch.where(candidate, scores.float().nan_to_num(), -math.inf)
