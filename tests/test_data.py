@@ -1,0 +1,461 @@
+import json
+import multiprocessing
+import os
+import signal
+import unicodedata
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from litgpt_vocagnolm import data
+from litgpt_vocagnolm.alignment import align, chunk_align, encode, load_tokenizer
+from litgpt_vocagnolm.data import (
+    BlockDtypes,
+    Stats,
+    VocAgnoData,
+    aligned_document,
+    document_specials,
+    iter_blocks,
+    pack_blocks,
+    prepare,
+)
+
+REPO = Path(__file__).parents[1]
+TOKENIZERS = REPO / "tests" / "fixtures" / "tokenizers"
+STUDENT, TEACHER = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5"
+BOS, EOS = 1, 151643  # TinyLlama adds BOS only; Qwen2.5 adds nothing, so documents end with its EOS
+MAX_SEQ_LENGTH = 64
+
+UNICODE_DOCS = [
+    "Ελληνικά: ∀ε>0 ∃δ>0, |x−a|<δ ⇒ |f(x)−f(a)|<ε",
+    "日本語の数学: 二次方程式 x² + 2x + 1 = 0 の解は x = −1 です。",
+    "Emoji 🧮🔢, astral 𝔽_p and 𝒪(n log n); combining e\u0301 and n\u0303.",
+    "العربية: ٣ + ٤ = ٧\twith a tab\r\nand CRLF",
+    "  leading spaces, trailing spaces  ",
+    "\n\n",
+]
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    # LitData asks PyPI for its latest version (30 s timeout) whenever it writes or opens a dataset.
+    monkeypatch.setattr("litdata.helpers._get_newer_version", lambda version: None)
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    return load_tokenizer(STUDENT), load_tokenizer(TEACHER)
+
+
+def gsm8k(n):
+    with open(REPO / "data" / "gsm8k" / "train.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for _, line in zip(range(n), f)]
+
+
+def stackexchange(n):
+    with open(REPO / "data" / "stackexchange" / "math_stackexchange_33votes.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for _, line in zip(range(n), f)]
+
+
+def write_corpus(root: Path) -> tuple[list[str], dict[str, int], set[str]]:
+    """Real and Unicode-heavy documents in every format, with bad records and files among them.
+
+    Returns the documents `prepare` must keep, the skipped-record reasons with counts, and the skipped files.
+    """
+    root.mkdir(parents=True)
+    qa = [f"{r['question']}\n\n{r['answer']}" for r in gsm8k(30)]
+    lines = [json.dumps({"text": text}) for text in qa[:15] + UNICODE_DOCS[:3] + [""]]
+    lines[3:3] = ['{"title": "no text field"}', "{not json", '{"text": "a lone \\ud800 surrogate"}', ""]
+    (root / "docs.jsonl").write_bytes("\n".join(lines).encode() + b'\n{"text": "caf\xe9"}\n' + lines[-1].encode())
+    table = pa.table({"text": qa[15:] + UNICODE_DOCS[3:] + ["", None]})
+    pq.write_table(table, root / "rows.parquet", row_group_size=4)
+    long_document = "\n\n".join(f"{r['input']}\n{r['output']}" for r in stackexchange(3))
+    (root / "long.txt").write_text(long_document, encoding="utf-8", newline="")
+    (root / "sub").mkdir()
+    (root / "sub" / "crlf.txt").write_bytes("Windows line ends\r\nand ünïcödé\r\n".encode())
+    (root / "sub" / "latin1.txt").write_bytes("café".encode("latin-1"))
+    (root / "sub" / "empty.jsonl").write_bytes(b"")
+    (root / "README.md").write_text("not a document\n")
+    documents = qa[:15] + UNICODE_DOCS[:3] + ["", ""] + qa[15:] + UNICODE_DOCS[3:] + [""]
+    documents += [long_document, "Windows line ends\r\nand ünïcödé\r\n"]
+    reasons = {
+        "missing field 'text'": 1,
+        "invalid JSON": 1,
+        "not valid Unicode (lone surrogate)": 1,
+        "not UTF-8": 1,
+        "field 'text' is null": 1,
+    }
+    return documents, reasons, {"latin1.txt", "empty.jsonl", "README.md"}
+
+
+def prepare_args(root: Path, output: Path) -> dict:
+    return dict(
+        student=STUDENT,
+        teacher=TEACHER,
+        input=[root],
+        output=output,
+        max_seq_length=MAX_SEQ_LENGTH,
+        num_workers=1,
+        val_fraction=0.25,
+    )
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus") / "in"
+    return root, *write_corpus(root)
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory):
+    root = corpus[0]
+    output = tmp_path_factory.mktemp("prepared") / "out"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr("litdata.helpers._get_newer_version", lambda version: None)
+        prepare(**prepare_args(root, output))
+    return output
+
+
+def all_blocks(output):
+    return {split: list(iter_blocks(output, split)) for split in ("train", "val")}
+
+
+def documents_of(blocks):
+    """Splits the stream of a split's student tokens at BOS: [(ids, [(block, position), ...]), ...]."""
+    documents = []
+    for b, block in enumerate(blocks):
+        for position in range(block["num_tokens"]):
+            token = int(block["student_ids"][position])
+            if token == BOS:
+                documents.append(([], []))
+            documents[-1][0].append(token)
+            documents[-1][1].append((b, position))
+    return documents
+
+
+def brute_token_bytes(text, offsets):
+    """UTF-8 bytes of the characters each token ends that no earlier token ended."""
+    out, done = [], 0
+    for _, end in offsets:
+        out.append(len(text[done:max(done, end)].encode("utf-8")))
+        done = max(done, end)
+    return out
+
+
+def test_nothing_lost_and_every_range_covers_its_token(prepared, corpus, tokenizers):
+    _, expected, reasons, skipped_files = corpus
+    student, teacher = tokenizers
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    blocks = all_blocks(prepared)
+    decoded = []
+    for split, split_blocks in blocks.items():
+        counts = manifest["splits"][split]
+        assert len(split_blocks) == counts["blocks"] > 0
+        assert all(block["num_tokens"] == MAX_SEQ_LENGTH + 1 for block in split_blocks[:-1])
+        block_bytes = [0] * len(split_blocks)
+        first_token_bytes = overflow = 0
+        documents = documents_of(split_blocks)
+        assert len(documents) == counts["documents"]
+        for ids, places in documents:
+            text = student.decode(ids[1:], skip_special_tokens=False)
+            decoded.append(text)
+            encoding = student.encode(text, add_special_tokens=False)
+            assert encoding.ids == ids[1:]  # the blocks hold exactly the student's own encoding
+            t = teacher.encode(text, add_special_tokens=False)
+            b, position = places[0]
+            assert split_blocks[b]["ranges"][position].tolist() == [0, 0]  # BOS: unmapped
+            token_bytes = brute_token_bytes(text, encoding.offsets)
+            first = 0  # the first teacher token ending after the student token's start (both go left to right)
+            for (start, end), (b, position), nbytes in zip(encoding.offsets, places[1:], token_bytes):
+                if position == 0:
+                    first_token_bytes += nbytes
+                else:
+                    block_bytes[b] += nbytes
+                while first < len(t.offsets) and t.offsets[first][1] <= start:
+                    first += 1
+                stop = first
+                while stop < len(t.offsets) and t.offsets[stop][0] < end:
+                    stop += 1
+                a, e = split_blocks[b]["ranges"][position].tolist()
+                if first == stop:  # no teacher token has these characters (Qwen's NFC: "e\u0301" -> one token)
+                    assert a == e
+                elif a == e:  # no room left in the window
+                    overflow += 1
+                else:
+                    # The range is this document's run of teacher tokens overlapping the student token's characters,
+                    # and they cover them.
+                    assert split_blocks[b]["teacher_ids"][a:e].tolist() == t.ids[first:stop]
+                    assert t.offsets[first][0] <= start and end <= t.offsets[stop - 1][1], text[start:end]
+        assert overflow == counts["overflow_unmapped"]
+        assert block_bytes == [block["num_bytes"] for block in split_blocks]
+        assert sum(block_bytes) + first_token_bytes == counts["bytes"]
+
+    assert Counter(decoded) == Counter(expected)  # every document exactly once, across both splits
+    assert manifest["skipped_records"] == reasons
+    assert {Path(path).name for path, _ in manifest["skipped_files"]} == skipped_files
+    assert manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"] == len(expected)
+    assert manifest["alignment_bytes_per_student_token"] <= 4
+    assert manifest["student"]["sha256"] == data.file_sha256(STUDENT / "tokenizer.json")
+    assert manifest["teacher"]["sha256"] == data.file_sha256(TEACHER / "tokenizer.json.gz")
+
+
+def test_long_document_spans_many_blocks(prepared, corpus, tokenizers):
+    long_document = corpus[1][-2]
+    ids = [BOS] + tokenizers[0].encode(long_document, add_special_tokens=False).ids
+    assert len(ids) > 10 * (MAX_SEQ_LENGTH + 1)
+    documents = [d for blocks in all_blocks(prepared).values() for d in documents_of(blocks) if d[0] == ids]
+    assert len(documents) == 1
+    assert len({b for b, _ in documents[0][1]}) > 10
+
+
+def test_document_specials_follow_tokenizer_config(tokenizers, tmp_path):
+    student, teacher = tokenizers
+    assert document_specials(STUDENT / "tokenizer.json", student) == (BOS, None)
+    assert document_specials(TEACHER / "tokenizer.json.gz", teacher) == (None, EOS)
+    with pytest.raises(ValueError, match="tokenizer_config.json"):
+        document_specials(tmp_path / "tokenizer.json", student)  # no config next to it
+
+
+texts = st.text(alphabet=list("ab 1+=\n\té日😀∑\u0301"), max_size=30)
+
+
+@settings(max_examples=30, deadline=None)
+@given(documents=st.lists(texts, min_size=1, max_size=5), block_size=st.integers(2, 20), cap=st.integers(1, 30))
+def test_pack_blocks_keeps_every_token_and_its_teacher_tokens(tokenizers, documents, block_size, cap):
+    student, teacher = tokenizers
+    aligned, encodings = [], []
+    for text in documents:
+        s_ids, s_offsets = encode(student, text)
+        t_ids, t_offsets = encode(teacher, text)
+        ranges = align(s_offsets, t_offsets)
+        aligned.append(aligned_document(text, s_ids, s_offsets, t_ids, ranges, (BOS, None), (None, EOS)))
+        encodings.append((s_offsets, t_offsets))
+        assert aligned[-1].token_bytes.tolist() == [0] + brute_token_bytes(text, s_offsets.tolist())
+    dtypes = BlockDtypes.fitting(32000, 151665, cap)
+    full, capped = Stats(), Stats()
+    uncapped_blocks = list(pack_blocks(aligned, block_size, 10**6, dtypes, full))
+    blocks = list(pack_blocks(aligned, block_size, cap, dtypes, capped))
+
+    stream = np.concatenate([d.student_ids for d in aligned])
+    assert np.array_equal(np.concatenate([b["student_ids"] for b in blocks]), stream)
+    assert [len(b["student_ids"]) for b in blocks[:-1]] == [block_size] * (len(blocks) - 1)
+    # Where each stream position comes from: (document, token).
+    origin = [(d, k) for d, document in enumerate(aligned) for k in range(len(document.student_ids))]
+    overflow, position = 0, 0
+    for big, small in zip(uncapped_blocks, blocks):
+        n = len(big["student_ids"])
+        window = big["teacher_ids"].tolist()
+        # The window: per document in the block, the teacher tokens overlapping the block's characters of it, with
+        # the teacher's EOS where the block holds the document's end.
+        expected_window = []
+        for d in dict.fromkeys(d for d, _ in origin[position : position + n]):
+            ks = [k for dd, k in origin[position : position + n] if dd == d]
+            s_offsets, t_offsets = encodings[d]
+            text_ks = [k - 1 for k in ks if k > 0]
+            if text_ks:
+                lo, hi = s_offsets[text_ks[0], 0], s_offsets[text_ks[-1], 1]
+                overlapping = [j for j in range(len(t_offsets)) if t_offsets[j, 1] > lo and t_offsets[j, 0] < hi]
+                expected_window += aligned[d].teacher_ids[overlapping].tolist()
+            if ks[-1] == len(aligned[d].student_ids) - 1:
+                expected_window.append(EOS)
+        assert window == expected_window
+        assert small["teacher_ids"].tolist() == window[:cap]
+        for i in range(n):
+            d, k = origin[position + i]
+            a, b = big["range_starts"][i], big["range_starts"][i] + big["range_lengths"][i]
+            doc_a, doc_b = aligned[d].ranges[k]
+            assert window[a:b] == aligned[d].teacher_ids[doc_a:doc_b].tolist()  # the same teacher tokens
+            assert (a < b) == (doc_a < doc_b)
+            kept = b <= cap and b - a <= 255
+            overflow += a < b and not kept
+            expected = (a, b) if a < b and kept else (0, 0)
+            assert (small["range_starts"][i], small["range_starts"][i] + small["range_lengths"][i]) == expected
+        position += n
+    assert capped.overflow_unmapped == overflow and full.overflow_unmapped == 0
+    assert capped.mapped + overflow == full.mapped
+
+
+def test_rerun_is_a_noop_and_other_settings_are_refused(prepared, corpus, capsys):
+    stamps = {p: p.stat().st_mtime_ns for p in prepared.rglob("*")}
+    prepare(**prepare_args(corpus[0], prepared))
+    assert "nothing to do" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in prepared.rglob("*")} == stamps
+    with pytest.raises(FileExistsError, match="max_seq_length: 64 there, 32 now"):
+        prepare(**{**prepare_args(corpus[0], prepared), "max_seq_length": 32})
+    assert {p: p.stat().st_mtime_ns for p in prepared.rglob("*")} == stamps
+
+
+def _prepare_and_die_mid_train(kwargs):
+    os.setpgrp()  # the run and its LitData workers in one group, killed together
+    unit_blocks = data.unit_blocks
+
+    def dying(unit, job):
+        for k, block in enumerate(unit_blocks(unit, job)):
+            if job.split == "train" and k == 3:
+                os.killpg(0, signal.SIGKILL)
+            yield block
+
+    data.unit_blocks = dying  # the forked workers see it
+    prepare(**kwargs)
+
+
+def test_killed_run_is_finished_by_the_next(prepared, corpus, tmp_path):
+    output = tmp_path / "out"
+    kwargs = prepare_args(corpus[0], output)
+    process = multiprocessing.get_context("fork").Process(target=_prepare_and_die_mid_train, args=(kwargs,))
+    process.start()
+    process.join(timeout=120)
+    assert process.exitcode == -signal.SIGKILL
+    assert not (output / "manifest.json").exists()
+    assert (output / ".partial" / "val.json").exists() and not (output / ".partial" / "train.json").exists()
+
+    prepare(**kwargs)
+    assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "train", "val"]
+    _assert_same_blocks(all_blocks(output), all_blocks(prepared))
+
+
+def test_run_interrupted_while_publishing_is_finished_by_the_next(prepared, corpus, tmp_path, monkeypatch):
+    output = tmp_path / "out"
+    kwargs = prepare_args(corpus[0], output)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(data, "build_manifest", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            prepare(**kwargs)
+    assert sorted(p.name for p in output.iterdir()) == [".partial", "train", "val"]
+    prepare(**kwargs)
+    assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "train", "val"]
+    _assert_same_blocks(all_blocks(output), all_blocks(prepared))
+
+
+def _assert_same_blocks(got, expected):
+    for split in expected:
+        assert len(got[split]) == len(expected[split])
+        for a, b in zip(got[split], expected[split]):
+            assert a.keys() == b.keys()
+            assert all(np.array_equal(a[key], b[key]) for key in a)
+
+
+def test_val_input_and_joined_fields(tmp_path):
+    records = gsm8k(12)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:9]))
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[9:]))
+    output = tmp_path / "out"
+    prepare(STUDENT, STUDENT, [tmp_path / "train.jsonl"], output, max_seq_length=32, num_workers=1,
+            text_key="question, answer", val_input=[tmp_path / "val.jsonl"])  # fmt: skip
+    student = load_tokenizer(STUDENT)
+    for split, expected in (("train", records[:9]), ("val", records[9:])):
+        texts = [student.decode(ids[1:]) for ids, _ in documents_of(list(iter_blocks(output, split)))]
+        assert texts == [f"{r['question']}\n\n{r['answer']}" for r in expected]
+    module = VocAgnoData(output)
+    assert module.same_vocabulary()
+    # Identical tokenizers map every text token to itself.
+    for block in iter_blocks(output, "train"):
+        mapped = block["ranges"][:, 1] > block["ranges"][:, 0]
+        assert (block["ranges"][mapped, 1] - block["ranges"][mapped, 0] == 1).all()
+        assert np.array_equal(block["teacher_ids"][block["ranges"][mapped, 0]], block["student_ids"][mapped])
+
+
+def test_bad_input_fails_before_work(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.csv").write_text("a,b\n")
+    args = dict(student=STUDENT, teacher=TEACHER, output=tmp_path / "out", num_workers=1)
+    with pytest.raises(ValueError, match="no .txt, .jsonl, .parquet files"):
+        prepare(input=[tmp_path / "docs"], **args)
+    (tmp_path / "qa.jsonl").write_text('{"question": "1+1?", "answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"missing field 'text' \(its fields: question, answer\)"):
+        prepare(input=[tmp_path / "qa.jsonl"], **args)
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(ValueError, match="every file is empty"):
+        prepare(input=[tmp_path / "empty.txt"], **args)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        prepare(input=[tmp_path / "missing.jsonl"], **args)
+    with pytest.raises(ValueError, match="not both"):
+        prepare(input=[tmp_path / "qa.jsonl"], val_fraction=0.1, val_input=[tmp_path / "qa.jsonl"], **args)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.pth").write_bytes(b"weights")
+    with pytest.raises(FileExistsError, match=r"holds no prepared data \(it has: model.pth\)"):
+        prepare(input=[tmp_path / "qa.jsonl"], text_key="question,answer", **args)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.pth"]
+
+
+def test_tokenizer_mismatch_names_both(prepared):
+    module = VocAgnoData(prepared)
+    module.check_tokenizers(STUDENT, TEACHER)
+    other = TOKENIZERS / "mistral-7b-v0.1"
+    with pytest.raises(ValueError) as error:
+        module.check_tokenizers(other, TEACHER)
+    message = str(error.value)
+    for path in (STUDENT / "tokenizer.json", other / "tokenizer.json"):
+        assert str(path.resolve()) in message or str(path) in message
+        assert data.file_sha256(path) in message
+    assert not module.same_vocabulary()
+
+
+def test_connect_refuses_another_sequence_length(prepared):
+    module = VocAgnoData(prepared)
+    with pytest.raises(ValueError, match="--max_seq_length 128"):
+        module.connect(batch_size=2, max_seq_length=128)
+
+
+@pytest.mark.parametrize("chunks", [None, 4])
+def test_batches_have_the_documented_shapes(prepared, chunks):
+    module = VocAgnoData(prepared, num_workers=0, chunks=chunks)
+    module.connect(batch_size=3, max_seq_length=MAX_SEQ_LENGTH)
+    blocks = list(iter_blocks(prepared, "val"))
+    batches = list(module.val_dataloader())  # not shuffled: in stored order
+    assert sum(len(batch["input_ids"]) for batch in batches) == len(blocks)
+    for k, batch in enumerate(batches):
+        rows = blocks[3 * k : 3 * k + 3]
+        B, T, M = len(rows), MAX_SEQ_LENGTH, max(len(block["teacher_ids"]) for block in rows)
+        assert {key: (tuple(value.shape), value.dtype) for key, value in batch.items()} == {
+            "input_ids": ((B, T), torch.long),
+            "targets": ((B, T), torch.long),
+            "teacher_ids": ((B, M), torch.long),
+            "teacher_valid": ((B, M), torch.bool),
+            "ranges": ((B, T, 2), torch.long),
+            "num_bytes": ((B,), torch.long),
+        }
+        for row, block in enumerate(rows):
+            n, m = block["num_tokens"], len(block["teacher_ids"])
+            ids = torch.from_numpy(block["student_ids"])
+            assert torch.equal(batch["input_ids"][row], ids[:-1])
+            assert torch.equal(batch["targets"][row, : n - 1], ids[1:n])
+            assert (batch["targets"][row, n - 1 :] == -100).all()
+            assert batch["teacher_valid"][row].tolist() == [True] * m + [False] * (M - m)
+            assert torch.equal(batch["teacher_ids"][row, :m], torch.from_numpy(block["teacher_ids"]))
+            ranges = block["ranges"] if chunks is None else np.pad(chunk_align(n, m, chunks), ((0, T + 1 - n), (0, 0)))
+            assert torch.equal(batch["ranges"][row], torch.from_numpy(ranges[1:]))
+            assert batch["num_bytes"][row] == block["num_bytes"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_resumes_at_the_next_sample(prepared, num_workers):
+    def loader():
+        module = VocAgnoData(prepared, num_workers=num_workers, seed=7)
+        module.connect(batch_size=2, max_seq_length=MAX_SEQ_LENGTH)
+        return module.train_dataloader()
+
+    epoch = list(loader())
+    assert len(epoch) > 6
+    first = loader()
+    iterator = iter(first)
+    for _ in range(5):
+        next(iterator)
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) == len(epoch) - 5
+    for got, expected in zip(rest, epoch[5:]):
+        assert all(torch.equal(got[key], expected[key]) for key in expected)
