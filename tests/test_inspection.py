@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from jsonargparse import CLI
 
-from litgpt_vocagnolm.alignment import align, load_tokenizer
+from litgpt_vocagnolm.alignment import load_tokenizer
 from litgpt_vocagnolm.inspection import (
     KINDS,
     SAMPLE,
@@ -145,7 +145,7 @@ def test_inspect_rejects_bad_arguments(tmp_path):
 
 def test_inspect_command_line(capsys):
     # The vocagnolm CLI runs command functions through jsonargparse: flags and --help come from the signature.
-    CLI(inspect, args=["--student", str(TINYLLAMA), "--teacher", str(MISTRAL), "--text", "1 + 1 = 2", "--chunks", "[2]"])
+    CLI(inspect, args=["--student", str(TINYLLAMA), "--teacher", str(MISTRAL), "--text", "1 + 1 = 2", "--chunks=[2]"])
     out = capsys.readouterr().out
     assert "Text: --text, 9 characters" in out and re.search(r"2 chunks\s+\d", out) and "4 chunks" not in out
     with pytest.raises(SystemExit):

@@ -2,18 +2,18 @@
 
 Each student token is mapped to the contiguous range of teacher tokens whose character spans overlap its own. Both
 tokenizers report spans into the same text, so two binary searches over the teacher's sorted span ends and starts
-find every range at once: O(N log M), vectorized, exact (DESIGN.md §3.1).
+find every range at once: O(N log M), vectorized, exact (DESIGN.md §3.1). A NumPy call costs microseconds whatever
+its size, more than a Python loop spends on a short document: `align_batch` aligns many documents in one call.
 
 Special tokens: the BOS/EOS that the data pipeline adds carry empty spans (e.g. `(0, 0)`, or `(len(text), len(text))`
 for EOS). An empty student span is unmapped (`a == b`) and an empty teacher span is never inside a range, wherever it
 sits in the sequence. Unmapped rows are `(0, 0)`.
 
-Getting offsets out of a tokenizer is the expensive part: `Encoding.offsets` builds a Python list of tuples, which
-costs about a quarter of the tokenization itself. `encode` instead derives them from the token ids: a per-vocabulary
-table of how many bytes of the text each token covers, a cumulative sum, and a byte -> character index map. This holds
-for byte-level BPE (Qwen2.5, DeepSeek, Llama 3) and for Metaspace SentencePiece BPE (Llama 2, Mistral) whenever the
-normalizer leaves the text as it is; `encode` checks that per text (byte total, NFC) and otherwise uses the
-tokenizer's own offsets.
+Getting offsets out of a tokenizer costs more than aligning them: `Encoding.offsets` builds a Python list of tuples,
+about a quarter of the tokenization time. `encode` derives them from the token ids instead: a per-vocabulary table of
+how many bytes of the text each token covers, a cumulative sum, and a byte -> character map. This holds for byte-level
+BPE (Qwen2.5) and Metaspace SentencePiece BPE (Llama 2, Mistral) wherever the normalizer leaves the text as it is;
+`encode` checks that per text (byte total, NFC) and otherwise reads the tokenizer's own offsets.
 """
 
 import functools
@@ -35,7 +35,7 @@ NO_FAST_PATH = 1 << 40
 
 
 def find_tokenizer_file(path: Union[str, Path]) -> Path:
-    """The file `load_tokenizer` reads: `path` itself, or `tokenizer.json[.gz]` in a tokenizer or LitGPT checkpoint dir."""
+    """The file `load_tokenizer` reads: `path`, or the tokenizer.json[.gz] in a tokenizer or LitGPT checkpoint dir."""
     path = Path(path)
     if path.is_file():
         return path
@@ -58,7 +58,7 @@ def find_tokenizer_file(path: Union[str, Path]) -> Path:
 
 
 def load_tokenizer(path: Union[str, Path]) -> Tokenizer:
-    """A Hugging Face fast tokenizer from a tokenizer.json (gzipped or not), a tokenizer dir or a LitGPT checkpoint dir."""
+    """A Hugging Face fast tokenizer from a tokenizer.json (gzipped or not), tokenizer dir or LitGPT checkpoint dir."""
     file = find_tokenizer_file(path)
     data = file.read_bytes()
     try:
@@ -118,8 +118,12 @@ def _offset_table(tokenizer: Tokenizer, vocab_size: int) -> Optional[_OffsetTabl
         byte_lengths[ids] = np.fromiter(map(len, vocab), dtype=np.int64, count=len(vocab))
         prepend, needs_nfc = "never", normalizer == ["NFC"]
     elif normalizer == ["Prepend", "Replace"] and not pre_tokenizer:
-        steps = _state(tokenizer.normalizer)
-        if steps[0]["prepend"] != METASPACE or steps[1]["pattern"] != {"String": " "} or steps[1]["content"] != METASPACE:
+        prepend_step, replace_step = _state(tokenizer.normalizer)
+        if (prepend_step["prepend"], replace_step["pattern"], replace_step["content"]) != (
+            METASPACE,
+            {"String": " "},
+            METASPACE,
+        ):
             return None
         byte_lengths[ids] = _metaspace_lengths(vocab, model.byte_fallback)
         prepend, needs_nfc = "always", False
@@ -220,11 +224,11 @@ def _check_offsets(offsets: np.ndarray, name: str) -> np.ndarray:
         i = np.flatnonzero((starts < 0) | (starts > ends))[0]
         raise ValueError(f"{name}[{i}] = {offsets[i].tolist()} is not a span: need 0 <= start <= end.")
     # Empty spans (special tokens) may sit anywhere; the others must advance through the text.
-    kept = np.flatnonzero(starts < ends) if (starts == ends).any() else slice(None)
-    spans = offsets[kept]
+    spans = offsets[starts < ends] if (starts == ends).any() else offsets  # (N', 2)
     backwards = spans[1:] < spans[:-1]  # (N' - 1, 2)
     if backwards.any():
-        i, j = np.arange(len(offsets))[kept][np.flatnonzero(backwards.any(axis=1))[0] + np.array([0, 1])]
+        k = np.flatnonzero(backwards.any(axis=1))[0]
+        i, j = np.flatnonzero(starts < ends)[[k, k + 1]]
         raise ValueError(
             f"{name} go backwards: token {j} spans {offsets[j].tolist()} after token {i} spans {offsets[i].tolist()}."
             " Offsets must come from one encoding of one text, in token order; shift each document's offsets by its"
@@ -291,12 +295,16 @@ def align_batch(student_offsets: Sequence[np.ndarray], teacher_offsets: Sequence
     teacher_counts = np.fromiter(map(len, teacher_offsets), dtype=np.int64, count=len(teacher_offsets))  # (D,)
     try:
         student, teacher = np.concatenate(student_offsets), np.concatenate(teacher_offsets)  # (N, 2), (M, 2)
+        if student.dtype.kind not in "iu" or teacher.dtype.kind not in "iu":
+            raise ValueError("offsets must be integers")
         if min(student.min(initial=0), teacher.min(initial=0)) < 0:
-            raise ValueError("negative offsets")
+            raise ValueError("offsets must be non-negative")
+        # int64: the shifted offsets below can outgrow int32
+        student, teacher = student.astype(np.int64, copy=False), teacher.astype(np.int64, copy=False)
         # Moving document d to characters [d * stride, (d + 1) * stride) keeps the documents apart and in order.
         doc_starts = np.arange(len(student_counts)) * (max(student.max(initial=0), teacher.max(initial=0)) + 1)
-        student = student + np.repeat(doc_starts, student_counts)[:, None]
-        teacher = teacher + np.repeat(doc_starts, teacher_counts)[:, None]
+        student += np.repeat(doc_starts, student_counts)[:, None]
+        teacher += np.repeat(doc_starts, teacher_counts)[:, None]
         ranges = align(student, teacher)  # (N, 2) into all M teacher tokens
     except (ValueError, IndexError):
         # Name the document at fault: align it alone.
@@ -325,7 +333,7 @@ def chunk_align(num_student: int, num_teacher: int, num_chunks: int) -> np.ndarr
     if num_chunks < 1:
         raise ValueError(f"num_chunks must be at least 1, got {num_chunks}.")
     if num_student < 0 or num_teacher < 0:
-        raise ValueError(f"Token counts must be non-negative, got num_student={num_student}, num_teacher={num_teacher}.")
+        raise ValueError(f"Token counts must be non-negative; got {num_student} student, {num_teacher} teacher.")
     student_bounds = np.arange(num_chunks + 1) * num_student // num_chunks  # (C + 1,)
     teacher_bounds = np.arange(num_chunks + 1) * num_teacher // num_chunks  # (C + 1,)
     chunk = np.searchsorted(student_bounds, np.arange(num_student), side="right") - 1  # (N,)
@@ -402,7 +410,7 @@ class TextAlignment(NamedTuple):
 def align_text(
     student: Union[Tokenizer, str, Path], teacher: Union[Tokenizer, str, Path], text: str
 ) -> TextAlignment:
-    """Encodes `text` with both tokenizers (or tokenizer / LitGPT checkpoint dirs) and aligns the two, no special tokens."""
+    """Encodes `text` with both tokenizers (or tokenizer / LitGPT checkpoint dirs), no special tokens, and aligns."""
     student = student if isinstance(student, Tokenizer) else load_tokenizer(student)
     teacher = teacher if isinstance(teacher, Tokenizer) else load_tokenizer(teacher)
     student_ids, student_offsets = encode(student, text)

@@ -136,20 +136,21 @@ def _shown(text: str) -> str:
 def format_report(report: dict, student_name: str, teacher_name: str, source: str) -> str:
     text = report["text"]
     n_student, n_teacher, n_chars = len(report["student_ids"]), len(report["teacher_ids"]), len(text)
+    shared = report["shared_vocab"]
     lines = [
         f"Student: {student_name} ({report['student_vocab']:,} tokens)",
         f"Teacher: {teacher_name} ({report['teacher_vocab']:,} tokens)",
-        f"Vocabulary overlap: {report['shared_vocab']:,} token strings, {report['shared_vocab'] / report['teacher_vocab']:.2%}"
-        f" of the teacher's vocabulary ({report['shared_vocab'] / report['student_vocab']:.2%} of the student's)",
+        f"Vocabulary overlap: {shared:,} token strings, {shared / report['teacher_vocab']:.2%} of the teacher's"
+        f" vocabulary ({shared / report['student_vocab']:.2%} of the student's)",
         "",
         f"Text: {source}, {n_chars:,} characters",
-        f"  {'':<22}{'student':>10}{'teacher':>10}",
-        f"  {'tokens':<22}{n_student:>10,}{n_teacher:>10,}",
-        f"  {'tokens per character':<22}{n_student / max(n_chars, 1):>10.3f}{n_teacher / max(n_chars, 1):>10.3f}",
-        f"  {'characters covered':<22}{report['student_covered'] / max(n_chars, 1):>10.2%}"
-        f"{report['teacher_covered'] / max(n_chars, 1):>10.2%}",
-        f"  {'unmapped tokens':<22}{report['student_unmapped'] + report['student_special']:>10,}"
-        f"{report['teacher_unmapped']:>10,}",
+        f"  {'':<22}{'student':>12}{'teacher':>12}",
+        f"  {'tokens':<22}{n_student:>12,}{n_teacher:>12,}",
+        f"  {'tokens per character':<22}{n_student / max(n_chars, 1):>12.3f}{n_teacher / max(n_chars, 1):>12.3f}",
+        f"  {'characters covered':<22}{report['student_covered'] / max(n_chars, 1):>12.2%}"
+        f"{report['teacher_covered'] / max(n_chars, 1):>12.2%}",
+        f"  {'unmapped tokens':<22}{report['student_unmapped'] + report['student_special']:>12,}"
+        f"{report['teacher_unmapped']:>12,}",
         "",
         "Groups of student and teacher tokens sharing characters (student:teacher):",
     ]
@@ -160,10 +161,10 @@ def format_report(report: dict, student_name: str, teacher_name: str, source: st
     histogram = report["span_histogram"]
     for label, count in zip(["0 (unmapped)", "1", "2", "3", "4", "5+"], histogram):
         bar = "█" * round(40 * count / max(histogram.max(), 1))
-        lines.append(f"  {label:<13}{count:>8,}  {bar}")
+        lines.append(f"  {label:<13}{count:>10,}  {bar}")
     if report["student_special"]:
         lines.append(f"  ({report['student_special']} student tokens have empty spans and are left out: unmapped)")
-    lines += ["", "Alignment quality, mean over student tokens (IoS: share of the student span the teacher span covers):"]
+    lines += ["", "Alignment quality, mean over student tokens (IoS: share of a student span its teacher span covers):"]
     lines.append(f"  {'alignment':<16}{'IoS':>9}{'IoU':>9}")
     lines.append(f"  {'token-level':<16}{report['token_level'][0]:>9.2%}{report['token_level'][1]:>9.2%}")
     for c, (ios, iou) in report["chunks"].items():
@@ -183,7 +184,7 @@ def format_rows(report: dict, student: Tokenizer, teacher: Tokenizer, rows: int)
     """The first `rows` rows of the alignment, side by side: text, student tokens, teacher tokens."""
     width = 30
     lines = [f"Alignment, first {rows} rows (tokens as the tokenizers spell them):"]
-    lines.append(f"  {'text':<{width}}  {'student':<{width}}  {'teacher':<{width}}")
+    lines.append(f"  {'text':<{width}}  {'student':<{width}}  teacher")
     for start, stop, s, t, _ in alignment_rows(report, rows):
         pieces = [
             json.dumps(report["text"][start:stop], ensure_ascii=False),
