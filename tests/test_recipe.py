@@ -22,14 +22,14 @@ BIN = Path(sys.executable).parent
 TESTS = Path(__file__).resolve().parent
 
 
-def recipe_config(tmp_path: Path, data: Path, teacher: Path | None, **overrides) -> Path:
+def recipe_config(tmp_path: Path, data_path: Path, teacher: Path | None, **overrides) -> Path:
     """A YAML for `--config`, like recipes/demo-cpu.yaml but smaller; `overrides` replace top-level keys."""
     config = {
         "model_config": yaml.safe_load(student_config_yaml(tmp_path / "student.json").read_text()),
         "out_dir": str(tmp_path / "out"),
         "precision": "32-true",
         "tokenizer_dir": str(TINYLLAMA),
-        "data": {"class_path": "litgpt_vocagnolm.data.VocAgnoData", "init_args": {"path": str(data), "num_workers": 0}},
+        "data": {"class_path": "litgpt_vocagnolm.data.VocAgnoData", "init_args": {"path": str(data_path), "num_workers": 0}},
         "train": {"save_interval": 4, "log_interval": 1, "global_batch_size": 4, "micro_batch_size": 2,
                   "lr_warmup_steps": 1, "max_tokens": 12 * 4 * 64, "max_seq_length": 64, "max_norm": 1.0,
                   "min_lr": 1e-3},  # fmt: skip
