@@ -264,6 +264,13 @@ def test_rows_stop_at_stop_strings_and_leave_the_others_alone(tiny_checkpoint):
     assert stopped == [free[0][: free[0].index(stop)], free[1], free[2]]
 
 
+def test_sliding_window_shorter_than_the_sequence_is_refused(tiny_checkpoint):
+    model, tokenizer = load_model(tiny_checkpoint, precision="32-true")
+    model.config.sliding_window_size, model.config.sliding_window_indices = 8, [1]
+    with pytest.raises(NotImplementedError, match="sliding-window attention over 8 tokens with 10 prompt and new"):
+        generate_greedy(model, tokenizer, [[1, 2, 3, 4, 5]], max_new_tokens=5)
+
+
 # Bits per byte
 
 

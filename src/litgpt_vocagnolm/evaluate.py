@@ -225,6 +225,13 @@ def generate_greedy(
     device = param.device
     batch, longest = len(prompts), max(len(prompt) for prompt in prompts)
     seq_len = longest + max_new_tokens
+    window = model.config.sliding_window_size
+    if window is not None and any(model.config.sliding_window_indices) and window < seq_len:
+        # The mask below has no window, and LitGPT's ring-buffer KV cache cannot prefill past one.
+        raise NotImplementedError(
+            f"sliding-window attention over {window} tokens with {seq_len} prompt and new tokens is not supported;"
+            " lower --max_new_tokens or evaluate a model whose window covers its block size"
+        )
     ids = torch.zeros(batch, longest, dtype=torch.int64, device=device)  # padding id 0, never attended to
     real = torch.ones(batch, seq_len, dtype=torch.bool, device=device)  # (B, S): key is not padding
     for row, prompt in enumerate(prompts):
