@@ -244,7 +244,7 @@ def inspect(
         teacher: The teacher's, likewise.
         text: The text to inspect. Without `text` or `file`, a built-in math sample.
         file: A UTF-8 text file to inspect instead.
-        html: Also write the report, with the whole alignment drawn token by token, to this HTML file.
+        html: Also write the report, with the alignment drawn token by token (up to 5,000 groups), to this HTML file.
         chunks: Chunk counts for the chunk-alignment baseline (the paper's Table 2 and Figure 3).
         rows: How many rows of the alignment to print.
     """
