@@ -395,6 +395,16 @@ def test_checkpoint_without_tokenizer_lists_what_it_holds(tiny_checkpoint, tmp_p
         evaluate(tmp_path / "nowhere")
 
 
+def test_missing_latex_parser_is_named_with_its_fix(tiny_checkpoint, monkeypatch, no_model_load):
+    from sympy.parsing.latex import _parse_latex_antlr
+
+    monkeypatch.setattr(_parse_latex_antlr, "version", lambda package: "4.13.2")  # sympy accepts ANTLR 4.11 only
+    with pytest.raises(ImportError, match=re.escape("pip install 'antlr4-python3-runtime==4.11.*'")):
+        evaluate(tiny_checkpoint, tasks="gsm8k")
+    with pytest.raises(ImportError):  # grading itself never quietly drops symbolic equality
+        math_equal("0.5", "\\frac{1}{2}")
+
+
 def test_bad_bpb_files(tiny_checkpoint, tmp_path, no_model_load):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         evaluate(tiny_checkpoint, bpb=tmp_path / "missing.txt")

@@ -27,6 +27,7 @@ from litgpt_vocagnolm.math_tasks import (
     TASKS,
     Task,
     build_prompt,
+    check_latex_parser,
     extract_answer,
     is_correct,
     load_examples,
@@ -88,6 +89,8 @@ def evaluate(
     check_checkpoint_dir(checkpoint_dir)
     selected = parse_tasks(tasks if tasks is not None else ("" if bpb else ",".join(TASKS)))
     check_task_files(selected, data_dir)
+    if selected:
+        check_latex_parser()
     bpb_files = [bpb] if isinstance(bpb, (str, Path)) else list(bpb or [])
     documents = {Path(path): read_documents(Path(path)) for path in bpb_files}
     for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens), ("limit", limit)):
