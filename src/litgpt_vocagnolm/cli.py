@@ -14,6 +14,10 @@ RECIPE_GROUP = "litgpt.recipes"
 # name -> ("module:function", one-line help). `pretrain` is dispatched through the recipe registry instead.
 COMMANDS: dict[str, tuple[str | None, str]] = {
     "pretrain": (None, "Run a registered recipe (default: vocagnolm); the same as `litgpt pretrain --recipe NAME`"),
+    "inspect": (
+        "litgpt_vocagnolm.inspection:inspect",
+        "How two tokenizers cut a text and how Token-level Lexical Alignment maps them",
+    ),
     "prepare": ("litgpt_vocagnolm.data:prepare", "Tokenize with both tokenizers, align, and write LitData shards"),
     "convert_to_litgpt": (
         "litgpt_vocagnolm.models:convert_to_litgpt",
