@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
         "How two tokenizers cut a text and how Token-level Lexical Alignment maps them",
     ),
     "prepare": ("litgpt_vocagnolm.data:prepare", "Tokenize with both tokenizers, align, and write LitData shards"),
+    "evaluate": (
+        "litgpt_vocagnolm.evaluate:evaluate",
+        "Accuracy on the paper's 9 math benchmarks (few-shot CoT) and bits per byte",
+    ),
     "convert_to_litgpt": (
         "litgpt_vocagnolm.models:convert_to_litgpt",
         "litgpt convert_to_litgpt, also for llemma_7b, deepseek-math-7b-* and Mistral-7B-ProXMath",
