@@ -49,6 +49,7 @@ from litgpt.utils import (
 
 from litgpt_vocagnolm.alignment import load_tokenizer, vocab_overlap
 from litgpt_vocagnolm.data import VocAgnoData
+from litgpt_vocagnolm.evaluate import bits_per_byte
 from litgpt_vocagnolm.models import register
 from litgpt_vocagnolm.loss import GuidanceArgs, guided_loss, per_token_cross_entropy
 from litgpt_vocagnolm.teacher import TeacherArgs, check_checkpoint_dir, load_teacher, teacher_token_loss
@@ -474,7 +475,7 @@ def validate(fabric: L.Fabric, model: nn.Module, val_dataloader, max_iters: int)
     nats, tokens, num_bytes = sums.tolist()
     metrics = {"val_loss": nats / max(tokens, 1), "val_ppl": math.exp(min(nats / max(tokens, 1), 50))}
     if num_bytes > 0:
-        metrics["val_bpb"] = nats / math.log(2) / num_bytes
+        metrics["val_bpb"] = bits_per_byte(nats, int(num_bytes))
     return metrics
 
 
