@@ -402,9 +402,13 @@ def uld_loss(
             p = torch.softmax(teacher[teacher_row[rows]].float(), dim=-1)
             p_top = p.topk(width, dim=-1, sorted=True).values
         q_top = q.topk(width, dim=-1, sorted=True).values
+        distance = (q_top - p_top).abs().sum(-1)
         # The zero-padded entries of the smaller vocabulary meet the larger one's tail: |0 - x| = x.
-        tail = (1.0 - q_top.sum(-1)).clamp(min=0) if Vs > width else (1.0 - p_top.sum(-1)).clamp(min=0)
-        chunks.append((q_top - p_top).abs().sum(-1) + tail)
+        if Vs > width:
+            distance = distance + (1.0 - q_top.sum(-1)).clamp(min=0)
+        elif Vt > width:
+            distance = distance + (1.0 - p_top.sum(-1)).clamp(min=0)
+        chunks.append(distance)
     return torch.where(paired, torch.cat(chunks).view(B, T), 0.0)
 
 
