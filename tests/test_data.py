@@ -20,7 +20,7 @@ from litgpt_vocagnolm.data import (
     BlockDtypes,
     Stats,
     VocAgnoData,
-    aligned_document,
+    aligned_stream,
     document_specials,
     iter_blocks,
     pack_blocks,
@@ -227,51 +227,63 @@ texts = st.text(alphabet=list("ab 1+=\n\té日😀∑\u0301"), max_size=30)
 
 
 @settings(max_examples=30, deadline=None)
-@given(documents=st.lists(texts, min_size=1, max_size=5), block_size=st.integers(2, 20), cap=st.integers(1, 30))
-def test_pack_blocks_keeps_every_token_and_its_teacher_tokens(tokenizers, documents, block_size, cap):
+@given(
+    documents=st.lists(texts, min_size=1, max_size=6),
+    cuts=st.lists(st.booleans(), min_size=6, max_size=6),
+    block_size=st.integers(2, 20),
+    cap=st.integers(1, 30),
+)
+def test_pack_blocks_keeps_every_token_and_its_teacher_tokens(tokenizers, documents, cuts, block_size, cap):
     student, teacher = tokenizers
-    aligned, encodings = [], []
-    for text in documents:
-        s_ids, s_offsets = encode(student, text)
-        t_ids, t_offsets = encode(teacher, text)
-        ranges = align(s_offsets, t_offsets)
-        aligned.append(aligned_document(text, s_ids, s_offsets, t_ids, ranges, (BOS, None), (None, EOS)))
-        encodings.append((s_offsets, t_offsets))
-        assert aligned[-1].token_bytes.tolist() == [0] + brute_token_bytes(text, s_offsets.tolist())
+    encoded = [(encode(student, text), encode(teacher, text)) for text in documents]
+    doc_ranges = [align(s_offsets, t_offsets) for (_, s_offsets), (_, t_offsets) in encoded]
+    doc_teacher = [t_ids.tolist() + [EOS] for _, (t_ids, _) in encoded]  # Qwen's tokens with the EOS prepare adds
+    # The documents in batches, as `prepare` tokenizes them: a new batch after document d where cuts[d].
+    batches = [[]]
+    for d in range(len(documents)):
+        batches[-1].append(d)
+        if cuts[d] and d < len(documents) - 1:
+            batches.append([])
+    streams = []
+    for batch in batches:
+        texts, ranges = [documents[d] for d in batch], [doc_ranges[d] for d in batch]
+        student_encodings, teacher_ids = [encoded[d][0] for d in batch], [encoded[d][1][0] for d in batch]
+        streams.append(aligned_stream(texts, student_encodings, teacher_ids, ranges, (BOS, None), (None, EOS)))
+        expected_bytes = [[0] + brute_token_bytes(documents[d], encoded[d][0][1].tolist()) for d in batch]
+        assert streams[-1].token_bytes.tolist() == sum(expected_bytes, [])
     dtypes = BlockDtypes.fitting(32000, 151665, cap)
     full, capped = Stats(), Stats()
-    uncapped_blocks = list(pack_blocks(aligned, block_size, 10**6, dtypes, full))
-    blocks = list(pack_blocks(aligned, block_size, cap, dtypes, capped))
+    uncapped_blocks = list(pack_blocks(streams, block_size, 10**6, dtypes, full))
+    blocks = list(pack_blocks(streams, block_size, cap, dtypes, capped))
 
-    stream = np.concatenate([d.student_ids for d in aligned])
-    assert np.array_equal(np.concatenate([b["student_ids"] for b in blocks]), stream)
+    stream = sum(([BOS] + s_ids.tolist() for (s_ids, _), _ in encoded), [])
+    assert np.concatenate([b["student_ids"] for b in blocks]).tolist() == stream
     assert [len(b["student_ids"]) for b in blocks[:-1]] == [block_size] * (len(blocks) - 1)
-    # Where each stream position comes from: (document, token).
-    origin = [(d, k) for d, document in enumerate(aligned) for k in range(len(document.student_ids))]
+    # Where each stream position comes from: (document, token); token 0 is the BOS.
+    origin = [(d, k) for d, ((s_ids, _), _) in enumerate(encoded) for k in range(len(s_ids) + 1)]
     overflow, position = 0, 0
     for big, small in zip(uncapped_blocks, blocks):
         n = len(big["student_ids"])
         window = big["teacher_ids"].tolist()
-        # The window: per document in the block, the teacher tokens overlapping the block's characters of it, with
+        # The window: per document in the block, the teacher tokens overlapping the block's characters of it, and
         # the teacher's EOS where the block holds the document's end.
         expected_window = []
         for d in dict.fromkeys(d for d, _ in origin[position : position + n]):
-            ks = [k for dd, k in origin[position : position + n] if dd == d]
-            s_offsets, t_offsets = encodings[d]
-            text_ks = [k - 1 for k in ks if k > 0]
-            if text_ks:
-                lo, hi = s_offsets[text_ks[0], 0], s_offsets[text_ks[-1], 1]
-                overlapping = [j for j in range(len(t_offsets)) if t_offsets[j, 1] > lo and t_offsets[j, 0] < hi]
-                expected_window += aligned[d].teacher_ids[overlapping].tolist()
-            if ks[-1] == len(aligned[d].student_ids) - 1:
+            tokens = [k - 1 for dd, k in origin[position : position + n] if dd == d and k > 0]
+            (_, s_offsets), (_, t_offsets) = encoded[d]
+            if tokens:
+                lo, hi = s_offsets[tokens[0], 0], s_offsets[tokens[-1], 1]
+                overlapping = (t_offsets[:, 1] > lo) & (t_offsets[:, 0] < hi)
+                expected_window += [token for token, keep in zip(doc_teacher[d], overlapping) if keep]
+            if origin[position + n - 1] >= (d, len(s_offsets)):
                 expected_window.append(EOS)
         assert window == expected_window
         assert small["teacher_ids"].tolist() == window[:cap]
         for i in range(n):
             d, k = origin[position + i]
             a, b = big["range_starts"][i], big["range_starts"][i] + big["range_lengths"][i]
-            doc_a, doc_b = aligned[d].ranges[k]
-            assert window[a:b] == aligned[d].teacher_ids[doc_a:doc_b].tolist()  # the same teacher tokens
+            doc_a, doc_b = doc_ranges[d][k - 1] if k > 0 else (0, 0)  # the BOS is unmapped
+            assert window[a:b] == doc_teacher[d][doc_a:doc_b]  # the same teacher tokens
             assert (a < b) == (doc_a < doc_b)
             kept = b <= cap and b - a <= 255
             overflow += a < b and not kept

@@ -64,7 +64,7 @@ SPLITS = ("val", "train")  # written in this order: the small split first, so an
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 FIELD_SEPARATOR = "\n\n"  # joins the fields of `--text_key question,answer`, as paragraphs
 UNIT_BYTES = 4 << 20  # input per work unit: many units spread work over workers; each costs one padded block
-BATCH_CHARS = 1 << 20  # text tokenized per `encode_batch` call inside a unit
+BATCH_CHARS = 1 << 18  # text tokenized per `encode_batch` call inside a unit
 CHUNK_BYTES = "64MB"  # LitData chunk size; each worker holds one chunk in memory while it fills
 RATIO_SAMPLE_CHARS = 1 << 18  # text encoded up front to measure the teacher/student token ratio
 TEACHER_HEADROOM = 1.25  # default teacher_max_length = block size x measured token ratio x this
@@ -380,74 +380,98 @@ def in_val_split(data: bytes, val_fraction: float) -> bool:
 # Aligned documents and blocks
 
 
-class AlignedDocument(NamedTuple):
-    """One document with both tokenizers' added tokens; n student and m teacher tokens."""
+class AlignedStream(NamedTuple):
+    """Documents back to back, each with both tokenizers' added tokens: N student and M teacher tokens.
+
+    Both sides hold the documents in the same order, so the teacher tokens covering any run of student tokens are one
+    contiguous slice of `teacher_ids`, `[cover[p:q, 0].min(), cover[p:q, 1].max())`.
+    """
 
     student_ids: np.ndarray
-    """(n,) int32"""
+    """(N,) int32"""
     ranges: np.ndarray
-    """(n, 2) int64 teacher ranges `[a, b)` into `teacher_ids`; `(0, 0)` unmapped."""
+    """(N, 2) int64 teacher ranges `[a, b)` into `teacher_ids`, within the token's own document; `(0, 0)` unmapped."""
     cover: np.ndarray
-    """(n, 2) int64: where each token sits among the teacher tokens; the window of tokens p..q-1 is
-    `[cover[p:q, 0].min(), cover[p:q, 1].max())`. The ranges where mapped; the first and last token stretch to the
-    document's edges, so that windows hold the teacher's added tokens."""
+    """(N, 2) int64 where each token sits among the teacher tokens: its range if mapped, else the empty range after
+    the teacher tokens of the tokens before it; a document's first and last token stretch to its edges, so that
+    windows hold the teacher's added tokens."""
     token_bytes: np.ndarray
-    """(n,) int64 UTF-8 bytes each token adds (see `token_bytes`)."""
+    """(N,) int64 UTF-8 bytes each token adds (see `token_bytes`)."""
     teacher_ids: np.ndarray
-    """(m,) int32"""
+    """(M,) int32"""
 
 
 def utf8_lengths(text: str) -> np.ndarray:
     """(L,) int64 UTF-8 length of each character (code point) of `text`."""
+    if text.isascii():
+        return np.ones(len(text), dtype=np.int64)
     code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # (L,)
     return 1 + (code_points >= 0x80).astype(np.int64) + (code_points >= 0x800) + (code_points >= 0x10000)
 
 
-def token_bytes(text: str, offsets: np.ndarray) -> np.ndarray:
-    """(N,) int64 UTF-8 bytes of the characters each token ends that no earlier token ended.
+def token_bytes(text: str, offsets: np.ndarray, starts: Optional[np.ndarray] = None) -> np.ndarray:
+    """(N,) int64 UTF-8 bytes of the characters each token ends that no earlier token of its document ended.
 
-    Overlapping spans (the byte-fallback pieces of one character) count once, and the sum is the bytes of the text up
-    to the last token's end: summed over target tokens, the denominator of bits per byte.
+    Overlapping spans (the byte-fallback pieces of one character) count once, and a document's tokens sum to the bytes
+    of its text up to its last token's end: summed over target tokens, the denominator of bits per byte. `text` may
+    hold several documents back to back, `starts` (N,) giving the first character of each token's document; offsets
+    are then relative to it.
     """
-    if not len(offsets):
-        return np.zeros(0, dtype=np.int64)
-    lengths = np.ones(len(text), dtype=np.int64) if text.isascii() else utf8_lengths(text)
-    ends = np.concatenate([[0], np.cumsum(lengths)])[np.maximum.accumulate(offsets[:, 1])]  # (N,) bytes up to each end
-    return np.diff(ends, prepend=0)
+    starts = np.zeros(len(offsets), dtype=np.int64) if starts is None else starts
+    ends = np.maximum.accumulate(offsets[:, 1] + starts)  # (N,) documents never overlap, so this stays per document
+    before = np.maximum(np.concatenate([[0], ends[:-1]]), starts)  # (N,) end of the earlier tokens of the document
+    cumulative = np.concatenate([[0], np.cumsum(utf8_lengths(text))])  # (L + 1,) bytes before each character
+    return cumulative[ends] - cumulative[before]
 
 
 def _added(token_id: Optional[int]) -> np.ndarray:
     return np.array([] if token_id is None else [token_id], dtype=np.int32)
 
 
-def aligned_document(
-    text: str,
-    student_ids: np.ndarray,
-    student_offsets: np.ndarray,
-    teacher_ids: np.ndarray,
-    ranges: np.ndarray,
+def aligned_stream(
+    texts: list[str],
+    student: list[tuple[np.ndarray, np.ndarray]],
+    teacher_ids: list[np.ndarray],
+    ranges: list[np.ndarray],
     student_specials: tuple[Optional[int], Optional[int]],
     teacher_specials: tuple[Optional[int], Optional[int]],
-) -> AlignedDocument:
-    """`text` as both tokenizers encode it (no added tokens; `ranges` from `align`), with each side's BOS/EOS added."""
+) -> AlignedStream:
+    """Documents as both tokenizers encode them (no added tokens): the student's (ids, offsets), the teacher's ids and
+    `align`'s ranges, each document's own; with each side's BOS/EOS added, back to back."""
     s_head, s_tail = map(_added, student_specials)
     t_head, t_tail = map(_added, teacher_specials)
-    teacher_ids = np.concatenate([t_head, teacher_ids, t_tail])  # (m,)
-    # The student's added tokens are unmapped; the text's ranges move past the teacher's BOS.
-    ranges = np.concatenate([np.zeros((len(s_head), 2), np.int64), ranges, np.zeros((len(s_tail), 2), np.int64)])
-    mapped = ranges[:, 0] < ranges[:, 1]  # (n,)
-    ranges[mapped] += len(t_head)
-    # An unmapped token sits right after the teacher tokens of the tokens before it.
-    after = np.maximum.accumulate(np.concatenate([[len(t_head)], ranges[:, 1]]))[:-1]  # (n,)
-    cover = np.where(mapped[:, None], ranges, after[:, None])  # (n, 2)
-    cover[0, 0], cover[-1, 1] = 0, len(teacher_ids)
-    no_bytes = np.zeros(len(s_head), np.int64), np.zeros(len(s_tail), np.int64)
-    return AlignedDocument(
-        student_ids=np.concatenate([s_head, student_ids, s_tail]),
+    h, t = len(s_head), len(s_tail)
+
+    def stream(parts: Iterable[np.ndarray], head: np.ndarray, tail: np.ndarray) -> np.ndarray:
+        return np.concatenate([piece for part in parts for piece in (head, part, tail)])
+
+    no_range = np.zeros((h, 2), np.int64), np.zeros((t, 2), np.int64)
+    student_counts = np.array([len(ids) + h + t for ids, _ in student])  # (D,)
+    teacher_counts = np.array([len(ids) + len(t_head) + len(t_tail) for ids in teacher_ids])  # (D,)
+    document = np.repeat(np.arange(len(texts)), student_counts)  # (N,)
+    teacher_start = (np.cumsum(teacher_counts) - teacher_counts)[document]  # (N,) first teacher token of the document
+    # Each document's ranges move past the teachers tokens before it and its own BOS; added tokens are unmapped.
+    ranges = np.concatenate([piece for r in ranges for piece in (no_range[0], r, no_range[1])])  # (N, 2)
+    mapped = ranges[:, 0] < ranges[:, 1]  # (N,)
+    ranges[mapped] += (teacher_start + len(t_head))[mapped, None]
+    # Where unmapped tokens sit: after the teacher tokens of the earlier tokens of their document. The running maximum
+    # may run across documents, as each one's teacher tokens come after the previous one's.
+    floor = teacher_start + len(t_head)  # (N,)
+    ends = np.maximum.accumulate(np.where(mapped, ranges[:, 1], floor))  # (N,)
+    after = np.maximum(np.concatenate([[0], ends[:-1]]), floor)  # (N,)
+    cover = np.where(mapped[:, None], ranges, after[:, None])  # (N, 2)
+    last = np.cumsum(student_counts) - 1  # (D,)
+    cover[last - student_counts + 1, 0] = teacher_start[last]
+    cover[last, 1] = teacher_start[last] + teacher_counts
+    # Bytes: added tokens end where their document starts, so they add none.
+    offsets = stream((o for _, o in student), *no_range)  # (N, 2)
+    character_starts = np.cumsum([0] + [len(text) for text in texts[:-1]])[document]  # (N,)
+    return AlignedStream(
+        student_ids=stream((ids for ids, _ in student), s_head, s_tail),
         ranges=ranges,
         cover=cover,
-        token_bytes=np.concatenate([no_bytes[0], token_bytes(text, student_offsets), no_bytes[1]]),
-        teacher_ids=teacher_ids,
+        token_bytes=token_bytes("".join(texts), offsets, character_starts),
+        teacher_ids=stream(teacher_ids, t_head, t_tail),
     )
 
 
@@ -465,63 +489,65 @@ class BlockDtypes(NamedTuple):
 
 
 def make_block(
-    segments: list[tuple[AlignedDocument, int, int]], teacher_max_length: int, dtypes: BlockDtypes, stats: Stats
+    stream: AlignedStream, p: int, q: int, teacher_max_length: int, dtypes: BlockDtypes, stats: Stats
 ) -> dict[str, Any]:
-    """A block from runs `(document, p, q)` of documents' tokens: its teacher window, ranges relative to it."""
-    windows, starts, lengths, offset = [], [], [], 0
-    for document, p, q in segments:
-        cover, ranges = document.cover[p:q], document.ranges[p:q]  # (q - p, 2) each
-        low, high = cover[:, 0].min(), cover[:, 1].max()
-        windows.append(document.teacher_ids[low:high])
-        starts.append(ranges[:, 0] - low + offset)
-        lengths.append(ranges[:, 1] - ranges[:, 0])
-        offset += high - low
-    starts, lengths = np.concatenate(starts), np.concatenate(lengths)  # (n,) each
+    """The block of student tokens p..q-1 of `stream`: its teacher window, and ranges relative to it."""
+    cover, ranges = stream.cover[p:q], stream.ranges[p:q]  # (n, 2) each
+    low, high = cover[:, 0].min(), cover[:, 1].max()
+    starts, lengths = ranges[:, 0] - low, ranges[:, 1] - ranges[:, 0]  # (n,) each
     fits = (starts + lengths <= teacher_max_length) & (lengths <= MAX_RANGE_LENGTH)
     stats.overflow_unmapped += int(((lengths > 0) & ~fits).sum())
     lengths = np.where(fits, lengths, 0)
     stats.mapped += int((lengths > 0).sum())
     stats.blocks += 1
-    student_ids = np.concatenate([document.student_ids[p:q] for document, p, q in segments])
-    nbytes = np.concatenate([document.token_bytes[p:q] for document, p, q in segments])
     return {
-        "student_ids": student_ids.astype(dtypes.student),
-        "teacher_ids": np.concatenate(windows)[:teacher_max_length].astype(dtypes.teacher),
+        "student_ids": stream.student_ids[p:q].astype(dtypes.student),
+        "teacher_ids": stream.teacher_ids[low : min(high, low + teacher_max_length)].astype(dtypes.teacher),
         "range_starts": np.where(lengths > 0, starts, 0).astype(dtypes.starts),
         "range_lengths": lengths.astype(np.uint8),
-        "num_bytes": int(nbytes[1:].sum()),
+        "num_bytes": int(stream.token_bytes[p + 1 : q].sum()),
     }
 
 
+def rest_of(stream: AlignedStream, p: int) -> AlignedStream:
+    """Student tokens p.. of `stream` and the teacher tokens from the first they cover on."""
+    low = stream.cover[p:, 0].min(initial=len(stream.teacher_ids))
+    mapped = stream.ranges[p:, 0] < stream.ranges[p:, 1]
+    return AlignedStream(
+        student_ids=stream.student_ids[p:],
+        ranges=np.where(mapped[:, None], stream.ranges[p:] - low, 0),
+        cover=stream.cover[p:] - low,
+        token_bytes=stream.token_bytes[p:],
+        teacher_ids=stream.teacher_ids[low:],
+    )
+
+
+def joined(first: AlignedStream, second: AlignedStream) -> AlignedStream:
+    shift = len(first.teacher_ids)
+    mapped = second.ranges[:, 0] < second.ranges[:, 1]
+    return AlignedStream(
+        student_ids=np.concatenate([first.student_ids, second.student_ids]),
+        ranges=np.concatenate([first.ranges, np.where(mapped[:, None], second.ranges + shift, 0)]),
+        cover=np.concatenate([first.cover, second.cover + shift]),
+        token_bytes=np.concatenate([first.token_bytes, second.token_bytes]),
+        teacher_ids=np.concatenate([first.teacher_ids, second.teacher_ids]),
+    )
+
+
 def pack_blocks(
-    documents: Iterable[AlignedDocument], block_size: int, teacher_max_length: int, dtypes: BlockDtypes, stats: Stats
+    streams: Iterable[AlignedStream], block_size: int, teacher_max_length: int, dtypes: BlockDtypes, stats: Stats
 ) -> Iterator[dict[str, Any]]:
-    """Blocks of `block_size` student tokens, the documents back to back; the last block holds what is left."""
-    pending: deque[list] = deque()  # [document, its first token not yet in a block]
-    num_pending = 0
-
-    def take(size: int) -> list[tuple[AlignedDocument, int, int]]:
-        segments = []
-        while size:
-            document, p = pending[0]
-            q = min(len(document.student_ids), p + size)
-            segments.append((document, p, q))
-            size -= q - p
-            if q == len(document.student_ids):
-                pending.popleft()
-            else:
-                pending[0][1] = q
-        return segments
-
-    for document in documents:
-        pending.append([document, 0])
-        num_pending += len(document.student_ids)
-        while num_pending >= block_size:
-            num_pending -= block_size
-            yield make_block(take(block_size), teacher_max_length, dtypes, stats)
-    if num_pending:
-        stats.padding += block_size - num_pending
-        yield make_block(take(num_pending), teacher_max_length, dtypes, stats)
+    """Blocks of `block_size` student tokens, the streams back to back; the last block holds what is left."""
+    rest = None
+    for stream in streams:
+        stream = stream if rest is None else joined(rest, stream)
+        full = len(stream.student_ids) // block_size * block_size
+        for p in range(0, full, block_size):
+            yield make_block(stream, p, p + block_size, teacher_max_length, dtypes, stats)
+        rest = rest_of(stream, full)
+    if rest is not None and len(rest.student_ids):
+        stats.padding += block_size - len(rest.student_ids)
+        yield make_block(rest, 0, len(rest.student_ids), teacher_max_length, dtypes, stats)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -572,24 +598,24 @@ def text_batches(texts: Iterable[str], max_chars: int) -> Iterator[list[str]]:
         yield batch
 
 
-def aligned_documents(texts: Iterable[str], job: UnitJob, stats: Stats) -> Iterator[AlignedDocument]:
+def aligned_streams(texts: Iterable[str], job: UnitJob, stats: Stats) -> Iterator[AlignedStream]:
+    """The documents tokenized, aligned and streamed a batch at a time."""
     student, teacher = cached_tokenizer(job.student.path), cached_tokenizer(job.teacher.path)
     specials = (job.student.bos_id, job.student.eos_id), (job.teacher.bos_id, job.teacher.eos_id)
     for batch in text_batches(texts, BATCH_CHARS):
         student_encodings, teacher_encodings = encode_batch(student, batch), encode_batch(teacher, batch)
         ranges = align_batch([o for _, o in student_encodings], [o for _, o in teacher_encodings])
-        for text, (s_ids, s_offsets), (t_ids, _), r in zip(batch, student_encodings, teacher_encodings, ranges):
-            document = aligned_document(text, s_ids, s_offsets, t_ids, r, *specials)
-            stats.student_tokens += len(document.student_ids)
-            stats.teacher_tokens += len(document.teacher_ids)
-            yield document
+        stream = aligned_stream(batch, student_encodings, [ids for ids, _ in teacher_encodings], ranges, *specials)
+        stats.student_tokens += len(stream.student_ids)
+        stats.teacher_tokens += len(stream.teacher_ids)
+        yield stream
 
 
 def unit_blocks(unit: Unit, job: UnitJob) -> Iterator[dict[str, Any]]:
     """The blocks of one work unit: the function `litdata.optimize` runs. Writes the unit's Stats when done."""
     stats = Stats()
-    documents = aligned_documents(split_documents(unit, job, stats), job, stats)
-    yield from pack_blocks(documents, job.block_size, job.teacher_max_length, job.dtypes, stats)
+    streams = aligned_streams(split_documents(unit, job, stats), job, stats)
+    yield from pack_blocks(streams, job.block_size, job.teacher_max_length, job.dtypes, stats)
     write_json(Path(job.stats_dir) / f"unit-{unit.index:06d}.json", asdict(stats))
 
 

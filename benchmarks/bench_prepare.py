@@ -1,0 +1,170 @@
+"""`vocagnolm prepare` next to only tokenizing the same text, and its peak memory as the input grows.
+
+Prints, from one run:
+  1. MB/s of text through `prepare` (read, tokenize both sides with offsets, align, pack, write the LitData shards of
+     both splits, manifest) vs only tokenizing the same documents with both tokenizers, offsets included
+     (`alignment.encode_batch`), with the same number of worker processes over the same work units (target: >= 0.75x).
+     Both read the documents with `data.read_documents`; tokenizers are loaded before the clock starts. Wall time;
+     each runs `--repeats` times, interleaved, and the fastest run counts.
+  2. Peak resident memory of `prepare` (its process, and the largest of its workers) on `--memory_megabytes` of the
+     input and on `--scale` copies of that, each in a fresh process (target: flat). A worker buffers one LitData chunk
+     before writing it, so memory grows with the input until that buffer is full (`data.CHUNK_BYTES`, 64 MB, about
+     25 MB of text): this comparison uses 1 MB chunks, full at both sizes, to show that nothing else grows.
+
+    python benchmarks/bench_prepare.py [--input FILE ...] [--num_workers 2] [--scale 10] [--memory_megabytes 1]
+"""
+
+import argparse
+import functools
+import json
+import multiprocessing
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from litgpt_vocagnolm import data
+from litgpt_vocagnolm.alignment import encode_batch, find_tokenizer_file
+
+REPO = Path(__file__).resolve().parent.parent
+FILES = [REPO / "data/gsm8k/train.jsonl", REPO / "data/stackexchange/math_stackexchange_33votes.jsonl"]
+STUDENT = REPO / "tests/fixtures/tokenizers/tinyllama-1.1b"
+TEACHER = REPO / "tests/fixtures/tokenizers/qwen2.5"
+# Text fields of a JSON line, joined into one document: GSM8K question/answer, Stack Exchange input/output.
+TEXT_KEYS = (("question", "answer"), ("input", "output"), ("text",))
+
+
+def write_text_jsonl(files: list[Path], out: Path, megabytes: float = float("inf")) -> int:
+    """The documents of `files` as {"text": ...} lines, fields joined as `prepare --text_key a,b` does; text bytes."""
+    total = 0
+    with open(out, "w", encoding="utf-8") as f:
+        for file in files:
+            for line in file.read_text(encoding="utf-8").splitlines():
+                if total >= megabytes * 1e6:
+                    return total
+                row = json.loads(line)
+                text = data.FIELD_SEPARATOR.join(row[k] for k in next(ks for ks in TEXT_KEYS if ks[0] in row))
+                f.write(json.dumps({"text": text}) + "\n")
+                total += len(text.encode("utf-8"))
+    return total
+
+
+def tokenize_unit(unit: data.Unit, student: str, teacher: str) -> int:
+    """The baseline's work per unit: read its documents, tokenize them with both tokenizers, offsets included."""
+    student_tokenizer, teacher_tokenizer = data.cached_tokenizer(student), data.cached_tokenizer(teacher)
+    texts = (text for piece in unit.pieces for text in data.read_documents(piece, ["text"], data.Stats()))
+    tokens = 0
+    for batch in data.text_batches(texts, data.BATCH_CHARS):
+        tokens += sum(len(ids) for ids, _ in encode_batch(student_tokenizer, batch))
+        tokens += sum(len(ids) for ids, _ in encode_batch(teacher_tokenizer, batch))
+    return tokens
+
+
+def tokenize_only(files: list[Path], num_workers: int, student: str, teacher: str) -> int:
+    units = data.plan_units(files)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker, as in prepare
+    with multiprocessing.get_context("fork").Pool(min(num_workers, len(units))) as pool:
+        return sum(pool.imap_unordered(functools.partial(tokenize_unit, student=student, teacher=teacher), units))
+
+
+def run_prepare(files: list[Path], output: Path, num_workers: int) -> None:
+    shutil.rmtree(output, ignore_errors=True)
+    data.prepare(STUDENT, TEACHER, files, output, max_seq_length=2048, num_workers=num_workers)
+
+
+def quietly(function, *args):
+    """Runs `function` with LitData's progress chatter sent to /dev/null; returns its wall time."""
+    with open(os.devnull, "w") as devnull:
+        saved = os.dup(1), os.dup(2)
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(devnull.fileno(), 1), os.dup2(devnull.fileno(), 2)
+        try:
+            t0 = time.perf_counter()
+            function(*args)
+            return time.perf_counter() - t0
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+
+
+def peak_memory(files: list[Path], output: Path, num_workers: int, chunk_bytes: str) -> dict:
+    """Peak RSS (MB) of `prepare` run in a fresh process: that process, and the largest of its workers."""
+    command = [sys.executable, __file__, "--memory_of", *map(str, files), "--output", str(output)]
+    command += ["--num_workers", str(num_workers), "--chunk_bytes", chunk_bytes]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", type=Path, nargs="+", default=FILES)
+    parser.add_argument("--num_workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--scale", type=int, default=10)
+    parser.add_argument("--memory_megabytes", type=float, default=1.0, help="base input of the memory comparison")
+    parser.add_argument("--chunk_bytes", default="1MB", help="LitData chunk size in the memory comparison")
+    parser.add_argument("--memory_of", type=Path, nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    import litdata.helpers
+
+    litdata.helpers._get_newer_version = lambda version: None  # no PyPI version check (30 s timeout) per process
+
+    if args.memory_of:  # the child process of `peak_memory`
+        data.CHUNK_BYTES = args.chunk_bytes
+        quietly(run_prepare, args.memory_of, args.output, args.num_workers)
+        self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        workers_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        print(json.dumps({"process": self_mb, "workers": workers_mb}))
+        return
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        text = tmp / "text.jsonl"
+        megabytes = write_text_jsonl(args.input, text) / 1e6
+        student = data.tokenizer_info(find_tokenizer_file(STUDENT)).path  # loaded once, before any clock
+        teacher = data.tokenizer_info(find_tokenizer_file(TEACHER)).path
+        print(
+            f"{megabytes:.1f} MB of text ({', '.join(p.name for p in args.input)}), {args.num_workers} workers,"
+            f" {len(data.plan_units([text]))} work units; student {STUDENT.name}, teacher {TEACHER.name}."
+        )
+        times = {"prepare": [], "tokenize only": []}
+        for _ in range(args.repeats):
+            times["prepare"].append(quietly(run_prepare, [text], tmp / "out", args.num_workers))
+            times["tokenize only"].append(quietly(tokenize_only, [text], args.num_workers, student, teacher))
+        best = {name: min(runs) for name, runs in times.items()}
+        for name, seconds in best.items():
+            runs = ", ".join(f"{t:.2f}" for t in times[name])
+            print(f"  {name:<14} {seconds:6.2f} s  {megabytes / seconds:5.2f} MB/s   (runs: {runs})")
+        manifest = json.loads((tmp / "out" / "manifest.json").read_text())
+        print(
+            f"  prepare / tokenize only throughput: {best['tokenize only'] / best['prepare']:.2f}x (target >= 0.75x);"
+            f" {manifest['bytes_per_student_token']:.2f} bytes per student token on disk,"
+            f" {manifest['alignment_bytes_per_student_token']} for the alignment."
+        )
+
+        base = tmp / "memory" / "base.jsonl"
+        base.parent.mkdir()
+        base_megabytes = write_text_jsonl(args.input, base, args.memory_megabytes) / 1e6
+        copies = []
+        for k in range(args.scale):
+            copies.append(tmp / "memory" / f"copy{k}.jsonl")
+            shutil.copyfile(base, copies[-1])
+        small = peak_memory([base], tmp / "memory" / "out-1", args.num_workers, args.chunk_bytes)
+        large = peak_memory(copies, tmp / "memory" / f"out-{args.scale}", args.num_workers, args.chunk_bytes)
+        print(f"Peak resident memory of prepare ({args.num_workers} workers, LitData chunks of {args.chunk_bytes}):")
+        for name, sizes in ((f"{base_megabytes:.1f} MB", small), (f"{base_megabytes * args.scale:.1f} MB", large)):
+            print(f"  {name:>8} of text: process {sizes['process']:6.0f} MB, largest worker {sizes['workers']:6.0f} MB")
+        growth = {name: large[name] / small[name] for name in small}
+        print(
+            f"  {args.scale}x the input: {growth['process']:.2f}x the process's peak, {growth['workers']:.2f}x the"
+            " largest worker's (target: flat, ~1.0x)"
+        )
+
+
+if __name__ == "__main__":
+    main()
