@@ -4,8 +4,9 @@ Prints, from one run:
   1. MB/s of text through `prepare` (read, tokenize both sides with offsets, align, pack, write the LitData shards of
      both splits, manifest) vs only tokenizing the same documents with both tokenizers, offsets included
      (`alignment.encode_batch`), with the same number of worker processes over the same work units (target: >= 0.75x).
-     Both read the documents with `data.read_documents`; tokenizers are loaded before the clock starts. Wall time;
-     each runs `--repeats` times, interleaved, and the fastest run counts.
+     Both read the documents with `data.read_documents`; tokenizers are loaded before the clock starts. Wall time,
+     and CPU time of all processes (steadier on a shared machine); each runs `--repeats` times, interleaved, and the
+     fastest run counts.
   2. Peak resident memory of `prepare` (its process, and the largest of its workers) on `--memory_megabytes` of the
      input and on `--scale` copies of that, each in a fresh process (target: flat). A worker buffers one LitData chunk
      before writing it, so memory grows with the input until that buffer is full (`data.CHUNK_BYTES`, 64 MB, about
@@ -73,19 +74,25 @@ def tokenize_only(files: list[Path], num_workers: int, student: str, teacher: st
 
 def run_prepare(files: list[Path], output: Path, num_workers: int) -> None:
     shutil.rmtree(output, ignore_errors=True)
-    data.prepare(STUDENT, TEACHER, files, output, max_seq_length=2048, num_workers=num_workers)
+    data.prepare(student=STUDENT, teacher=TEACHER, input=files, output=output, num_workers=num_workers)
 
 
-def quietly(function, *args):
-    """Runs `function` with LitData's progress chatter sent to /dev/null; returns its wall time."""
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished child processes (workers, and their helpers)."""
+    usages = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return sum(usage.ru_utime + usage.ru_stime for usage in usages)
+
+
+def quietly(function, *args) -> tuple[float, float]:
+    """Runs `function` with LitData's progress chatter sent to /dev/null; returns its wall and CPU seconds."""
     with open(os.devnull, "w") as devnull:
         saved = os.dup(1), os.dup(2)
         sys.stdout.flush(), sys.stderr.flush()
         os.dup2(devnull.fileno(), 1), os.dup2(devnull.fileno(), 2)
         try:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), cpu_seconds()
             function(*args)
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, cpu_seconds() - c0
         finally:
             sys.stdout.flush(), sys.stderr.flush()
             os.dup2(saved[0], 1), os.dup2(saved[1], 2)
@@ -132,18 +139,19 @@ def main() -> None:
             f"{megabytes:.1f} MB of text ({', '.join(p.name for p in args.input)}), {args.num_workers} workers,"
             f" {len(data.plan_units([text]))} work units; student {STUDENT.name}, teacher {TEACHER.name}."
         )
-        times = {"prepare": [], "tokenize only": []}
+        runs = {"prepare": [], "tokenize only": []}
         for _ in range(args.repeats):
-            times["prepare"].append(quietly(run_prepare, [text], tmp / "out", args.num_workers))
-            times["tokenize only"].append(quietly(tokenize_only, [text], args.num_workers, student, teacher))
-        best = {name: min(runs) for name, runs in times.items()}
-        for name, seconds in best.items():
-            runs = ", ".join(f"{t:.2f}" for t in times[name])
-            print(f"  {name:<14} {seconds:6.2f} s  {megabytes / seconds:5.2f} MB/s   (runs: {runs})")
+            runs["prepare"].append(quietly(run_prepare, [text], tmp / "out", args.num_workers))
+            runs["tokenize only"].append(quietly(tokenize_only, [text], args.num_workers, student, teacher))
+        best = {name: [min(times) for times in zip(*timings)] for name, timings in runs.items()}  # [wall, cpu]
+        for name, (wall, cpu) in best.items():
+            walls = ", ".join(f"{wall:.2f}" for wall, _ in runs[name])
+            print(f"  {name:<14} wall {wall:6.2f} s, {megabytes / wall:5.2f} MB/s (runs: {walls});  CPU {cpu:6.2f} s")
+        ratios = [tokenize / prepare for tokenize, prepare in zip(best["tokenize only"], best["prepare"])]
         manifest = json.loads((tmp / "out" / "manifest.json").read_text())
         print(
-            f"  prepare / tokenize only throughput: {best['tokenize only'] / best['prepare']:.2f}x (target >= 0.75x);"
-            f" {manifest['bytes_per_student_token']:.2f} bytes per student token on disk,"
+            f"  prepare / tokenize only throughput: {ratios[0]:.2f}x by wall time, {ratios[1]:.2f}x by CPU time"
+            f" (target >= 0.75x); {manifest['bytes_per_student_token']:.2f} bytes per student token on disk,"
             f" {manifest['alignment_bytes_per_student_token']} for the alignment."
         )
 

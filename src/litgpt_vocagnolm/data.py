@@ -3,8 +3,9 @@
 Aligning inside the training loop would take CPU from the GPUs and redo the same work on every run, so `prepare`
 tokenizes every document with both tokenizers, aligns the two (`alignment.align_batch`), packs the documents into
 student blocks of `max_seq_length + 1` tokens and stores each block with its teacher window and ranges (DESIGN.md §4).
-The input is cut into work units of about 4 MB of text that `litdata.optimize` spreads over worker processes; each
-unit packs its own documents, so each unit ends in one padded block (about 0.1% padding at 2048 tokens).
+The input is cut into about 256 work units (1 to 64 MB of text each, whatever the number of workers, so the data comes
+out the same) that `litdata.optimize` spreads over worker processes; each unit packs its own documents, so each ends
+in one padded block (at most about 0.4% padding).
 
 Documents. Each tokenizer adds BOS/EOS per document as its tokenizer_config.json says (`add_bos_token`,
 `add_eos_token`; Llama adds BOS only). A tokenizer configured to add neither (Qwen2.5) ends each document with its EOS
@@ -38,7 +39,7 @@ from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal, NamedTuple, Optional
+from typing import Any, Iterable, Iterator, Literal, NamedTuple, Optional, Union
 
 import numpy as np
 import pyarrow as pa
@@ -63,10 +64,11 @@ PARTIAL = ".partial"  # where an unfinished `prepare` works; renamed into place 
 SPLITS = ("val", "train")  # written in this order: the small split first, so an empty one fails fast
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 FIELD_SEPARATOR = "\n\n"  # joins the fields of `--text_key question,answer`, as paragraphs
-UNIT_BYTES = 4 << 20  # input per work unit: many units spread work over workers; each costs one padded block
+UNITS = 256  # work units to cut the input into, so that many workers stay busy to the end
+UNIT_BYTES = (1 << 20, 64 << 20)  # bounds on a unit's input; each unit ends in one padded block (0.4% of 1 MB)
 BATCH_CHARS = 1 << 18  # text tokenized per `encode_batch` call inside a unit
 CHUNK_BYTES = "64MB"  # LitData chunk size; each worker holds one chunk in memory while it fills
-RATIO_SAMPLE_CHARS = 1 << 18  # text encoded up front to measure the teacher/student token ratio
+RATIO_SAMPLE_CHARS = 1 << 16  # text encoded up front to measure the teacher/student token ratio
 TEACHER_HEADROOM = 1.25  # default teacher_max_length = block size x measured token ratio x this
 MAX_RANGE_LENGTH = 255  # range_lengths is uint8
 
@@ -239,10 +241,10 @@ def record_text(record: Any, keys: list[str]) -> tuple[Optional[str], str]:
     return FIELD_SEPARATOR.join(values), ""
 
 
-def find_input_files(paths: list[Path], flag: str) -> tuple[list[Path], list[tuple[str, str]]]:
+def find_input_files(paths: Union[list[Path], Path], flag: str) -> tuple[list[Path], list[tuple[str, str]]]:
     """The supported, non-empty files of `paths` (directories searched recursively, sorted), and the skipped ones."""
     files, skipped, seen = [], [], set()
-    for path in map(Path, paths):
+    for path in map(Path, [paths] if isinstance(paths, (str, Path)) else paths):
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file())
             candidates = [p for p in found if p.suffix in SUFFIXES]
@@ -314,8 +316,9 @@ def file_pieces(path: Path, unit_bytes: int) -> list[Piece]:
     return [Piece(str(path), a, b, b - a) for a, b in zip(cuts, cuts[1:])]
 
 
-def plan_units(files: list[Path], unit_bytes: int = UNIT_BYTES) -> list[Unit]:
-    """Consecutive pieces of the input grouped into units of at least `unit_bytes` (the last may be smaller)."""
+def plan_units(files: list[Path]) -> list[Unit]:
+    """Consecutive pieces of the input grouped into about UNITS units, each within UNIT_BYTES but the last."""
+    unit_bytes = min(max(sum(path.stat().st_size for path in files) // UNITS, UNIT_BYTES[0]), UNIT_BYTES[1])
     units, pieces, weight = [], [], 0
     for piece in (piece for path in files for piece in file_pieces(path, unit_bytes)):
         pieces.append(piece)
@@ -436,42 +439,46 @@ def aligned_stream(
     student_specials: tuple[Optional[int], Optional[int]],
     teacher_specials: tuple[Optional[int], Optional[int]],
 ) -> AlignedStream:
-    """Documents as both tokenizers encode them (no added tokens): the student's (ids, offsets), the teacher's ids and
-    `align`'s ranges, each document's own; with each side's BOS/EOS added, back to back."""
+    """Documents back to back, each with both sides' BOS/EOS added.
+
+    Arguments: per document, its text, the student's (ids, offsets) and the teacher's ids without added tokens, and
+    `align`'s ranges between the two; the (BOS, EOS) ids each side adds (or None).
+    """
     s_head, s_tail = map(_added, student_specials)
     t_head, t_tail = map(_added, teacher_specials)
-    h, t = len(s_head), len(s_tail)
+    no_ranges = np.zeros((len(s_head), 2), np.int64), np.zeros((len(s_tail), 2), np.int64)
 
-    def stream(parts: Iterable[np.ndarray], head: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    def back_to_back(parts: Iterable[np.ndarray], head: np.ndarray, tail: np.ndarray) -> np.ndarray:
         return np.concatenate([piece for part in parts for piece in (head, part, tail)])
 
-    no_range = np.zeros((h, 2), np.int64), np.zeros((t, 2), np.int64)
-    student_counts = np.array([len(ids) + h + t for ids, _ in student])  # (D,)
-    teacher_counts = np.array([len(ids) + len(t_head) + len(t_tail) for ids in teacher_ids])  # (D,)
-    document = np.repeat(np.arange(len(texts)), student_counts)  # (N,)
-    teacher_start = (np.cumsum(teacher_counts) - teacher_counts)[document]  # (N,) first teacher token of the document
-    # Each document's ranges move past the teachers tokens before it and its own BOS; added tokens are unmapped.
-    ranges = np.concatenate([piece for r in ranges for piece in (no_range[0], r, no_range[1])])  # (N, 2)
-    mapped = ranges[:, 0] < ranges[:, 1]  # (N,)
-    ranges[mapped] += (teacher_start + len(t_head))[mapped, None]
-    # Where unmapped tokens sit: after the teacher tokens of the earlier tokens of their document. The running maximum
-    # may run across documents, as each one's teacher tokens come after the previous one's.
+    student_counts = np.array([len(ids) for ids, _ in student]) + len(s_head) + len(s_tail)  # (D,)
+    teacher_counts = np.array([len(ids) for ids in teacher_ids]) + len(t_head) + len(t_tail)  # (D,)
+    document = np.repeat(np.arange(len(texts)), student_counts)  # (N,) each token's document
+    teacher_start = (np.cumsum(teacher_counts) - teacher_counts)[document]  # (N,) its document's first teacher token
+    # Ranges move past the teacher tokens of the documents before and the teacher's BOS; added tokens are unmapped.
+    stream_ranges = back_to_back(ranges, *no_ranges)  # (N, 2)
+    mapped = stream_ranges[:, 0] < stream_ranges[:, 1]  # (N,)
+    stream_ranges[mapped] += (teacher_start + len(t_head))[mapped, None]
+    # An unmapped token sits after the teacher tokens of the earlier tokens of its document. The running maximum may
+    # run across documents: each one's teacher tokens come after the previous one's.
     floor = teacher_start + len(t_head)  # (N,)
-    ends = np.maximum.accumulate(np.where(mapped, ranges[:, 1], floor))  # (N,)
+    ends = np.maximum.accumulate(np.where(mapped, stream_ranges[:, 1], floor))  # (N,)
     after = np.maximum(np.concatenate([[0], ends[:-1]]), floor)  # (N,)
-    cover = np.where(mapped[:, None], ranges, after[:, None])  # (N, 2)
-    last = np.cumsum(student_counts) - 1  # (D,)
-    cover[last - student_counts + 1, 0] = teacher_start[last]
+    cover = np.where(mapped[:, None], stream_ranges, after[:, None])  # (N, 2)
+    last = np.cumsum(student_counts) - 1  # (D,) each document's last token
+    first = last - student_counts + 1  # (D,)
+    cover[first, 0] = teacher_start[first]
     cover[last, 1] = teacher_start[last] + teacher_counts
-    # Bytes: added tokens end where their document starts, so they add none.
-    offsets = stream((o for _, o in student), *no_range)  # (N, 2)
-    character_starts = np.cumsum([0] + [len(text) for text in texts[:-1]])[document]  # (N,)
+    # Added tokens get offsets (0, 0): they end where their document starts, so they add no bytes.
+    offsets = back_to_back((o for _, o in student), *no_ranges)  # (N, 2)
+    characters = np.array([len(text) for text in texts])  # (D,)
+    character_starts = (np.cumsum(characters) - characters)[document]  # (N,)
     return AlignedStream(
-        student_ids=stream((ids for ids, _ in student), s_head, s_tail),
-        ranges=ranges,
+        student_ids=back_to_back((ids for ids, _ in student), s_head, s_tail),
+        ranges=stream_ranges,
         cover=cover,
         token_bytes=token_bytes("".join(texts), offsets, character_starts),
-        teacher_ids=stream(teacher_ids, t_head, t_tail),
+        teacher_ids=back_to_back(teacher_ids, t_head, t_tail),
     )
 
 
@@ -781,16 +788,17 @@ def block_settings(
 
 
 def prepare(
+    *,
     student: Path,
     teacher: Path,
-    input: list[Path],
+    input: Union[list[Path], Path],
     output: Path,
     max_seq_length: int = 2048,
     teacher_max_length: Optional[int] = None,
     num_workers: Optional[int] = None,
     text_key: str = "text",
     val_fraction: Optional[float] = None,
-    val_input: Optional[list[Path]] = None,
+    val_input: Optional[Union[list[Path], Path]] = None,
 ) -> None:
     """Tokenize text with both tokenizers, align them and pack it into LitData shards for `--data VocAgnoData`.
 
@@ -801,8 +809,8 @@ def prepare(
     Arguments:
         student: The student's LitGPT checkpoint dir, tokenizer dir or tokenizer.json.
         teacher: The teacher's LitGPT checkpoint dir, tokenizer dir or tokenizer.json.
-        input: Files or directories (searched recursively) of .txt (one document per file), .jsonl (one per line)
-            and .parquet (one per row, e.g. OpenWebMath) files.
+        input: A file or directory, or a list of them (`--input [a,b]`); directories are searched recursively for .txt
+            (one document per file), .jsonl (one per line) and .parquet (one per row, e.g. OpenWebMath) files.
         output: A new or empty directory.
         max_seq_length: Student tokens per training sequence; blocks hold one more (inputs and shifted targets).
         teacher_max_length: Teacher tokens per block at most; student tokens whose teacher tokens lie beyond are
@@ -813,7 +821,7 @@ def prepare(
             question,answer), are joined with a blank line between them.
         val_fraction: Share of the documents for validation, chosen by a hash of their text (so the same on every
             run). Default: 0.01, unless --val_input is given.
-        val_input: Files or directories for validation instead of a share of --input.
+        val_input: Files or directories (as --input) for validation instead of a share of --input.
     """
     # Every check before any work.
     if max_seq_length < 1:
