@@ -741,11 +741,11 @@ def output_state(output: Path, settings: dict) -> Literal["new", "done", "resume
         )
     if PARTIAL in entries and set(entries) <= {PARTIAL, *SPLITS}:
         settings_file = output / PARTIAL / "settings.json"
-        if not settings_file.is_file() and entries == [PARTIAL]:  # killed before it wrote anything
-            return "new"
-        recorded = json.loads(settings_file.read_text(encoding="utf-8"))["settings"]
+        recorded = json.loads(settings_file.read_text(encoding="utf-8"))["settings"] if settings_file.is_file() else {}
         if recorded == settings:
             return "resume"
+        if not any((output / PARTIAL / f"{split}.json").is_file() for split in SPLITS):
+            return "new"  # an unfinished run that finished no split (it failed, or was killed early): start over
         raise FileExistsError(
             f"--output {output} holds an unfinished `vocagnolm prepare` with other settings"
             f" ({_differences(recorded, settings)}). Re-run that command to finish it, give another --output, or"
