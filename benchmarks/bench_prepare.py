@@ -117,9 +117,6 @@ def main() -> None:
     parser.add_argument("--memory_of", type=Path, nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    import litdata.helpers
-
-    litdata.helpers._get_newer_version = lambda version: None  # no PyPI version check (30 s timeout) per process
 
     if args.memory_of:  # the child process of `peak_memory`
         data.CHUNK_BYTES = args.chunk_bytes

@@ -165,10 +165,8 @@ def test_encode_equals_tokenizer_offsets(tokenizers, name):
     [
         # NFC folds "e" + combining acute into one character: the text changes, so the table does not hold.
         ("qwen2.5", "cafe\u0301"),
-        # Added tokens match the raw text, outside the model's vocabulary.
-        ("qwen2.5", "a <|endoftext|> b"),
-        ("tinyllama-1.1b", "a </s> b"),
-        ("mistral-7b-v0.1", "a <s> b"),
+        # Non-special added tokens still match the raw text, outside the model's vocabulary.
+        ("qwen2.5", "a <tool_call> b"),
         # A literal "▁" is three bytes, not the one space it stands for in a piece.
         ("llemma-7b", "a ▁ b"),
     ],
@@ -179,6 +177,17 @@ def test_encode_falls_back_where_the_text_changes(tokenizers, name, text):
     ids, offsets = encode(tokenizer, text)
     assert alignment._derived_offsets(table, ids, text) is None
     np.testing.assert_array_equal(offsets, reference_offsets(tokenizer, text))
+
+
+@pytest.mark.parametrize(("name", "text"), [("qwen2.5", "a <|endoftext|> b"), ("tinyllama-1.1b", "a </s> b <s>"),
+                                           ("mistral-7b-v0.1", "a <s> b")])  # fmt: skip
+def test_special_tokens_written_in_the_text_are_encoded_as_text(tokenizers, name, text):
+    tokenizer = tokenizers[name]
+    specials = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    ids, offsets = encode(tokenizer, text)
+    assert not {tokenizer.id_to_token(int(i)) for i in ids} & specials
+    np.testing.assert_array_equal(offsets, reference_offsets(tokenizer, text))
+    assert tokenizer.decode(ids.tolist()) == text
 
 
 def test_encode_derives_offsets_from_ids_on_real_text(tokenizers):

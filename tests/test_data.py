@@ -42,16 +42,14 @@ UNICODE_DOCS = [
 ]
 
 
-def small_units_offline(monkeypatch):
-    # LitData asks PyPI for its latest version (30 s timeout) whenever it writes or opens a dataset.
-    monkeypatch.setattr("litdata.helpers._get_newer_version", lambda version: None)
+def small_units(monkeypatch):
     # Units of 4 KB, so that the small corpus spreads over many units (and files over several) and both workers.
     monkeypatch.setattr(data, "UNIT_BYTES", (4096, 4096))
 
 
 @pytest.fixture(autouse=True)
 def environment(monkeypatch):
-    small_units_offline(monkeypatch)
+    small_units(monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +121,7 @@ def prepared(corpus, tmp_path_factory):
     root = corpus[0]
     output = tmp_path_factory.mktemp("prepared") / "out"
     with pytest.MonkeyPatch.context() as monkeypatch:
-        small_units_offline(monkeypatch)
+        small_units(monkeypatch)
         prepare(**prepare_args(root, output))
     return output
 

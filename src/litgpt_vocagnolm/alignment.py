@@ -57,19 +57,28 @@ def find_tokenizer_file(path: Union[str, Path]) -> Path:
     )
 
 
+def read_tokenizer_json(file: Path) -> bytes:
+    """The bytes of a tokenizer.json, decompressed when gzipped: a .gz copy is the same tokenizer as the plain file."""
+    data = Path(file).read_bytes()
+    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+
+
 def load_tokenizer(path: Union[str, Path]) -> Tokenizer:
-    """A Hugging Face fast tokenizer from a tokenizer.json (gzipped or not), tokenizer dir or LitGPT checkpoint dir."""
+    """A Hugging Face fast tokenizer from a tokenizer.json (gzipped or not), tokenizer dir or LitGPT checkpoint dir.
+
+    Special tokens written out in the text (a literal "</s>" or "<|endoftext|>" in a web page) are encoded as the
+    text they are: training data must not smuggle control tokens in, and every character must keep its offsets.
+    """
     file = find_tokenizer_file(path)
-    data = file.read_bytes()
     try:
-        if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
-        return Tokenizer.from_str(data.decode("utf-8"))
+        tokenizer = Tokenizer.from_str(read_tokenizer_json(file).decode("utf-8"))
     except Exception as error:  # tokenizers raises a bare Exception for malformed files
         raise ValueError(
             f"{str(file)!r} is not a fast-tokenizer JSON file (the tokenizer.json written by Hugging Face tokenizers):"
             f" {error}"
         ) from error
+    tokenizer.encode_special_tokens = True
+    return tokenizer
 
 
 class _OffsetTable(NamedTuple):

@@ -45,7 +45,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+import litdata.helpers
 from litdata import StreamingDataLoader, StreamingDataset, optimize
+from litdata.streaming.sampler import ChunkedIndex
 from litgpt.data import DataModule
 from tokenizers import Tokenizer
 
@@ -56,7 +58,12 @@ from litgpt_vocagnolm.alignment import (
     encode_batch,
     find_tokenizer_file,
     load_tokenizer,
+    read_tokenizer_json,
 )
+
+# LitData asks PyPI for a newer version of itself whenever a dataset is written or opened (30 s timeout): a network
+# call in every run and loader worker, which stalls firewalled cluster nodes. Nothing here should reach the network.
+litdata.helpers._get_newer_version = lambda version: None
 
 FORMAT = "vocagnolm-blocks/1"
 MANIFEST = "manifest.json"
@@ -97,6 +104,11 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def tokenizer_sha256(file: Path) -> str:
+    """sha256 of the tokenizer's JSON: a gzipped copy of a tokenizer hashes the same as the plain file."""
+    return hashlib.sha256(read_tokenizer_json(file)).hexdigest()
 
 
 def document_specials(tokenizer_file: Path, tokenizer: Tokenizer) -> tuple[Optional[int], Optional[int]]:
@@ -143,7 +155,7 @@ def tokenizer_info(file: Path) -> TokenizerInfo:
     tokenizer = cached_tokenizer(path)
     bos_id, eos_id = document_specials(file, tokenizer)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    return TokenizerInfo(path, file_sha256(file), vocab_size, bos_id, eos_id)
+    return TokenizerInfo(path, tokenizer_sha256(file), vocab_size, bos_id, eos_id)
 
 
 def same_vocabulary(student: TokenizerInfo, teacher: TokenizerInfo) -> bool:
@@ -847,8 +859,8 @@ def prepare(
     student_file, teacher_file = find_tokenizer_file(student), find_tokenizer_file(teacher)
     settings = {
         "format": FORMAT,
-        "student": {"path": str(student_file.resolve()), "sha256": file_sha256(student_file)},
-        "teacher": {"path": str(teacher_file.resolve()), "sha256": file_sha256(teacher_file)},
+        "student": {"path": str(student_file.resolve()), "sha256": tokenizer_sha256(student_file)},
+        "teacher": {"path": str(teacher_file.resolve()), "sha256": tokenizer_sha256(teacher_file)},
         "input": [[str(p.resolve()), p.stat().st_size] for p in files],
         "val_input": [[str(p.resolve()), p.stat().st_size] for p in val_files],
         "max_seq_length": max_seq_length,
@@ -993,15 +1005,34 @@ def load_manifest(path: Path) -> dict:
     return manifest
 
 
-def open_split(path: Path, split: str, manifest: dict, shuffle: bool = False, seed: int = 42) -> StreamingDataset:
-    """The split's StreamingDataset, after checking its index is the one the manifest recorded."""
+class BlockDataset(StreamingDataset):
+    """A split's stored blocks; with a teacher loss cache, each item also carries its block's cached `teacher_loss`
+    (looked up by the block's index in the split, in the loader's worker processes)."""
+
+    def __init__(self, path: Path, split: str, shuffle: bool, seed: int, teacher_cache: Optional[Path] = None) -> None:
+        super().__init__(input_dir=str(Path(path) / split), shuffle=shuffle, seed=seed)
+        from litgpt_vocagnolm.teacher import TeacherLossCache  # teacher.py imports this module
+
+        self.teacher_losses = None if teacher_cache is None else TeacherLossCache(teacher_cache, split)
+
+    def __getitem__(self, index: Any) -> Any:
+        item = super().__getitem__(index)
+        if self.teacher_losses is not None:
+            item["teacher_loss"] = self.teacher_losses[index.index if isinstance(index, ChunkedIndex) else index]
+        return item
+
+
+def open_split(
+    path: Path, split: str, manifest: dict, shuffle: bool = False, seed: int = 42, teacher_cache: Optional[Path] = None
+) -> BlockDataset:
+    """The split's blocks, after checking its index is the one the manifest recorded."""
     index = Path(path) / split / "index.json"
     if not index.is_file() or file_sha256(index) != manifest["splits"][split]["index_sha256"]:
         raise ValueError(
             f"{index} is missing or not the one {Path(path) / MANIFEST} recorded: the folder mixes two preparations."
             " Prepare the data again into a new --output."
         )
-    return StreamingDataset(input_dir=str(Path(path) / split), shuffle=shuffle, seed=seed)
+    return BlockDataset(path, split, shuffle=shuffle, seed=seed, teacher_cache=teacher_cache)
 
 
 def decode_block(item: dict[str, Any], block_size: int) -> dict[str, Any]:
@@ -1050,7 +1081,7 @@ def collate_blocks(
     for row, block in enumerate(blocks):
         teacher_ids[row, : len(block["teacher_ids"])] = torch.from_numpy(block["teacher_ids"])
         teacher_valid[row, : len(block["teacher_ids"])] = True
-    return {
+    batch = {
         "input_ids": student_ids[:, :-1],
         "targets": student_ids[:, 1:].masked_fill(padding[:, 1:], -100),
         "teacher_ids": teacher_ids,
@@ -1058,6 +1089,11 @@ def collate_blocks(
         "ranges": torch.from_numpy(np.stack([block["ranges"][1:] for block in blocks])),  # (B, T, 2)
         "num_bytes": torch.tensor([block["num_bytes"] for block in blocks]),
     }
+    if "teacher_loss" in items[0]:  # from a teacher loss cache
+        batch["teacher_loss"] = torch.full((len(blocks), width), float("nan"))  # (B, M)
+        for row, item in enumerate(items):
+            batch["teacher_loss"][row, : len(item["teacher_loss"])] = torch.from_numpy(item["teacher_loss"])
+    return batch
 
 
 @dataclass
@@ -1072,6 +1108,7 @@ class VocAgnoData(DataModule):
         ranges         (B, T, 2) long for each target token, the range `[a, b)` of teacher positions in its row
                                       whose characters cover it; `a == b`: unmapped
         num_bytes      (B,) long      UTF-8 bytes of the text the targets cover (for bits per byte)
+        teacher_loss   (B, M) float32 with `teacher_cache` set: the cached teacher losses, NaN where unavailable
     The loaders are stateful (`state_dict` / `load_state_dict`), so a resumed run continues mid-epoch.
     """
 
@@ -1084,6 +1121,8 @@ class VocAgnoData(DataModule):
     chunks: Optional[int] = None
     """Replace each block's ranges by chunk alignment into this many chunks (the `chunk` baseline)."""
     batch_size: int = field(default=1, init=False, repr=False)
+    teacher_cache: Optional[Path] = field(default=None, init=False, repr=False)
+    """Set by the recipe from --teacher.cache: attach the cached teacher losses to each batch."""
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -1113,7 +1152,7 @@ class VocAgnoData(DataModule):
             if given is None:
                 continue
             recorded, file = self.manifest[side], find_tokenizer_file(given)
-            sha256 = file_sha256(file)
+            sha256 = tokenizer_sha256(file)
             if sha256 != recorded["sha256"]:
                 raise ValueError(
                     f"The {side} tokenizer is not the one {self.path} was prepared with:\n"
@@ -1127,7 +1166,7 @@ class VocAgnoData(DataModule):
         return self.manifest["same_vocabulary"]
 
     def _loader(self, split: str, shuffle: bool) -> StreamingDataLoader:
-        dataset = open_split(self.path, split, self.manifest, shuffle=shuffle, seed=self.seed)
+        dataset = open_split(self.path, split, self.manifest, shuffle, self.seed, self.teacher_cache)
         return StreamingDataLoader(
             dataset,
             batch_size=self.batch_size,
