@@ -22,7 +22,7 @@ BIN = Path(sys.executable).parent
 TESTS = Path(__file__).resolve().parent
 
 
-def recipe_config(tmp_path: Path, data_path: Path, teacher: Path | None, **overrides) -> Path:
+def recipe_config(tmp_path: Path, data_path: Path, teacher_dir: Path | None, **overrides) -> Path:
     """A YAML for `--config`, like recipes/demo-cpu.yaml but smaller; `overrides` replace top-level keys."""
     config = {
         "model_config": yaml.safe_load(student_config_yaml(tmp_path / "student.json").read_text()),
@@ -38,7 +38,7 @@ def recipe_config(tmp_path: Path, data_path: Path, teacher: Path | None, **overr
         "devices": 1,
         "logger_name": "csv",
         "seed": 7,
-        "teacher": {"checkpoint_dir": None if teacher is None else str(teacher)},
+        "teacher": {"checkpoint_dir": None if teacher_dir is None else str(teacher_dir)},
         "guidance": {"method": "vocagnolm", "top_k": 0.4},
         "compile": False,
     }

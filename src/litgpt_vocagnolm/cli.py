@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
         "How two tokenizers cut a text and how Token-level Lexical Alignment maps them",
     ),
     "prepare": ("litgpt_vocagnolm.data:prepare", "Tokenize with both tokenizers, align, and write LitData shards"),
+    "score-teacher": (
+        "litgpt_vocagnolm.teacher:score_teacher",
+        "Score prepared data once with the teacher; train with --teacher.cache instead of a live teacher",
+    ),
     "evaluate": (
         "litgpt_vocagnolm.evaluate:evaluate",
         "Accuracy on the paper's 9 math benchmarks (few-shot CoT) and bits per byte",

@@ -48,11 +48,11 @@ from litgpt.utils import (
 )
 
 from litgpt_vocagnolm.alignment import load_tokenizer, vocab_overlap
-from litgpt_vocagnolm.data import VocAgnoData
+from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
 from litgpt_vocagnolm.evaluate import bits_per_byte
 from litgpt_vocagnolm.models import register
 from litgpt_vocagnolm.loss import GuidanceArgs, guided_loss, per_token_cross_entropy
-from litgpt_vocagnolm.teacher import TeacherArgs, check_checkpoint_dir, load_teacher, teacher_token_loss
+from litgpt_vocagnolm.teacher import TeacherArgs, check_cache, check_checkpoint_dir, load_teacher, teacher_token_loss
 
 
 @dataclass
@@ -607,6 +607,14 @@ def check_setup(
             f"--guidance.method {guidance.method} needs aligned data: --data VocAgnoData --data.path DIR"
             f" (from `vocagnolm prepare`), not {type(data).__name__}. Only `ce` trains on plain LitGPT data."
         )
+    if teacher.cache is not None:
+        if guidance.needs_teacher_logits:
+            raise ValueError(
+                f"--guidance.method {guidance.method} distils the teacher's logits; a --teacher.cache holds only its"
+                " per-token losses. Drop --teacher.cache and pass --teacher.checkpoint_dir."
+            )
+        check_cache(teacher.cache, data.path / MANIFEST, teacher.checkpoint_dir)
+        data.teacher_cache = teacher.cache  # the loaders attach each block's cached teacher losses
     if needs_teacher(guidance) and teacher.cache is None:
         if teacher.checkpoint_dir is None:
             raise ValueError(

@@ -1,0 +1,114 @@
+"""The teacher loss cache: `vocagnolm score-teacher` once, then train without the teacher."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import MISTRAL, ROOT, make_checkpoint, tiny_config
+from litgpt.config import Config
+from litgpt.model import GPT
+from test_recipe import litgpt_pretrain, metrics, recipe_config
+
+from litgpt_vocagnolm.data import iter_blocks
+from litgpt_vocagnolm.teacher import TeacherLossCache, check_cache, teacher_token_loss
+
+BIN = Path(sys.executable).parent
+
+
+def score(data: Path, teacher: Path, output: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [str(BIN / "vocagnolm"), "score-teacher", "--data", str(data), "--teacher", str(teacher),
+               "--output", str(output), "--batch_size", "4", *args]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory, tinyllama_mistral_data, mistral_teacher) -> Path:
+    output = tmp_path_factory.mktemp("cache") / "mistral"
+    score(tinyllama_mistral_data, mistral_teacher, output, "--blocks_per_shard", "64")
+    return output
+
+
+def test_cache_holds_the_teachers_losses_in_16_bit(cache, tinyllama_mistral_data, mistral_teacher):
+    manifest = json.loads((cache / "manifest.json").read_text())
+    for split in ("train", "val"):
+        c = manifest["splits"][split]
+        shards = -(-c["blocks"] // 64)
+        # 2 bytes per teacher token, less each window's first; 4 bytes of offsets per block; 2 npy headers per shard.
+        assert c["bytes"] <= 2 * c["teacher_tokens"] + 4 * (c["blocks"] + shards) + 2 * 128 * shards
+    model = GPT(Config.from_file(mistral_teacher / "model_config.yaml"))
+    model.load_state_dict(torch.load(mistral_teacher / "lit_model.pth", weights_only=True))
+    model.eval()
+    cached = TeacherLossCache(cache, "val")
+    for index, block in enumerate(iter_blocks(tinyllama_mistral_data, "val")):
+        if index >= 6:
+            break
+        ids = torch.from_numpy(block["teacher_ids"])[None]
+        with torch.no_grad():
+            online = teacher_token_loss(model(ids), ids, torch.ones_like(ids, dtype=torch.bool))[0]
+        stored = torch.from_numpy(cached[index])
+        assert torch.isnan(stored[0]) and not torch.isnan(stored[1:]).any()
+        # float16 keeps 11 significant bits: a relative error of at most 2**-11 per loss.
+        torch.testing.assert_close(stored, online, rtol=2**-11, atol=0, equal_nan=True)
+
+
+def test_rerun_is_a_no_op_and_a_killed_run_resumes(tmp_path, cache, tinyllama_mistral_data, mistral_teacher):
+    again = score(tinyllama_mistral_data, mistral_teacher, cache, "--blocks_per_shard", "64")
+    assert "nothing to do" in again.stdout
+
+    output = tmp_path / "killed"
+    command = [str(BIN / "vocagnolm"), "score-teacher", "--data", str(tinyllama_mistral_data), "--teacher",
+               str(mistral_teacher), "--output", str(output), "--blocks_per_shard", "64", "--batch_size", "4"]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = output / "train" / "000000.losses.npy"
+    deadline = time.time() + 300
+    while not first.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert first.exists() and not (output / "manifest.json").exists()
+    done_before = {p.name: p.stat().st_mtime_ns for p in (output / "train").glob("*.losses.npy")}
+
+    resumed = score(tinyllama_mistral_data, mistral_teacher, output, "--blocks_per_shard", "64")
+    assert "Train with --teacher.cache" in resumed.stdout
+    for name, mtime in done_before.items():  # finished shards were not scored again
+        assert (output / "train" / name).stat().st_mtime_ns == mtime
+    for path in sorted((cache / "train").glob("*.npy")) + sorted((cache / "val").glob("*.npy")):
+        np.testing.assert_array_equal(np.load(output / path.parent.name / path.name), np.load(path))
+
+
+def test_cache_mismatch_fails_at_startup(tmp_path, cache, tinyllama_mistral_data, tinyllama_qwen_data):
+    with pytest.raises(ValueError, match="scored on other data"):
+        check_cache(cache, tinyllama_qwen_data / "manifest.json", None)
+    other = make_checkpoint(tmp_path / "other-teacher", tiny_config("t", 32000, n_layer=2), MISTRAL)
+    with pytest.raises(ValueError, match="whose config and weights differ"):
+        check_cache(cache, tinyllama_mistral_data / "manifest.json", other)
+    with pytest.raises(FileNotFoundError, match="score-teacher"):
+        check_cache(tmp_path, tinyllama_mistral_data / "manifest.json", None)
+
+
+@pytest.mark.slow
+def test_training_with_the_cache_follows_the_online_teacher(tmp_path, cache, tinyllama_mistral_data, mistral_teacher):
+    """Same seed, same data order: the cached run must select the same share and follow the same loss curve.
+
+    The cache rounds each teacher loss to float16 (relative error <= 2**-11, about 0.005 at a loss of 10), which can
+    only move a token across the top-k threshold when its excess loss lies within that distance of it; the curves
+    therefore agree to about 1e-3, not bit for bit.
+    """
+    curves = {}
+    for name, teacher in (("online", {"checkpoint_dir": str(mistral_teacher)}), ("cached", {"cache": str(cache)})):
+        (tmp_path / name).mkdir()
+        litgpt_pretrain(recipe_config(tmp_path / name, tinyllama_mistral_data, None, teacher=teacher))
+        curves[name] = metrics(tmp_path / name / "out")
+    assert len(curves["online"]) == len(curves["cached"]) == 12
+    for online, cached in zip(curves["online"], curves["cached"]):
+        assert cached["selected_fraction"] == pytest.approx(online["selected_fraction"], abs=1e-6)
+        assert cached["loss"] == pytest.approx(online["loss"], rel=1e-3)
+        assert cached["teacher_loss"] == pytest.approx(online["teacher_loss"], rel=1e-3)
