@@ -16,6 +16,8 @@ from litgpt_vocagnolm.data import VocAgnoData, collate_blocks, open_split
 @dataclass
 class BlockList(VocAgnoData):
     def train_dataloader(self) -> DataLoader:
-        items = list(open_split(self.path, "train", self.manifest))
+        # By index: iterating a StreamingDataset inside a process group yields only this rank's share.
+        dataset = open_split(self.path, "train", self.manifest)
+        items = [dataset[i] for i in range(self.manifest["splits"]["train"]["blocks"])]
         collate = functools.partial(collate_blocks, block_size=self.manifest["block_size"], chunks=self.chunks)
         return DataLoader(items, batch_size=self.batch_size, shuffle=False, collate_fn=collate)

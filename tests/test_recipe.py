@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import MISTRAL, QWEN, ROOT, TINYLLAMA, student_config_yaml
+from conftest import MISTRAL, QWEN, ROOT, TINYLLAMA, make_checkpoint, student_config_yaml, tiny_config
 from jsonargparse import CLI, capture_parser
 
 from litgpt_vocagnolm.loss import GuidanceArgs
@@ -105,8 +105,13 @@ def test_guided_training_end_to_end_with_qwen_teacher(tmp_path, tinyllama_qwen_d
 
 @pytest.mark.slow
 def test_two_process_fsdp_matches_one_process(tmp_path, tinyllama_mistral_data, mistral_teacher):
-    """FSDP2 (ModelParallelStrategy, gloo) on 2 CPU processes = 1 process accumulating the same 2 micro-batches."""
+    """FSDP2 (ModelParallelStrategy, gloo) on 2 CPU processes = 1 process accumulating the same 2 micro-batches.
+
+    Both continue from one student checkpoint, as continual pretraining does: initialising on the meta device and
+    materialising each shard draws the random numbers in another order than one process does.
+    """
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    student = make_checkpoint(tmp_path / "student", tiny_config("student", 32000, block_size=64), TINYLLAMA, seed=3)
     curves = {}
     for devices in (1, 2):
         run_dir = tmp_path / f"devices-{devices}"
@@ -114,7 +119,7 @@ def test_two_process_fsdp_matches_one_process(tmp_path, tinyllama_mistral_data, 
         config = recipe_config(
             run_dir, tinyllama_mistral_data, mistral_teacher,
             data={"class_path": "block_list_data.BlockList", "init_args": {"path": str(tinyllama_mistral_data)}},
-            devices=devices,
+            devices=devices, initial_checkpoint_dir=str(student),
         )  # fmt: skip
         litgpt_pretrain(config, "--train.micro_batch_size", "1", "--train.global_batch_size", "2",
                         "--train.max_tokens", str(6 * 2 * 64), "--train.save_interval", "null", env=env)  # fmt: skip
@@ -187,9 +192,7 @@ def test_bad_configuration_fails_before_any_model(tmp_path, tinyllama_mistral_da
     assert "--teacher.checkpoint_dir" in message
 
 
-def test_teacher_vocabulary_larger_than_padded_size_fails(tmp_path, tinyllama_qwen_data, gsm8k_sample):
-    from conftest import make_checkpoint, tiny_config
-
+def test_teacher_vocabulary_larger_than_padded_size_fails(tmp_path, tinyllama_qwen_data):
     config = tiny_config("too-small", 32000)  # Qwen's tokenizer has 151,665 tokens
     teacher = make_checkpoint(tmp_path / "teacher", config, QWEN)
     message = _setup_error(tmp_path, tinyllama_qwen_data, teacher)

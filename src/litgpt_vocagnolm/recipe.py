@@ -41,7 +41,6 @@ from litgpt.utils import (
     find_resume_path,
     init_out_dir,
     instantiate_torch_optimizer,
-    load_checkpoint,
     num_parameters,
     parse_devices,
     save_config,
@@ -52,7 +51,14 @@ from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
 from litgpt_vocagnolm.evaluate import bits_per_byte
 from litgpt_vocagnolm.models import register
 from litgpt_vocagnolm.loss import GuidanceArgs, guided_loss, per_token_cross_entropy
-from litgpt_vocagnolm.teacher import TeacherArgs, check_cache, check_checkpoint_dir, load_teacher, teacher_token_loss
+from litgpt_vocagnolm.teacher import (
+    TeacherArgs,
+    check_cache,
+    check_checkpoint_dir,
+    load_teacher,
+    load_weights,
+    teacher_token_loss,
+)
 
 
 @dataclass
@@ -245,7 +251,7 @@ def main(
 
     resume = find_resume_path(resume, out_dir)
     if initial_checkpoint_dir and not resume:
-        load_checkpoint(fabric, model, initial_checkpoint_dir / "lit_model.pth")
+        load_weights(model, initial_checkpoint_dir / "lit_model.pth")
 
     # The teacher is not here: it is frozen, so it is reloaded on resume and never saved.
     state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0}
@@ -304,7 +310,10 @@ def fit(
     max_iters = train.max_tokens // fabric.world_size // tokens_per_iter
     if train.max_steps is not None:
         max_iters = min(max_iters, train.max_steps * accumulation)
-    warmup_iters = train.warmup_iters(devices, num_nodes, max_iters, train_dataloader)
+    # The schedule counts optimizer steps, not micro-batches as litgpt.pretrain does, so that step k gets the same
+    # learning rate whatever the split of the global batch into devices and accumulation.
+    max_steps = max_iters // accumulation
+    warmup_steps = train.warmup_iters(devices, num_nodes, max_iters, train_dataloader) // accumulation
     log_iter_interval = train.log_interval * accumulation
     fabric.print(
         f"Tokens per optimizer step: {tokens_per_iter * accumulation * fabric.world_size:,}"
@@ -323,7 +332,7 @@ def fit(
     for batch in train_iterator:
         if state["iter_num"] >= max_iters:
             break
-        lr = get_lr(optimizer.defaults["lr"], state["iter_num"], warmup_iters, max_iters, train.min_lr)
+        lr = get_lr(optimizer.defaults["lr"], state["step_count"] + 1, warmup_steps, max_steps, train.min_lr)
         for param_group in optimizer.param_groups:
             param_group["lr"] = lr
 

@@ -18,7 +18,8 @@ import torch.nn as nn
 from lightning.fabric.strategies import DDPStrategy
 from litgpt.config import Config
 from litgpt.model import GPT
-from litgpt.utils import load_checkpoint, parse_devices
+from litgpt.utils import parse_devices
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from tqdm import tqdm
 
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData, file_sha256, open_split
@@ -87,8 +88,21 @@ def load_teacher(fabric: L.Fabric, checkpoint_dir: Path, dtype: torch.dtype) -> 
     else:
         # setup_module, not setup: no optimizer; under FSDP the frozen teacher is sharded like the student.
         model = fabric.setup_module(model)
-    load_checkpoint(fabric, model, checkpoint_dir / "lit_model.pth")
+    load_weights(model, checkpoint_dir / "lit_model.pth")
     return model
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """A LitGPT checkpoint's weights into a model Fabric has set up, sharded (FSDP2) or not.
+
+    Takes a bare state dict (`litgpt download`) or a training checkpoint with the weights under "model" (what
+    pretraining saves). LitGPT's `load_checkpoint` can't be used under ModelParallelStrategy: it renames keys for
+    LoRA layers. Every rank memory-maps the file and keeps only its own shard of each tensor.
+    """
+    state_dict = torch.load(path, mmap=True, map_location="cpu", weights_only=True)
+    state_dict = state_dict.get("model", state_dict)
+    module = getattr(model, "module", model)  # under the Fabric wrapper
+    set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=True, strict=True))
 
 
 def teacher_token_loss(logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_valid: torch.Tensor) -> torch.Tensor:
