@@ -1,0 +1,146 @@
+"""`vocagnolm demo` in miniature (`quick=True`): the same pipeline, a few steps of everything, and its pieces."""
+
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from litgpt_vocagnolm.alignment import load_tokenizer, vocab_overlap
+from litgpt_vocagnolm.demo import METHODS, QUICK, add_noise, compare, demo, read_corpus, split_heldout
+
+METHOD_NAMES = list(METHODS)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> tuple[Path, str]:
+    """One quick demo with every method (the ablations too), 2 seeds for ce and vocagnolm: (out_dir, its output)."""
+    import contextlib
+    import io
+
+    out_dir = tmp_path_factory.mktemp("demo") / "out"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        demo(out_dir=out_dir, quick=True, methods=tuple(METHOD_NAMES))
+    return out_dir, printed.getvalue()
+
+
+def test_results_csv_has_one_row_per_method_with_the_curve(quick_run):
+    out_dir, _ = quick_run
+    with open(out_dir / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["method"] for row in rows] == METHOD_NAMES
+    curve = [name for name in rows[0] if name.startswith("bpb@")]
+    steps = QUICK.student_tokens // (QUICK.micro_batch_size * QUICK.block_size) // QUICK.evaluations
+    tokens_per_eval = steps * QUICK.micro_batch_size * QUICK.block_size
+    assert curve == [f"bpb@{tokens_per_eval * (i + 1)}" for i in range(QUICK.evaluations)]
+    for row in rows:
+        seeds = int(row["seeds"])
+        assert seeds == (2 if row["method"] in ("ce", "vocagnolm") else 1)
+        bpb, low, high = float(row["heldout_bpb"]), float(row["heldout_bpb_min"]), float(row["heldout_bpb_max"])
+        assert 0 < low <= bpb <= high < 16, row  # a byte holds 8 bits; an untrained model of ~600 tokens ~4-6
+        assert (low == high) == (seeds == 1)
+        assert float(row[curve[-1]]) == pytest.approx(bpb)  # the final figure is the curve's last point
+        # bits per byte = nats per token / ln 2 x tokens per byte: the same held-out text, so one ratio for all
+        assert float(row["heldout_loss"]) > 0 and float(row["tokens_per_sec"]) > 0
+        assert all(math.isfinite(float(row[name])) for name in curve)
+
+
+def test_runs_are_logged_and_checkpointed(quick_run):
+    out_dir, _ = quick_run
+    expected = {"teacher"} | {f"{m}-seed1" for m in METHOD_NAMES} | {"ce-seed2", "vocagnolm-seed2"}
+    assert {p.name for p in (out_dir / "runs").iterdir() if p.is_dir()} == expected
+    teacher = out_dir / "runs" / "teacher" / "final"
+    assert {"lit_model.pth", "model_config.yaml", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in teacher.iterdir()}
+    # The teacher's tokenizer is the very file the students' data was prepared with.
+    manifest = json.loads((out_dir / "data" / "students" / "manifest.json").read_text())
+    from litgpt_vocagnolm.data import file_sha256
+
+    assert manifest["teacher"]["sha256"] == file_sha256(teacher / "tokenizer.json")
+    assert manifest["student"]["sha256"] == file_sha256(out_dir / "tokenizers" / "student" / "tokenizer.json")
+
+
+def test_plot_and_markdown_table_are_written_and_printed(quick_run):
+    out_dir, printed = quick_run
+    import matplotlib.image
+
+    image = matplotlib.image.imread(out_dir / "bpb.png")
+    assert image.shape[:2] == (540, 840)  # 7 x 4.5 inches at 120 dpi
+    assert image[..., :3].std() > 0.05  # not a blank canvas
+
+    table = (out_dir / "results.md").read_text().strip().splitlines()
+    assert table[0].startswith("| method | seeds | held-out bits/byte")
+    assert [line.split("|")[1].strip() for line in table[2:]] == ["teacher (own tokenizer, clean text)", *METHOD_NAMES]
+    assert "\n".join(table) in printed
+    assert re.search(r"Vocabulary overlap \d+\.\d% of the teacher's", printed)
+    assert "vocagnolm vs ce, teacher-guided selection vs naive training" in printed
+
+
+def test_tokenizers_are_two_families_that_round_trip(quick_run):
+    out_dir, _ = quick_run
+    student = load_tokenizer(out_dir / "tokenizers" / "student")
+    teacher = load_tokenizer(out_dir / "tokenizers" / "teacher")
+    assert student.get_vocab_size() == QUICK.student_vocab_size
+    assert teacher.get_vocab_size() == QUICK.teacher_vocab_size
+    text = "Natalia sold 48 clips ∮ naïve 漢字 — $x^2$"
+    # Characters outside the student's alphabet fall back to bytes, in Llama's id layout: <0xE2> is id 3 + 0xE2.
+    ids = student.encode(text, add_special_tokens=False).ids
+    assert student.token_to_id("<0xE2>") == 3 + 0xE2 and 3 + 0xE2 in ids
+    assert student.decode(ids) == text
+    assert teacher.decode(teacher.encode(text, add_special_tokens=False).ids) == text
+    assert student.encode(" 12", add_special_tokens=False).tokens == ["▁", "1", "2"]  # digits split, like Llama
+    assert teacher.encode(" hello", add_special_tokens=False).tokens[0].startswith("Ġ")  # byte-level, like Qwen
+    assert 0 < vocab_overlap(student, teacher) < 0.5
+
+
+def test_noise_covers_its_share_and_keeps_length():
+    rng = np.random.default_rng(0)
+    text = "." * 200_000  # "." is no noise letter, and shuffling dots leaves dots: only letter stretches show
+    noisy = add_noise(text, 0.3, rng)
+    assert len(noisy) == len(text)
+    letters = sum(c != "." for c in noisy) / len(text)
+    assert abs(letters - 0.15) < 0.01  # half the noisy stretches are letters
+    assert all(c == "." or c.isalnum() and c.isascii() for c in noisy)
+    # A shuffle keeps the characters; clean text stays clean.
+    words = "the quick brown fox jumps over the lazy dog " * 2000
+    shuffled = add_noise(words, 0.3, np.random.default_rng(1))
+    assert add_noise(words, 0.0, rng) == words
+    assert shuffled != words and len(shuffled) == len(words)
+    assert add_noise(words, 0.3, np.random.default_rng(1)) == shuffled  # seeded
+
+
+def test_heldout_split_is_a_stable_disjoint_share():
+    documents = read_corpus(ROOT / "data", limit=2000)
+    assert len(documents) == 2000
+    assert sum(d.startswith("Background:") for d in documents[:20]) >= 1  # both sources, interleaved
+    train, heldout = split_heldout(documents, 0.1)
+    assert len(train) + len(heldout) == 2000 and not set(train) & set(heldout)
+    assert 150 < len(heldout) < 250
+    assert split_heldout(documents[::-1], 0.1)[1] == heldout[::-1]  # by text, not by position
+
+
+@pytest.mark.parametrize(
+    "a, b, spread, verdict",
+    [
+        ([2.0, 2.1], [2.2, 2.3], None, "better"),
+        ([2.0, 2.25], [2.2, 2.3], None, "no clear difference"),
+        ([2.4, 2.5], [2.2, 2.3], None, "worse"),
+        ([2.0], [2.2], 0.1, "better"),
+        ([2.0], [2.05], 0.1, "no clear difference"),
+        ([2.0], [2.2], None, "not claimed"),
+    ],
+)
+def test_claims_need_a_gap_beyond_seed_noise(a, b, spread, verdict):
+    assert compare(a, b, spread).split(": ", 1)[1].startswith(verdict)
+
+
+def test_bad_settings_fail_before_any_work(tmp_path):
+    with pytest.raises(ValueError, match="Unknown method"):
+        demo(out_dir=tmp_path, methods=("ce", "rho2"))
+    with pytest.raises(FileNotFoundError, match="--data_dir"):
+        demo(out_dir=tmp_path, data_dir=tmp_path)
+    assert not any(tmp_path.iterdir())
