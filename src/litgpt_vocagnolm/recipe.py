@@ -247,7 +247,9 @@ def main(
     with fabric.rank_zero_first():
         data.prepare_data()
     data.setup()
-    train_dataloader, val_dataloader = fabric.setup_dataloaders(data.train_dataloader(), data.val_dataloader())
+    train_dataloader = data.train_dataloader()
+    stateful = hasattr(train_dataloader, "state_dict")  # LitData's loaders: a resumed run continues mid-epoch
+    train_dataloader, val_dataloader = fabric.setup_dataloaders(train_dataloader, data.val_dataloader())
 
     resume = find_resume_path(resume, out_dir)
     if initial_checkpoint_dir and not resume:
@@ -255,7 +257,7 @@ def main(
 
     # The teacher is not here: it is frozen, so it is reloaded on resume and never saved.
     state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0}
-    if hasattr(train_dataloader, "state_dict"):  # LitData's loaders: resume continues mid-epoch
+    if stateful:  # Fabric saves and restores the loader's position through its state_dict
         state["train_dataloader"] = train_dataloader
     if resume:
         fabric.print(f"Resuming training from {resume}")
