@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo demo-cpu bench clean
 
 install: $(STAMP)
 
@@ -22,6 +22,13 @@ test: install
 
 demo: install
 	$(VENV)/bin/vocagnolm pretrain --config recipes/demo-cpu.yaml
+
+# The tiny recipe alone (plain cross-entropy, TinyLlama's tokenizer): the path CLI -> data -> Fabric -> checkpoint.
+demo-cpu: install
+	test -f out/demo-cpu/data/manifest.json || $(VENV)/bin/vocagnolm prepare \
+		--student tests/fixtures/tokenizers/tinyllama-1.1b --teacher tests/fixtures/tokenizers/qwen2.5 \
+		--input data/gsm8k/train.jsonl --text_key question,answer --output out/demo-cpu/data --max_seq_length 128
+	$(VENV)/bin/litgpt pretrain --recipe vocagnolm --config recipes/demo-cpu.yaml
 
 bench: install
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
