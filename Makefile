@@ -21,7 +21,7 @@ test: install
 	$(PY) -m pytest -q
 
 demo: install
-	$(VENV)/bin/vocagnolm pretrain --config recipes/demo-cpu.yaml
+	$(VENV)/bin/vocagnolm demo
 
 # The tiny recipe alone (plain cross-entropy, TinyLlama's tokenizer): the path CLI -> data -> Fabric -> checkpoint.
 demo-cpu: install

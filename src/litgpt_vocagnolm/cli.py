@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
         "litgpt_vocagnolm.evaluate:evaluate",
         "Accuracy on the paper's 9 math benchmarks (few-shot CoT) and bits per byte",
     ),
+    "demo": ("litgpt_vocagnolm.demo:demo", "The whole method in miniature on a CPU: teacher, students per method, table, plot"),
     "convert_to_litgpt": (
         "litgpt_vocagnolm.models:convert_to_litgpt",
         "litgpt convert_to_litgpt, also for llemma_7b, deepseek-math-7b-* and Mistral-7B-ProXMath",
