@@ -15,6 +15,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from lightning.fabric.strategies import DDPStrategy
 from litgpt.config import Config
 from litgpt.model import GPT
@@ -117,9 +118,10 @@ def teacher_token_loss(logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_
         (B, M) float32: `lt[b, j]` = -log p(teacher_ids[b, j] | teacher_ids[b, :j]); NaN where unavailable: the first
         token of each window (no context inside the window) and padding.
     """
-    targets = teacher_ids[:, 1:].masked_fill(~teacher_valid[:, 1:], -100)
-    loss = per_token_cross_entropy(logits[:, :-1], targets)  # (B, M - 1)
-    loss = torch.cat([torch.full_like(loss[:, :1], float("nan")), loss], dim=1)
+    # Shift the targets, not the logits: `logits[:, :-1]` is not contiguous and would copy the whole (B, M, V) tensor.
+    targets = F.pad(teacher_ids[:, 1:].masked_fill(~teacher_valid[:, 1:], -100), (0, 1), value=-100)  # (B, M)
+    loss = per_token_cross_entropy(logits, targets)  # loss[:, j]: token j + 1, predicted at position j
+    loss = F.pad(loss[:, :-1], (1, 0), value=float("nan"))
     return loss.masked_fill(~teacher_valid, float("nan"))
 
 
