@@ -18,14 +18,14 @@ METHOD_NAMES = list(METHODS)
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> tuple[Path, str]:
-    """One quick demo with every method (the ablations too), 2 seeds for ce and vocagnolm: (out_dir, its output)."""
+    """One quick demo (every method, 2 seeds for ce and vocagnolm): (out_dir, what it printed)."""
     import contextlib
     import io
 
     out_dir = tmp_path_factory.mktemp("demo") / "out"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        demo(out_dir=out_dir, quick=True, methods=tuple(METHOD_NAMES))
+        demo(out_dir=out_dir, quick=True)
     return out_dir, printed.getvalue()
 
 
@@ -55,7 +55,8 @@ def test_runs_are_logged_and_checkpointed(quick_run):
     expected = {"teacher"} | {f"{m}-seed1" for m in METHOD_NAMES} | {"ce-seed2", "vocagnolm-seed2"}
     assert {p.name for p in (out_dir / "runs").iterdir() if p.is_dir()} == expected
     teacher = out_dir / "runs" / "teacher" / "final"
-    assert {"lit_model.pth", "model_config.yaml", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in teacher.iterdir()}
+    files = {p.name for p in teacher.iterdir()}
+    assert {"lit_model.pth", "model_config.yaml", "tokenizer.json", "tokenizer_config.json"} <= files
     # The teacher's tokenizer is the very file the students' data was prepared with.
     manifest = json.loads((out_dir / "data" / "students" / "manifest.json").read_text())
     from litgpt_vocagnolm.data import file_sha256
@@ -74,6 +75,7 @@ def test_plot_and_markdown_table_are_written_and_printed(quick_run):
 
     table = (out_dir / "results.md").read_text().strip().splitlines()
     assert table[0].startswith("| method | seeds | held-out bits/byte")
+    assert len({line.count("|") for line in table}) == 1  # every row has every column
     assert [line.split("|")[1].strip() for line in table[2:]] == ["teacher (own tokenizer, clean text)", *METHOD_NAMES]
     assert "\n".join(table) in printed
     assert re.search(r"Vocabulary overlap \d+\.\d% of the teacher's", printed)
@@ -144,3 +146,19 @@ def test_bad_settings_fail_before_any_work(tmp_path):
     with pytest.raises(FileNotFoundError, match="--data_dir"):
         demo(out_dir=tmp_path, data_dir=tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_documents_for_a_budget_are_a_prefix_with_five_percent_more(quick_run):
+    from litgpt_vocagnolm.demo import documents_for
+
+    out_dir, _ = quick_run
+    tokenizer_dir = out_dir / "tokenizers" / "student"
+    tokenizer = load_tokenizer(tokenizer_dir)
+    texts = read_corpus(ROOT / "data", limit=300)
+    chosen = documents_for(texts, tokenizer_dir, 5000)
+    assert chosen == texts[: len(chosen)]
+    counts = [len(tokenizer.encode(t, add_special_tokens=False).ids) + 1 for t in chosen]
+    assert sum(counts[:-1]) < 5250 <= sum(counts)
+    assert documents_for(iter(texts), tokenizer_dir, 5000) == chosen  # a generator, read lazily, gives the same
+    with pytest.raises(ValueError, match="lower the budget"):
+        documents_for(texts[:3], tokenizer_dir, 5000)
