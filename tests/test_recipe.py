@@ -1,6 +1,7 @@
 """The `vocagnolm` recipe end to end on CPU: tiny models, real tokenizers, the real console scripts."""
 
 import csv
+import math
 import os
 import signal
 import subprocess
@@ -223,3 +224,43 @@ def test_slurm_environment_is_detected(monkeypatch):
     sbatch = (ROOT / "recipes" / "slurm" / "vocagnolm.sbatch").read_text()
     assert "#SBATCH --nodes=4" in sbatch and "#SBATCH --ntasks-per-node=8" in sbatch
     assert "srun litgpt pretrain --recipe vocagnolm" in sbatch and "--devices 8 --num_nodes 4 --resume auto" in sbatch
+
+
+@pytest.fixture(scope="module")
+def same_vocab_data(tmp_path_factory, gsm8k_sample) -> Path:
+    from conftest import prepare_pair
+
+    return prepare_pair(tmp_path_factory.mktemp("data") / "tl-tl", gsm8k_sample, TINYLLAMA, TINYLLAMA)
+
+
+@pytest.mark.parametrize("method", ["ce", "vocagnolm", "chunk", "random", "uld", "rho1", "kld"])
+def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_data, same_vocab_data):
+    """One micro-batch of real prepared data per method: finite loss, gradients on the student only."""
+    from litgpt.model import GPT
+
+    from litgpt_vocagnolm.data import VocAgnoData
+    from litgpt_vocagnolm.recipe import forward_and_loss
+
+    same_vocab = method in ("rho1", "kld")
+    guidance = GuidanceArgs(method=method, num_chunks=4)
+    data = VocAgnoData(path=same_vocab_data if same_vocab else tinyllama_mistral_data, num_workers=0)
+    data.chunks = guidance.num_chunks if method == "chunk" else None
+    data.connect(batch_size=2, max_seq_length=64)
+    guidance.check_tokenizers(same_vocabulary=data.same_vocabulary())
+    batch = next(iter(data.train_dataloader()))
+    torch.manual_seed(0)
+    student, teacher = GPT(tiny_config("s", 32000, block_size=64)), GPT(tiny_config("t", 32000, block_size=256))
+    teacher.requires_grad_(False)
+    generator = torch.Generator().manual_seed(0)
+    loss_sum, weight_sum, metrics, _ = forward_and_loss(student, teacher, batch, guidance, generator=generator)
+    loss_sum.backward()
+    valid = (batch["targets"] != -100).sum()
+    assert torch.isfinite(loss_sum) and 0 < weight_sum <= valid
+    if method in ("vocagnolm", "chunk", "random", "rho1"):  # trains ceil(0.4 * mapped) plus the unmapped tokens
+        mapped = round(metrics["mapped_fraction"].item() * valid.item())
+        assert weight_sum == math.ceil(0.4 * mapped) + (valid - mapped)
+    else:
+        assert weight_sum == valid
+    if method in ("uld", "kld"):
+        assert metrics["distill_loss"] > 0
+    assert all(p.grad is not None for p in student.parameters()) and all(p.grad is None for p in teacher.parameters())
