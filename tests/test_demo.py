@@ -162,3 +162,14 @@ def test_documents_for_a_budget_are_a_prefix_with_five_percent_more(quick_run):
     assert documents_for(iter(texts), tokenizer_dir, 5000) == chosen  # a generator, read lazily, gives the same
     with pytest.raises(ValueError, match="lower the budget"):
         documents_for(texts[:3], tokenizer_dir, 5000)
+
+
+def test_command_line_takes_sizes_and_lists_of_methods():
+    """What `vocagnolm demo ...` parses (jsonargparse, as the CLI runs it): nested sizes, lists, the quick switch."""
+    from jsonargparse import CLI, capture_parser
+
+    parser = capture_parser(lambda: CLI(demo, args=[]))
+    config = parser.parse_args(["--methods", "[ce, vocagnolm]", "--seeds", "[3]", "--sizes.student_tokens", "4096",
+                                "--quick", "true", "--noise", "0"])  # fmt: skip
+    assert config.methods == ("ce", "vocagnolm") and config.seeds == (3,) and config.quick is True
+    assert config.sizes.student_tokens == 4096 and config.sizes.teacher_vocab_size == 6000 and config.noise == 0

@@ -619,7 +619,7 @@ def plot(
     ax.set_ylabel("held-out bits per byte (lower is better)")
     ax.set_title(f"Students on math text with {noise:.0%} noise; selection top-k {top_k}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="lower left", ncol=2)  # below the curves, which fall from the upper left
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
