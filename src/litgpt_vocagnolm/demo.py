@@ -155,7 +155,7 @@ def demo(
         data_dir: The shipped corpus (the repository's data/ folder).
     """
     # Settings, checked before any work.
-    sizes = QUICK if quick else sizes
+    sizes, out_dir, data_dir = (QUICK if quick else sizes), Path(out_dir), Path(data_dir)
     unknown = [m for m in (*methods, *seeded_methods) if m not in METHODS]
     if unknown:
         raise ValueError(f"Unknown method(s) {unknown}: choose from {', '.join(METHODS)}.")
@@ -169,7 +169,6 @@ def demo(
             f"The demo's corpus is not in {data_dir} (missing {', '.join(missing)}): run it from a clone of the"
             " repository, or pass --data_dir DIR with the repository's data/ folder."
         )
-    out_dir = Path(out_dir)
     for folder in ("corpus", "tokenizers", "data", "runs"):
         shutil.rmtree(out_dir / folder, ignore_errors=True)
     runs = [(m, s) for s in seeds for m in methods if s == seeds[0] or m in seeded_methods]
@@ -214,7 +213,7 @@ def demo(
 
     # 4-5. Teacher and students: the recipe, `workers` runs at a time in processes of one thread each (on 2 cores
     # small matrices gain little from a second thread, and the threads of a busy machine wait on each other: a tiny
-    # model trained 100x slower with 2 threads than with 1, seen here).
+    # model's matrix products ran 100x slower with 2 threads than with 1, seen here).
     stage(f"Teacher, then {len(runs)} students ({workers} runs at a time)")
     teacher_config = model_config("teacher", sizes.teacher_vocab_size, sizes.teacher_layers, sizes.teacher_width,
                                   window)
@@ -223,7 +222,7 @@ def demo(
     teacher_dir = out_dir / "runs" / "teacher" / "final"  # lit_model.pth, model_config.yaml, the tokenizer files
     cache = out_dir / "data" / "teacher-loss"
 
-    def student(method: str, seed: int) -> Future:
+    def student(pool: ProcessPoolExecutor, method: str, seed: int) -> Future:
         kind = METHODS[method]["method"]
         guidance = {**METHODS[method], **({} if kind in ("ce", "uld") else {"top_k": top_k})}
         teacher = None if kind in TEACHER_FREE else teacher_dir
@@ -237,16 +236,16 @@ def demo(
         trained = pool.submit(train_run, out_dir / "runs" / "teacher", teacher_config, teacher_data,
                               teacher_tokenizer, sizes, sizes.teacher_tokens, 0, {"method": "ce"})
         # Per seed one initialisation, the same noisy text and budget. Students that need no teacher start at once.
-        futures = {student(m, s): (m, s) for m, s in runs if METHODS[m]["method"] in TEACHER_FREE}
+        futures = {student(pool, m, s): (m, s) for m, s in runs if METHODS[m]["method"] in TEACHER_FREE}
         teacher = trained.result()
         print(summarize_run("teacher", teacher))
         # uld runs the teacher on every batch and sorts both vocabularies' probabilities for every token (5x the cost
         # of a `ce` step), so it starts first. The others need only the teacher's per-token losses, scored once.
-        futures |= {student(m, s): (m, s) for m, s in runs if METHODS[m]["method"] in LOGIT_DISTILLATION}
+        futures |= {student(pool, m, s): (m, s) for m, s in runs if METHODS[m]["method"] in LOGIT_DISTILLATION}
         cached = [(m, s) for m, s in runs if METHODS[m]["method"] not in TEACHER_FREE + LOGIT_DISTILLATION]
         if cached:
             pool.submit(score_run, student_data, teacher_dir, cache).result()
-        futures |= {student(m, s): (m, s) for m, s in cached}
+        futures |= {student(pool, m, s): (m, s) for m, s in cached}
         for future in as_completed(futures):
             method, seed = futures[future]
             results.setdefault(method, []).append(future.result())
