@@ -26,7 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 import torch.nn as nn

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from litgpt import GPT, Config, Tokenizer
+from litgpt import GPT, Config
 from litgpt.generate.base import generate
 from litgpt.utils import save_config
 from tokenizers import Tokenizer as HFTokenizer
@@ -38,7 +38,6 @@ from litgpt_vocagnolm.math_tasks import (
     math_equal,
     parse_ground_truth,
     parse_question,
-    strip_string,
 )
 
 TOKENIZERS = Path(__file__).parent / "fixtures" / "tokenizers"

@@ -35,7 +35,7 @@ import os
 import shutil
 import signal
 import sys
-from collections import Counter, deque
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
