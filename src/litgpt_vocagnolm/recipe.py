@@ -320,7 +320,7 @@ def fit(
     fabric.print(
         f"Tokens per optimizer step: {tokens_per_iter * accumulation * fabric.world_size:,}"
         f" ({accumulation} micro-batches of {train.micro_batch_size} x {model.max_seq_length} on {fabric.world_size}"
-        f" ranks); {max_iters // accumulation:,} steps."
+        f" ranks); {max_steps:,} steps."
     )
     all_gather = fabric.all_gather if guidance.scope == "global" else None
     train_iterator = CycleIterator(train_dataloader)
