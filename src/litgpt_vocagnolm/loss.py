@@ -131,7 +131,7 @@ def per_token_cross_entropy(
     float32 whatever the logits' dtype, without ever holding a float32 copy of all logits (not even for backward).
 
     Args:
-        logits: (B, T, V), any float dtype.
+        logits: (B, T, V), any float dtype; pass contiguous logits (a slice such as `logits[:, :-1]` is copied whole).
         targets: (B, T) token ids, `ignore_index` where there is nothing to predict (padding).
         ignore_index: target value whose loss is 0.
         chunk_size: rows of (V,) logits upcast at once.
@@ -144,7 +144,7 @@ def per_token_cross_entropy(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     ignore = targets == ignore_index
     flat_targets = targets.masked_fill(ignore, 0).reshape(-1)
-    flat_logits = logits.reshape(-1, logits.shape[-1])  # (B * T, V), a view
+    flat_logits = logits.reshape(-1, logits.shape[-1])  # (B * T, V): a view of contiguous logits; a sliced input is copied
     loss = _ChunkedCrossEntropy.apply(flat_logits, flat_targets, ignore.reshape(-1), chunk_size)
     return loss.view(targets.shape)
 
