@@ -41,6 +41,7 @@ from litgpt.utils import estimate_flops, flops_per_param, num_parameters, save_c
 
 from litgpt_vocagnolm.data import collate_blocks, load_manifest, open_split, prepare
 from litgpt_vocagnolm.loss import GuidanceArgs, guided_loss
+from litgpt_vocagnolm.models import llama_config
 from litgpt_vocagnolm.recipe import forward_and_loss
 from litgpt_vocagnolm.teacher import load_teacher, score_teacher, teacher_token_loss
 
@@ -58,22 +59,9 @@ LABELS = {
 
 
 def tiny_config(name: str, vocab_size: int, n_layer: int, n_embd: int, block_size: int) -> Config:
-    """A Llama-shaped model (RMSNorm, SwiGLU MLP, rotary), heads of 64."""
-    return Config(
-        name=name,
-        block_size=block_size,
-        vocab_size=vocab_size,
-        padding_multiple=64,
-        n_layer=n_layer,
-        n_head=max(1, n_embd // 64),
-        n_embd=n_embd,
-        rotary_percentage=1.0,
-        parallel_residual=False,
-        bias=False,
-        norm_class_name="RMSNorm",
-        mlp_class_name="LLaMAMLP",
-        intermediate_size=4 * n_embd,
-    )
+    """A Llama-shaped model, heads of 64."""
+    return llama_config(name, vocab_size, n_layer, n_embd, n_head=max(1, n_embd // 64),
+                        intermediate_size=4 * n_embd, block_size=block_size)  # fmt: skip
 
 
 def make_checkpoint(directory: Path, config: Config, tokenizer_dir: Path, seed: int) -> Path:

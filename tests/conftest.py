@@ -10,27 +10,15 @@ from litgpt.config import Config
 from litgpt.model import GPT
 from litgpt.utils import save_config
 
+from litgpt_vocagnolm.models import llama_config
+
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZERS = ROOT / "tests" / "fixtures" / "tokenizers"
 TINYLLAMA, QWEN, MISTRAL = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5", TOKENIZERS / "mistral-7b-v0.1"
 
 
 def tiny_config(name: str, vocab_size: int, n_layer: int = 1, n_embd: int = 32, block_size: int = 256) -> Config:
-    return Config(
-        name=name,
-        block_size=block_size,
-        vocab_size=vocab_size,
-        padding_multiple=64,
-        n_layer=n_layer,
-        n_head=2,
-        n_embd=n_embd,
-        rotary_percentage=1.0,
-        parallel_residual=False,
-        bias=False,
-        norm_class_name="RMSNorm",
-        mlp_class_name="LLaMAMLP",
-        intermediate_size=2 * n_embd,
-    )
+    return llama_config(name, vocab_size, n_layer, n_embd, n_head=2, intermediate_size=2 * n_embd, block_size=block_size)
 
 
 def make_checkpoint(directory: Path, config: Config, tokenizer_dir: Path, seed: int = 0) -> Path:

@@ -50,6 +50,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from litgpt_vocagnolm.alignment import load_tokenizer, vocab_overlap
 from litgpt_vocagnolm.data import VocAgnoData, load_manifest, prepare
 from litgpt_vocagnolm.loss import GuidanceArgs
+from litgpt_vocagnolm.models import llama_config
 from litgpt_vocagnolm.recipe import setup
 from litgpt_vocagnolm.teacher import TeacherArgs, score_teacher
 
@@ -445,11 +446,8 @@ def score_run(data_path: Path, teacher_dir: Path, cache: Path) -> None:
 
 def model_config(name: str, vocab_size: int, layers: int, width: int, block_size: int) -> Config:
     """A Llama-style `litgpt.Config` (RMSNorm, SwiGLU, RoPE), heads of 32 dimensions."""
-    return Config(
-        name=f"demo-{name}", block_size=block_size, vocab_size=vocab_size, padding_multiple=64, n_layer=layers,
-        n_head=max(1, width // 32), n_embd=width, rotary_percentage=1.0, parallel_residual=False, bias=False,
-        norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP", intermediate_size=int(8 * width / 3) // 8 * 8,
-    )  # fmt: skip
+    return llama_config(f"demo-{name}", vocab_size, layers, width, n_head=max(1, width // 32),
+                        intermediate_size=int(8 * width / 3) // 8 * 8, block_size=block_size)  # fmt: skip
 
 
 def train_run(

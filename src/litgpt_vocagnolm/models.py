@@ -7,6 +7,8 @@ itself cannot see them: download with `--convert_checkpoint false`, then run `vo
 
 from pathlib import Path
 
+from litgpt.config import Config
+
 CONFIGS = [
     # https://huggingface.co/EleutherAI/llemma_7b/blob/main/config.json (Code Llama 7B continued on Proof-Pile-2)
     dict(
@@ -51,6 +53,28 @@ CONFIGS = [
         for kind in ("base", "instruct", "rl")
     ),
 ]
+
+
+def llama_config(
+    name: str, vocab_size: int, n_layer: int, n_embd: int, n_head: int, intermediate_size: int, block_size: int
+) -> Config:
+    """A small Llama-shaped `litgpt.Config` (RMSNorm, SwiGLU MLP, full RoPE, no biases): the shape of TinyLlama and
+    of the paper's teachers, at any size, for the demo, tests and benchmarks."""
+    return Config(
+        name=name,
+        block_size=block_size,
+        vocab_size=vocab_size,
+        padding_multiple=64,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        rotary_percentage=1.0,
+        parallel_residual=False,
+        bias=False,
+        norm_class_name="RMSNorm",
+        mlp_class_name="LLaMAMLP",
+        intermediate_size=intermediate_size,
+    )
 
 
 def register() -> None:
