@@ -21,7 +21,8 @@ from typing import Callable
 
 import numpy as np
 
-from litgpt_vocagnolm.alignment import align, align_batch, load_tokenizer, token_offsets
+from litgpt_vocagnolm.alignment import align, align_batch, token_offsets
+from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 FILES = [REPO / "data/gsm8k/train.jsonl", REPO / "data/stackexchange/math_stackexchange_33votes.jsonl"]

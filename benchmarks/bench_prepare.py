@@ -4,13 +4,13 @@ Prints, from one run:
   1. MB/s of text through `prepare` (read, tokenize both sides with offsets, align, pack, write the LitData shards of
      both splits, manifest) vs only tokenizing the same documents with both tokenizers, offsets included
      (`alignment.encode_batch`), with the same number of worker processes over the same work units (target: >= 0.75x).
-     Both read the documents with `data.read_documents`; tokenizers are loaded before the clock starts. Wall time,
+     Both read the documents with `documents.read_documents`; tokenizers are loaded before the clock starts. Wall time,
      and CPU time of all processes (steadier on a shared machine); each runs `--repeats` times, interleaved, and the
      fastest run counts.
   2. Peak resident memory of `prepare` (its process, and the largest of its workers) on `--memory_megabytes` of the
      input and on `--scale` copies of that, each in a fresh process (target: flat). A worker buffers one LitData chunk
-     before writing it, so memory grows with the input until that buffer is full (`data.CHUNK_BYTES`, 64 MB, about
-     25 MB of text): this comparison uses 1 MB chunks, full at both sizes, to show that nothing else grows.
+     before writing it, so memory grows with the input until that buffer is full (`prepare.LITDATA_CHUNK_BYTES`, 64 MB,
+     about 25 MB of text): this comparison uses 1 MB chunks, full at both sizes, to show that nothing else grows.
 
     python benchmarks/bench_prepare.py [--input FILE ...] [--num_workers 2] [--scale 10] [--memory_megabytes 1]
 """
@@ -28,8 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from litgpt_vocagnolm import data
-from litgpt_vocagnolm.alignment import encode_batch, find_tokenizer_file
+from litgpt_vocagnolm import documents, packing, prepare
+from litgpt_vocagnolm.alignment import encode_batch
+from litgpt_vocagnolm.tokenizer_files import cached_tokenizer, find_tokenizer_file, tokenizer_info
 
 REPO = Path(__file__).resolve().parent.parent
 FILES = [REPO / "data/gsm8k/train.jsonl", REPO / "data/stackexchange/math_stackexchange_33votes.jsonl"]
@@ -48,25 +49,25 @@ def write_text_jsonl(files: list[Path], out: Path, megabytes: float = float("inf
                 if total >= megabytes * 1e6:
                     return total
                 row = json.loads(line)
-                text = data.FIELD_SEPARATOR.join(row[k] for k in next(ks for ks in TEXT_KEYS if ks[0] in row))
+                text = documents.FIELD_SEPARATOR.join(row[k] for k in next(ks for ks in TEXT_KEYS if ks[0] in row))
                 f.write(json.dumps({"text": text}) + "\n")
                 total += len(text.encode("utf-8"))
     return total
 
 
-def tokenize_unit(unit: data.Unit, student: str, teacher: str) -> int:
+def tokenize_unit(unit: documents.Unit, student: str, teacher: str) -> int:
     """The baseline's work per unit: read its documents, tokenize them with both tokenizers, offsets included."""
-    student_tokenizer, teacher_tokenizer = data.cached_tokenizer(student), data.cached_tokenizer(teacher)
-    texts = (text for piece in unit.pieces for text in data.read_documents(piece, ["text"], data.Stats()))
+    student_tokenizer, teacher_tokenizer = cached_tokenizer(student), cached_tokenizer(teacher)
+    texts = (text for piece in unit.pieces for text in documents.read_documents(piece, ["text"], documents.Stats()))
     tokens = 0
-    for batch in data.text_batches(texts, data.BATCH_CHARS):
+    for batch in packing.text_batches(texts, packing.BATCH_CHARS):
         tokens += sum(len(ids) for ids, _ in encode_batch(student_tokenizer, batch))
         tokens += sum(len(ids) for ids, _ in encode_batch(teacher_tokenizer, batch))
     return tokens
 
 
 def tokenize_only(files: list[Path], num_workers: int, student: str, teacher: str) -> int:
-    units = data.plan_units(files)
+    units = documents.plan_units(files)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker, as in prepare
     with multiprocessing.get_context("fork").Pool(min(num_workers, len(units))) as pool:
         return sum(pool.imap_unordered(functools.partial(tokenize_unit, student=student, teacher=teacher), units))
@@ -74,7 +75,7 @@ def tokenize_only(files: list[Path], num_workers: int, student: str, teacher: st
 
 def run_prepare(files: list[Path], output: Path, num_workers: int) -> None:
     shutil.rmtree(output, ignore_errors=True)
-    data.prepare(student=STUDENT, teacher=TEACHER, input=files, output=output, num_workers=num_workers)
+    prepare.prepare(student=STUDENT, teacher=TEACHER, input=files, output=output, num_workers=num_workers)
 
 
 def cpu_seconds() -> float:
@@ -119,7 +120,7 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.memory_of:  # the child process of `peak_memory`
-        data.CHUNK_BYTES = args.chunk_bytes
+        prepare.LITDATA_CHUNK_BYTES = args.chunk_bytes
         quietly(run_prepare, args.memory_of, args.output, args.num_workers)
         self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         workers_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -130,11 +131,11 @@ def main() -> None:
         tmp = Path(tmp)
         text = tmp / "text.jsonl"
         megabytes = write_text_jsonl(args.input, text) / 1e6
-        student = data.tokenizer_info(find_tokenizer_file(STUDENT)).path  # loaded once, before any clock
-        teacher = data.tokenizer_info(find_tokenizer_file(TEACHER)).path
+        student = tokenizer_info(find_tokenizer_file(STUDENT)).path  # loaded once, before any clock
+        teacher = tokenizer_info(find_tokenizer_file(TEACHER)).path
         print(
             f"{megabytes:.1f} MB of text ({', '.join(p.name for p in args.input)}), {args.num_workers} workers,"
-            f" {len(data.plan_units([text]))} work units; student {STUDENT.name}, teacher {TEACHER.name}."
+            f" {len(documents.plan_units([text]))} work units; student {STUDENT.name}, teacher {TEACHER.name}."
         )
         runs = {"prepare": [], "tokenize only": []}
         for _ in range(args.repeats):

@@ -2,7 +2,7 @@
 
 One run prepares a small real corpus (GSM8K, TinyLlama student, a teacher tokenizer), makes a tiny teacher checkpoint
 and, in alternating rounds, times
-  score    `teacher.score_teacher` into a fresh directory: Fabric, teacher load, reading the prepared blocks, forward,
+  score    `score_teacher.score_teacher` into a fresh directory: Fabric, teacher load, reading the prepared blocks, forward,
            per-token loss, the 16-bit cache files and manifest;
   forward  `model(ids)` under `torch.no_grad()` only, the same teacher weights, over exactly the batches that
            score_teacher forms (every block of both splits, `--batch_size` consecutive blocks, padded alike), built
@@ -37,7 +37,8 @@ from tqdm import tqdm
 import litgpt_vocagnolm.teacher as teacher_module
 from bench_train_step import prepared_pair, quiet  # benchmarks/ is on sys.path when this file runs as a script
 from litgpt_vocagnolm.data import open_split
-from litgpt_vocagnolm.teacher import score_teacher, teacher_token_loss
+from litgpt_vocagnolm.score_teacher import score_teacher
+from litgpt_vocagnolm.teacher import teacher_token_loss
 
 LABELS = {
     "forward": "bare forward (no_grad)",

@@ -4,7 +4,7 @@ One run on CPU with tiny models times the recipe's whole step (`recipe.forward_a
 scaling and clipping `fit` does, AdamW step) for three variants over the same prepared batches:
   ce       the student alone (naive continual pretraining);
   online   `vocagnolm` with a frozen teacher, larger than the student, scoring its own tokens in every step;
-  cached   `vocagnolm` reading the teacher's losses from a cache written by `teacher.score_teacher` (the batches carry
+  cached   `vocagnolm` reading the teacher's losses from a cache written by `score_teacher.score_teacher` (the batches carry
            "teacher_loss", as `VocAgnoData` gives them with `teacher_cache` set); no teacher in the step.
 The variants alternate in rounds, so that other load on the machine hits all alike, and the medians count, in wall and
 in CPU time of this process. Printed ratios:
@@ -39,11 +39,13 @@ from litgpt.config import Config
 from litgpt.model import GPT
 from litgpt.utils import estimate_flops, flops_per_param, num_parameters, save_config
 
-from litgpt_vocagnolm.data import collate_blocks, load_manifest, open_split, prepare
-from litgpt_vocagnolm.loss import GuidanceArgs, guided_loss
+from litgpt_vocagnolm.data import block_tokens, collate_blocks, load_manifest, open_split
+from litgpt_vocagnolm.loss import GuidanceArgs, guided_loss, per_token_cross_entropy
 from litgpt_vocagnolm.models import llama_config
-from litgpt_vocagnolm.recipe import forward_and_loss
-from litgpt_vocagnolm.teacher import load_teacher, score_teacher, teacher_token_loss
+from litgpt_vocagnolm.recipe import Stopwatch, forward_and_loss
+from litgpt_vocagnolm.prepare import prepare
+from litgpt_vocagnolm.score_teacher import score_teacher
+from litgpt_vocagnolm.teacher import load_teacher, teacher_token_loss
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "data" / "gsm8k" / "train.jsonl"
@@ -128,7 +130,7 @@ def scored_batches(data: Path, teacher: Path, manifest: dict, tmp: Path, batch_s
     if full < count:
         raise SystemExit(f"The data holds {full} full batches of {batch_size}; use more --records or fewer --batches.")
     items = [dataset[i] for i in range(count * batch_size)]
-    return [collate_blocks(items[i : i + batch_size], manifest["block_size"]) for i in range(0, len(items), batch_size)]
+    return [collate_blocks(items[i : i + batch_size], block_tokens(manifest)) for i in range(0, len(items), batch_size)]
 
 
 def matmul_parameters(model: GPT) -> int:
@@ -138,7 +140,8 @@ def matmul_parameters(model: GPT) -> int:
 
 def train_step(fabric, model, optimizer, teacher, batch: dict, guidance: GuidanceArgs, max_norm: float) -> float:
     """One optimizer step of `recipe.fit` (one micro-batch, one rank); returns the seconds spent in the teacher."""
-    loss_sum, weight_sum, _, teacher_seconds = forward_and_loss(model, teacher, batch, guidance)
+    teacher_timer = Stopwatch(fabric.device)
+    loss_sum, weight_sum, _ = forward_and_loss(model, teacher, batch, guidance, teacher_timer=teacher_timer)
     fabric.backward(loss_sum)
     scale = 1 / weight_sum.clamp(min=1)  # what fit does with the all-reduced weight sum of the step
     for param in model.parameters():
@@ -147,7 +150,7 @@ def train_step(fabric, model, optimizer, teacher, batch: dict, guidance: Guidanc
     fabric.clip_gradients(model, optimizer, max_norm=max_norm)
     optimizer.step()
     optimizer.zero_grad()
-    return teacher_seconds
+    return teacher_timer.seconds()
 
 
 def median_ms(values: list[float]) -> float:
@@ -210,7 +213,8 @@ def main() -> None:
     def loss_alone(k: int, guidance: GuidanceArgs) -> None:
         logits = logits_per_batch[k].requires_grad_()
         batch = batches[k]
-        loss_sum, _, _ = guided_loss(guidance, logits, batch["targets"], teacher_loss=batch["teacher_loss"],
+        ls = per_token_cross_entropy(logits, batch["targets"])
+        loss_sum, _, _ = guided_loss(guidance, ls, batch["targets"] != -100, teacher_loss=batch["teacher_loss"],
                                      ranges=batch["ranges"])  # fmt: skip
         loss_sum.backward()
         logits.grad = None

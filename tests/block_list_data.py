@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from torch.utils.data import DataLoader
 
-from litgpt_vocagnolm.data import VocAgnoData, collate_blocks, open_split
+from litgpt_vocagnolm.data import VocAgnoData, block_tokens, collate_blocks, open_split
 
 
 @dataclass
@@ -19,5 +19,5 @@ class BlockList(VocAgnoData):
         # By index: iterating a StreamingDataset inside a process group yields only this rank's share.
         dataset = open_split(self.path, "train", self.manifest)
         items = [dataset[i] for i in range(self.manifest["splits"]["train"]["blocks"])]
-        collate = functools.partial(collate_blocks, block_size=self.manifest["block_size"], chunks=self.chunks)
+        collate = functools.partial(collate_blocks, block_tokens=block_tokens(self.manifest), num_chunks=self.num_chunks)
         return DataLoader(items, batch_size=self.batch_size, shuffle=False, collate_fn=collate)

@@ -47,7 +47,7 @@ def gsm8k_sample(tmp_path_factory) -> Path:
 
 
 def prepare_pair(output: Path, corpus: Path, student: Path, teacher: Path, max_seq_length: int = 64) -> Path:
-    from litgpt_vocagnolm.data import prepare
+    from litgpt_vocagnolm.prepare import prepare
 
     prepare(student=student, teacher=teacher, input=[corpus], output=output, max_seq_length=max_seq_length,
             num_workers=1, text_key="question,answer", val_fraction=0.1)  # fmt: skip

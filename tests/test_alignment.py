@@ -18,12 +18,11 @@ from litgpt_vocagnolm.alignment import (
     chunk_align,
     encode,
     encode_batch,
-    find_tokenizer_file,
     ios_iou,
-    load_tokenizer,
     token_ios_iou,
     vocab_overlap,
 )
+from litgpt_vocagnolm.tokenizer_files import find_tokenizer_file, load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZERS = ROOT / "tests/fixtures/tokenizers"

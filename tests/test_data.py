@@ -13,18 +13,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from litgpt_vocagnolm import data
-from litgpt_vocagnolm.alignment import align, chunk_align, encode, load_tokenizer
-from litgpt_vocagnolm.data import (
-    BlockDtypes,
-    Stats,
-    VocAgnoData,
-    aligned_stream,
-    document_specials,
-    iter_blocks,
-    pack_blocks,
-    prepare,
-)
+import litgpt_vocagnolm.documents as documents_module
+from litgpt_vocagnolm import prepare as prepare_module
+from litgpt_vocagnolm.alignment import align, chunk_align, encode
+from litgpt_vocagnolm.data import VocAgnoData, iter_blocks
+from litgpt_vocagnolm.documents import Stats, find_input_files, plan_units
+from litgpt_vocagnolm.files import file_sha256
+from litgpt_vocagnolm.packing import BlockDtypes, aligned_stream, pack_blocks
+from litgpt_vocagnolm.prepare import prepare
+from litgpt_vocagnolm.tokenizer_files import document_specials, load_tokenizer
 
 REPO = Path(__file__).parents[1]
 TOKENIZERS = REPO / "tests" / "fixtures" / "tokenizers"
@@ -44,7 +41,7 @@ UNICODE_DOCS = [
 
 def small_units(monkeypatch):
     # Units of 4 KB, so that the small corpus spreads over many units (and files over several) and both workers.
-    monkeypatch.setattr(data, "UNIT_BYTES", (4096, 4096))
+    monkeypatch.setattr(documents_module, "UNIT_BYTES", (4096, 4096))
 
 
 @pytest.fixture(autouse=True)
@@ -164,7 +161,7 @@ def test_nothing_lost_and_every_range_covers_its_token(prepared, corpus, tokeniz
         # Full blocks, but the last of each work unit.
         padding = [MAX_SEQ_LENGTH + 1 - block["num_tokens"] for block in split_blocks]
         short = [p for p in padding if p > 0]
-        assert 1 <= len(short) <= len(data.plan_units(data.find_input_files([root], "--input")[0]))
+        assert 1 <= len(short) <= len(plan_units(find_input_files([root], "--input")[0]))
         assert sum(short) == counts["padding"]
         block_bytes = [0] * len(split_blocks)
         first_token_bytes = overflow = 0
@@ -209,7 +206,7 @@ def test_nothing_lost_and_every_range_covers_its_token(prepared, corpus, tokeniz
     assert {Path(path).name for path, _ in manifest["skipped_files"]} == skipped_files
     assert manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"] == len(expected)
     assert manifest["alignment_bytes_per_student_token"] <= 4
-    assert manifest["student"]["sha256"] == data.file_sha256(STUDENT / "tokenizer.json")
+    assert manifest["student"]["sha256"] == file_sha256(STUDENT / "tokenizer.json")
     assert manifest["teacher"]["path"] == str((TEACHER / "tokenizer.json.gz").resolve())
 
 
@@ -313,7 +310,7 @@ def test_rerun_is_a_noop_and_other_settings_are_refused(prepared, corpus, capsys
 
 def _prepare_and_die_mid_train(kwargs):
     os.setpgrp()  # the run and its LitData workers in one group, killed together
-    unit_blocks = data.unit_blocks
+    unit_blocks = prepare_module.unit_blocks
 
     def dying(unit, job):
         for k, block in enumerate(unit_blocks(unit, job)):
@@ -321,7 +318,7 @@ def _prepare_and_die_mid_train(kwargs):
                 os.killpg(0, signal.SIGKILL)
             yield block
 
-    data.unit_blocks = dying  # the forked workers see it
+    prepare_module.unit_blocks = dying  # the forked workers see it
     prepare(**kwargs)
 
 
@@ -348,7 +345,7 @@ def test_run_interrupted_while_publishing_is_finished_by_the_next(prepared, corp
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(data, "build_manifest", interrupted)
+        patch.setattr(prepare_module, "build_manifest", interrupted)
         with pytest.raises(KeyboardInterrupt):
             prepare(**kwargs)
     assert sorted(p.name for p in output.iterdir()) == [".partial", "train", "val"]
@@ -428,7 +425,7 @@ def test_tokenizer_mismatch_names_both(prepared):
     message = str(error.value)
     for path in (STUDENT / "tokenizer.json", other / "tokenizer.json"):
         assert str(path.resolve()) in message or str(path) in message
-        assert data.file_sha256(path) in message
+        assert file_sha256(path) in message
     assert not module.same_vocabulary()
 
 
@@ -440,8 +437,8 @@ def test_connect_refuses_another_sequence_length(prepared):
 
 @pytest.mark.parametrize("chunks", [None, 4])
 def test_batches_have_the_documented_shapes(prepared, chunks):
-    module = VocAgnoData(prepared, num_workers=0, chunks=chunks)
-    module.connect(batch_size=3, max_seq_length=MAX_SEQ_LENGTH)
+    module = VocAgnoData(prepared, num_workers=0)
+    module.connect(batch_size=3, max_seq_length=MAX_SEQ_LENGTH, num_chunks=chunks)
     blocks = list(iter_blocks(prepared, "val"))
     batches = list(module.val_dataloader())  # not shuffled: in stored order
     assert sum(len(batch["input_ids"]) for batch in batches) == len(blocks)

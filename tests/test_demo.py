@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from litgpt_vocagnolm.alignment import load_tokenizer, vocab_overlap
+from litgpt_vocagnolm.alignment import vocab_overlap
+from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 from litgpt_vocagnolm.demo import METHODS, QUICK, add_noise, compare, demo, read_corpus, split_heldout
 
 METHOD_NAMES = list(METHODS)
@@ -35,8 +36,8 @@ def test_results_csv_has_one_row_per_method_with_the_curve(quick_run):
         rows = list(csv.DictReader(f))
     assert [row["method"] for row in rows] == METHOD_NAMES
     curve = [name for name in rows[0] if name.startswith("bpb@")]
-    steps = QUICK.student_tokens // (QUICK.micro_batch_size * QUICK.block_size) // QUICK.evaluations
-    tokens_per_eval = steps * QUICK.micro_batch_size * QUICK.block_size
+    steps = QUICK.student_tokens // (QUICK.micro_batch_size * QUICK.max_seq_length) // QUICK.evaluations
+    tokens_per_eval = steps * QUICK.micro_batch_size * QUICK.max_seq_length
     assert curve == [f"bpb@{tokens_per_eval * (i + 1)}" for i in range(QUICK.evaluations)]
     for row in rows:
         seeds = int(row["seeds"])
@@ -59,7 +60,7 @@ def test_runs_are_logged_and_checkpointed(quick_run):
     assert {"lit_model.pth", "model_config.yaml", "tokenizer.json", "tokenizer_config.json"} <= files
     # The teacher's tokenizer is the very file the students' data was prepared with.
     manifest = json.loads((out_dir / "data" / "students" / "manifest.json").read_text())
-    from litgpt_vocagnolm.data import file_sha256
+    from litgpt_vocagnolm.files import file_sha256
 
     assert manifest["teacher"]["sha256"] == file_sha256(teacher / "tokenizer.json")
     assert manifest["student"]["sha256"] == file_sha256(out_dir / "tokenizers" / "student" / "tokenizer.json")

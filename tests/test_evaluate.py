@@ -387,8 +387,8 @@ def test_checkpoint_without_tokenizer_lists_what_it_holds(tiny_checkpoint, tmp_p
     checkpoint.mkdir()
     for name in ("lit_model.pth", "model_config.yaml"):
         shutil.copy(tiny_checkpoint / name, checkpoint / name)
-    lacks = "lacks tokenizer.json or tokenizer.model, tokenizer_config.json; it holds lit_model.pth, model_config.yaml"
-    with pytest.raises(FileNotFoundError, match=lacks):
+    lacks = "lacks ['tokenizer.json or tokenizer.model', 'tokenizer_config.json'] (it holds ['lit_model.pth', 'model_"
+    with pytest.raises(FileNotFoundError, match=re.escape(lacks)):
         evaluate(checkpoint)
     with pytest.raises(FileNotFoundError, match="is not a directory"):
         evaluate(tmp_path / "nowhere")
@@ -408,10 +408,14 @@ def test_bad_bpb_files(tiny_checkpoint, tmp_path, no_model_load):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         evaluate(tiny_checkpoint, bpb=tmp_path / "missing.txt")
     (tmp_path / "table.csv").write_text("a,b\n")
-    with pytest.raises(ValueError, match="expected a .txt or .jsonl file, got '.csv'"):
+    with pytest.raises(ValueError, match=r"unsupported file type '.csv'; use .txt, .jsonl, .parquet"):
         evaluate(tiny_checkpoint, bpb=tmp_path / "table.csv")
     (tmp_path / "qa.jsonl").write_text(json.dumps({"input": "q", "output": "a"}) + "\n")
-    with pytest.raises(ValueError, match="qa.jsonl:1: expected an object with a string field 'text', got input, out"):
+    with pytest.raises(ValueError, match=r"missing field 'text' \(its fields: input, output\)"):
         evaluate(tiny_checkpoint, bpb=tmp_path / "qa.jsonl")
+    # A record that can't be read is an error, never a skip: bits per byte over part of a file would mislead.
+    (tmp_path / "mixed.jsonl").write_text(json.dumps({"text": "fine"}) + "\n{broken\n")
+    with pytest.raises(ValueError, match=r"mixed.jsonl@\d+: invalid JSON\. Fix or remove these records"):
+        evaluate(tiny_checkpoint, bpb=tmp_path / "mixed.jsonl")
     with pytest.raises(ValueError, match="nothing to evaluate"):
         evaluate(tiny_checkpoint, tasks="")

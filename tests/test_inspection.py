@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from jsonargparse import CLI
 
-from litgpt_vocagnolm.alignment import load_tokenizer
+from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 from litgpt_vocagnolm.inspection import (
     KINDS,
     SAMPLE,

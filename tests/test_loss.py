@@ -15,8 +15,9 @@ from litgpt_vocagnolm.loss import (
     aggregate_teacher_loss,
     guided_loss,
     kld_loss,
+    paired_teacher_positions,
     per_token_cross_entropy,
-    random_weights,
+    random_selection,
     select_top_k,
     teacher_guided_weights,
     uld_loss,
@@ -264,6 +265,16 @@ def test_per_token_cross_entropy_rejects_bad_shapes():
         per_token_cross_entropy(torch.randn(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
 
 
+def guided_loss_of_logits(args, logits, targets, **kwargs):
+    """`guided_loss` as `recipe.forward_and_loss` calls it: the student's per-token cross-entropy first."""
+    ls = per_token_cross_entropy(logits, targets)
+    return guided_loss(args, ls, targets != -100, logits=logits, **kwargs)
+
+
+def random_weights(valid, mapped, top_k, unmapped, generator, **kwargs):
+    return random_selection(valid, mapped, top_k, unmapped, generator, **kwargs).weights
+
+
 def reference_loss(weights, logits, targets):
     ce = F.cross_entropy(logits.double().transpose(1, 2), targets, reduction="none")
     return (weights.double() * ce).sum()
@@ -275,7 +286,7 @@ def test_guided_loss_is_the_weighted_ce_sum_and_gradients_reach_only_the_student
     lt.requires_grad_()
     args = GuidanceArgs(method=method, top_k=0.3)
     generator = torch.Generator().manual_seed(0)
-    loss_sum, weight_sum, metrics = guided_loss(
+    loss_sum, weight_sum, metrics = guided_loss_of_logits(
         args, logits, targets, teacher_loss=lt, ranges=ranges, generator=generator
     )
     valid = targets != -100
@@ -299,7 +310,7 @@ def test_guided_loss_is_the_weighted_ce_sum_and_gradients_reach_only_the_student
 
 def test_guided_loss_metrics():
     logits, targets, lt, ranges = make_batch(B=3, T=40, M=45)
-    loss_sum, weight_sum, metrics = guided_loss(GuidanceArgs(), logits, targets, teacher_loss=lt, ranges=ranges)
+    loss_sum, weight_sum, metrics = guided_loss_of_logits(GuidanceArgs(), logits, targets, teacher_loss=lt, ranges=ranges)
     valid = targets != -100
     ls = F.cross_entropy(logits.detach().transpose(1, 2), targets, reduction="none")
     agg, mapped = aggregate_teacher_loss(lt, ranges)
@@ -336,7 +347,7 @@ def test_guided_loss_without_mapped_or_valid_tokens_is_finite(method, unmapped, 
     else:
         lt, ranges = lt[:, :0], torch.zeros_like(ranges)
     args = GuidanceArgs(method=method, unmapped=unmapped)
-    loss_sum, weight_sum, metrics = guided_loss(args, logits, targets, teacher_loss=lt, ranges=ranges)
+    loss_sum, weight_sum, metrics = guided_loss_of_logits(args, logits, targets, teacher_loss=lt, ranges=ranges)
     loss = loss_sum / weight_sum.clamp(min=1)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
@@ -352,12 +363,12 @@ def test_guided_loss_without_mapped_or_valid_tokens_is_finite(method, unmapped, 
 
 def test_bf16_inputs():
     logits, targets, lt, ranges = make_batch(dtype=torch.bfloat16)
-    loss_sum, weight_sum, _ = guided_loss(GuidanceArgs(), logits, targets, teacher_loss=lt.bfloat16(), ranges=ranges)
+    loss_sum, weight_sum, _ = guided_loss_of_logits(GuidanceArgs(), logits, targets, teacher_loss=lt.bfloat16(), ranges=ranges)
     assert loss_sum.dtype == torch.float32 and torch.isfinite(loss_sum)
     loss_sum.backward()
     assert logits.grad.dtype == torch.bfloat16 and torch.isfinite(logits.grad.float()).all()
     upcast = logits.detach().float().requires_grad_()
-    expected, expected_weight, _ = guided_loss(
+    expected, expected_weight, _ = guided_loss_of_logits(
         GuidanceArgs(), upcast, targets, teacher_loss=lt.bfloat16().float(), ranges=ranges
     )
     assert weight_sum == expected_weight and torch.allclose(loss_sum, expected)
@@ -368,12 +379,12 @@ def test_vocagnolm_equals_rho1_with_one_to_one_ranges():
     lt[:, 0] = NAN  # the first token of a teacher window has no loss
     one_to_one = torch.stack([torch.arange(30), torch.arange(1, 31)], -1).expand(2, 30, 2)
     for aggregation in ("max", "mean"):
-        ours = guided_loss(GuidanceArgs(aggregation=aggregation), logits, targets, teacher_loss=lt, ranges=one_to_one)
-        rho1 = guided_loss(GuidanceArgs(method="rho1", aggregation=aggregation), logits, targets, teacher_loss=lt)
+        ours = guided_loss_of_logits(GuidanceArgs(aggregation=aggregation), logits, targets, teacher_loss=lt, ranges=one_to_one)
+        rho1 = guided_loss_of_logits(GuidanceArgs(method="rho1", aggregation=aggregation), logits, targets, teacher_loss=lt)
         assert torch.equal(ours[0], rho1[0]) and torch.equal(ours[1], rho1[1])
         assert ours[2].keys() == rho1[2].keys()
     with pytest.raises(ValueError, match="pairs token i with teacher token i"):
-        guided_loss(GuidanceArgs(method="rho1"), logits, targets, teacher_loss=lt[:, :20])
+        guided_loss_of_logits(GuidanceArgs(method="rho1"), logits, targets, teacher_loss=lt[:, :20])
 
 
 def test_random_weights_are_the_right_count_uniformly_drawn():
@@ -444,22 +455,30 @@ def test_uld_loss_matches_reference(Vs, Vt):
 
 @pytest.mark.parametrize("method", ["kld", "uld"])
 def test_guided_loss_adds_the_distillation_term_to_every_valid_token(method):
-    logits, targets, _, _ = make_batch(B=2, T=8, V=32)
+    logits, targets, _, ranges = make_batch(B=2, T=8, V=32, M=10)
     valid = targets != -100
-    if method == "kld":
-        teacher_logits, pair_index = torch.randn(2, 8, 32), None
-        distill = kld_loss(logits, teacher_logits, valid, 1.5)
+    teacher_logits = torch.randn(2, 10, 32 if method == "kld" else 64)
+    pair_index = paired_teacher_positions(ranges)
+    assert (pair_index >= 0).any() and (pair_index == -1).any()
+    if method == "kld":  # each student position against the teacher's paired position; unpaired: KL 0
+        paired = torch.stack([teacher_logits[b, pair_index[b].clamp(min=0)] for b in range(2)])
+        paired = torch.where((pair_index >= 0)[..., None], paired, logits.detach())
+        distill = kld_loss(logits, paired, valid, 1.5)
     else:
-        teacher_logits, pair_index = torch.randn(2, 10, 64), torch.randint(-1, 10, (2, 8))
         distill = uld_loss(logits, teacher_logits, pair_index, valid)
     args = GuidanceArgs(method=method, temperature=1.5 if method == "kld" else 1.0, distill_weight=0.5)
-    loss_sum, weight_sum, metrics = guided_loss(
-        args, logits, targets, teacher_logits=teacher_logits, pair_index=pair_index
+    loss_sum, weight_sum, metrics = guided_loss_of_logits(
+        args, logits, targets, teacher_logits=teacher_logits, ranges=ranges
     )
     ce = F.cross_entropy(logits.double().transpose(1, 2), targets, reduction="none")
     assert weight_sum == valid.sum()
     assert torch.allclose(loss_sum.double(), (ce + 0.5 * distill.double()).sum(), atol=1e-4)
     assert torch.allclose(metrics["distill_loss"], distill.sum() / valid.sum())
+
+
+def test_paired_teacher_positions():
+    ranges = torch.tensor([[[0, 2], [2, 3], [3, 3], [5, 7]]])  # starts the window, mapped, unmapped, mapped
+    assert paired_teacher_positions(ranges).tolist() == [[-1, 1, -1, 4]]
 
 
 def test_guided_loss_names_missing_inputs():
@@ -468,11 +487,11 @@ def test_guided_loss_names_missing_inputs():
         ("vocagnolm", dict(ranges=ranges), "needs teacher_loss"),
         ("chunk", dict(teacher_loss=lt), "needs ranges"),
         ("random", dict(), "needs ranges"),
-        ("kld", dict(), "needs teacher_logits"),
-        ("uld", dict(teacher_logits=torch.randn(2, 20, 60)), "needs pair_index"),
+        ("kld", dict(ranges=ranges), "needs the student's logits and the teacher's"),
+        ("uld", dict(teacher_logits=torch.randn(2, 20, 60)), "needs ranges"),
     ]:
         with pytest.raises(ValueError, match=message):
-            guided_loss(GuidanceArgs(method=method), logits, targets, **kwargs)
+            guided_loss_of_logits(GuidanceArgs(method=method), logits, targets, **kwargs)
 
 
 def test_guidance_args():

@@ -7,7 +7,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from litgpt_vocagnolm.loss import GuidanceArgs, aggregate_teacher_loss, guided_loss, teacher_guided_weights
+from litgpt_vocagnolm.loss import GuidanceArgs, aggregate_teacher_loss, teacher_guided_weights
+from test_loss import guided_loss_of_logits
 
 WORLD = 2
 SETTINGS = [(top_k, aggregation) for top_k in (0.1, 0.4, 1.0) for aggregation in ("max", "mean")]
@@ -61,14 +62,14 @@ def worker(rank: int, port: int, out_dir: str) -> None:
                 x["ls"], x["lt"], x["ranges"], x["valid"], unmapped="exclude", **options
             )
             args = GuidanceArgs(top_k=top_k, aggregation=aggregation, scope="global")
-            loss_sum, weight_sum, _ = guided_loss(
+            loss_sum, weight_sum, _ = guided_loss_of_logits(
                 args, x["logits"], x["targets"], teacher_loss=x["lt"], ranges=x["ranges"],
                 all_gather=all_gather, rank=rank,
             )
             results[f"loss {top_k} {aggregation}"] = torch.stack([loss_sum, weight_sum])
         args = GuidanceArgs(method="random", unmapped="exclude", scope="global")
         generator = torch.Generator().manual_seed(rank)
-        _, weight_sum, _ = guided_loss(
+        _, weight_sum, _ = guided_loss_of_logits(
             args, x["logits"], x["targets"], teacher_loss=x["lt"], ranges=x["ranges"],
             all_gather=all_gather, rank=rank, generator=generator,
         )
@@ -103,7 +104,7 @@ def test_global_scope_across_two_processes_equals_the_concatenated_batch(tmp_pat
             assert not torch.equal(alone, expected)
 
         args = GuidanceArgs(top_k=top_k, aggregation=aggregation, scope="batch")
-        loss_sum, weight_sum, _ = guided_loss(
+        loss_sum, weight_sum, _ = guided_loss_of_logits(
             args, whole["logits"], whole["targets"], teacher_loss=whole["lt"], ranges=whole["ranges"]
         )
         got_loss, got_weight = sum(results[f"loss {top_k} {aggregation}"] for results in per_rank)

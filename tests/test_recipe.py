@@ -244,15 +244,14 @@ def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_
     same_vocab = method in ("rho1", "kld")
     guidance = GuidanceArgs(method=method, num_chunks=4)
     data = VocAgnoData(path=same_vocab_data if same_vocab else tinyllama_mistral_data, num_workers=0)
-    data.chunks = guidance.num_chunks if method == "chunk" else None
-    data.connect(batch_size=2, max_seq_length=64)
+    data.connect(batch_size=2, max_seq_length=64, num_chunks=guidance.num_chunks if method == "chunk" else None)
     guidance.check_tokenizers(same_vocabulary=data.same_vocabulary())
     batch = next(iter(data.train_dataloader()))
     torch.manual_seed(0)
     student, teacher = GPT(tiny_config("s", 32000, block_size=64)), GPT(tiny_config("t", 32000, block_size=256))
     teacher.requires_grad_(False)
     generator = torch.Generator().manual_seed(0)
-    loss_sum, weight_sum, metrics, _ = forward_and_loss(student, teacher, batch, guidance, generator=generator)
+    loss_sum, weight_sum, metrics = forward_and_loss(student, teacher, batch, guidance, generator=generator)
     loss_sum.backward()
     valid = (batch["targets"] != -100).sum()
     assert torch.isfinite(loss_sum) and 0 < weight_sum <= valid

@@ -16,7 +16,8 @@ from litgpt.model import GPT
 from test_recipe import litgpt_pretrain, metrics, recipe_config
 
 from litgpt_vocagnolm.data import iter_blocks
-from litgpt_vocagnolm.teacher import TeacherLossCache, check_cache, teacher_token_loss
+from litgpt_vocagnolm.teacher import teacher_token_loss
+from litgpt_vocagnolm.teacher_cache import TeacherLossCache, check_cache
 
 BIN = Path(sys.executable).parent
 

@@ -17,7 +17,6 @@ BPE (Qwen2.5) and Metaspace SentencePiece BPE (Llama 2, Mistral) wherever the no
 """
 
 import functools
-import gzip
 import json
 import unicodedata
 from itertools import chain
@@ -27,58 +26,12 @@ from typing import Iterable, NamedTuple, Optional, Sequence, Union
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.json.gz")
+from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+
 METASPACE = "\u2581"  # "▁", SentencePiece's space marker
 # Byte length given to added and unknown tokens: any text holding one fails the byte-total check of the derived
 # offsets, so it falls back to the tokenizer's own offsets (added tokens match text outside the model's vocabulary).
 NO_FAST_PATH = 1 << 40
-
-
-def find_tokenizer_file(path: Union[str, Path]) -> Path:
-    """The file `load_tokenizer` reads: `path`, or the tokenizer.json[.gz] in a tokenizer or LitGPT checkpoint dir."""
-    path = Path(path)
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        raise FileNotFoundError(f"Tokenizer path {str(path)!r} does not exist.")
-    for name in TOKENIZER_FILES:
-        if (path / name).is_file():
-            return path / name
-    names = sorted(p.name for p in path.iterdir())
-    hint = ""
-    if "tokenizer.model" in names:
-        hint = (
-            " There is a SentencePiece `tokenizer.model`, which reports no character offsets: write the fast tokenizer"
-            " next to it with `transformers.AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)`."
-        )
-    raise FileNotFoundError(
-        f"No {' or '.join(TOKENIZER_FILES)} in {str(path)!r} (it holds: {', '.join(names) or 'nothing'}).{hint}"
-        " Pass a LitGPT checkpoint dir, a tokenizer dir or the tokenizer.json file itself."
-    )
-
-
-def read_tokenizer_json(file: Path) -> bytes:
-    """The bytes of a tokenizer.json, decompressed when gzipped: a .gz copy is the same tokenizer as the plain file."""
-    data = Path(file).read_bytes()
-    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
-
-
-def load_tokenizer(path: Union[str, Path]) -> Tokenizer:
-    """A Hugging Face fast tokenizer from a tokenizer.json (gzipped or not), tokenizer dir or LitGPT checkpoint dir.
-
-    Special tokens written out in the text (a literal "</s>" or "<|endoftext|>" in a web page) are encoded as the
-    text they are: training data must not smuggle control tokens in, and every character must keep its offsets.
-    """
-    file = find_tokenizer_file(path)
-    try:
-        tokenizer = Tokenizer.from_str(read_tokenizer_json(file).decode("utf-8"))
-    except Exception as error:  # tokenizers raises a bare Exception for malformed files
-        raise ValueError(
-            f"{str(file)!r} is not a fast-tokenizer JSON file (the tokenizer.json written by Hugging Face tokenizers):"
-            f" {error}"
-        ) from error
-    tokenizer.encode_special_tokens = True
-    return tokenizer
 
 
 class _OffsetTable(NamedTuple):

@@ -18,9 +18,9 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
         "litgpt_vocagnolm.inspection:inspect",
         "How two tokenizers cut a text and how Token-level Lexical Alignment maps them",
     ),
-    "prepare": ("litgpt_vocagnolm.data:prepare", "Tokenize with both tokenizers, align, and write LitData shards"),
+    "prepare": ("litgpt_vocagnolm.prepare:prepare", "Tokenize with both tokenizers, align, and write LitData shards"),
     "score-teacher": (
-        "litgpt_vocagnolm.teacher:score_teacher",
+        "litgpt_vocagnolm.score_teacher:score_teacher",
         "Score prepared data once with the teacher; train with --teacher.cache instead of a live teacher",
     ),
     "evaluate": (

@@ -47,12 +47,15 @@ from litgpt.args import EvalArgs, TrainArgs
 from litgpt.config import Config
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from litgpt_vocagnolm.alignment import load_tokenizer, vocab_overlap
-from litgpt_vocagnolm.data import VocAgnoData, load_manifest, prepare
+from litgpt_vocagnolm.alignment import vocab_overlap
+from litgpt_vocagnolm.data import VocAgnoData, load_manifest
 from litgpt_vocagnolm.loss import GuidanceArgs
 from litgpt_vocagnolm.models import llama_config
 from litgpt_vocagnolm.recipe import setup
-from litgpt_vocagnolm.teacher import TeacherArgs, score_teacher
+from litgpt_vocagnolm.prepare import prepare
+from litgpt_vocagnolm.score_teacher import score_teacher
+from litgpt_vocagnolm.teacher import TeacherArgs
+from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 DATA = Path(__file__).resolve().parents[2] / "data"  # the repository's data/ folder, in a clone
 CORPUS = (  # (file, the fields that make one document)
@@ -78,7 +81,7 @@ class DemoSizes:
     """Student vocabulary, 259 special and byte-fallback tokens included."""
     teacher_vocab_size: int = 6000
     """Teacher vocabulary."""
-    block_size: int = 128
+    max_seq_length: int = 128
     """Student tokens per training sequence."""
     micro_batch_size: int = 16
     """Sequences per optimizer step."""
@@ -102,7 +105,7 @@ class DemoSizes:
 
 
 QUICK = DemoSizes(
-    documents=400, heldout_share=0.1, student_vocab_size=600, teacher_vocab_size=1000, block_size=32,
+    documents=400, heldout_share=0.1, student_vocab_size=600, teacher_vocab_size=1000, max_seq_length=32,
     micro_batch_size=4, student_layers=1, student_width=32, teacher_layers=1, teacher_width=64,
     teacher_tokens=4096, student_tokens=2048, evaluations=2, eval_batches=4,
 )  # fmt: skip
@@ -206,11 +209,11 @@ def demo(
         f" {noise:.0%} of their characters replaced by noise, {len(heldout_texts):,} held out (clean)."
         f" A student's document:\n  {noisy_texts[0][:200]!r}"
     )
-    window = 2 * sizes.block_size  # teacher tokens per student block at most; the teacher's context covers it
+    window = 2 * sizes.max_seq_length  # teacher tokens per student block at most; the teacher's context covers it
     student_data = prepare_data(student_tokenizer, teacher_tokenizer, corpus / "students.jsonl",
-                                corpus / "heldout.jsonl", out_dir / "data" / "students", sizes.block_size, window)
+                                corpus / "heldout.jsonl", out_dir / "data" / "students", sizes.max_seq_length, window)
     teacher_data = prepare_data(teacher_tokenizer, teacher_tokenizer, corpus / "teacher.jsonl",
-                                corpus / "heldout.jsonl", out_dir / "data" / "teacher", sizes.block_size, window)
+                                corpus / "heldout.jsonl", out_dir / "data" / "teacher", sizes.max_seq_length, window)
 
     # 4-5. Teacher and students: the recipe, `workers` runs at a time in processes of one thread each (on 2 cores
     # small matrices gain little from a second thread, and the threads of a busy machine wait on each other: a tiny
@@ -219,7 +222,7 @@ def demo(
     teacher_config = model_config("teacher", sizes.teacher_vocab_size, sizes.teacher_layers, sizes.teacher_width,
                                   window)
     student_config = model_config("student", sizes.student_vocab_size, sizes.student_layers, sizes.student_width,
-                                  sizes.block_size)
+                                  sizes.max_seq_length)
     teacher_dir = out_dir / "runs" / "teacher" / "final"  # lit_model.pth, model_config.yaml, the tokenizer files
     cache = out_dir / "data" / "teacher-loss"
 
@@ -424,12 +427,12 @@ def describe_tokenizers(student_dir: Path, teacher_dir: Path, text: str) -> str:
 
 
 def prepare_data(
-    student: Path, teacher: Path, train: Path, heldout: Path, out_dir: Path, block_size: int, window: int
+    student: Path, teacher: Path, train: Path, heldout: Path, out_dir: Path, max_seq_length: int, window: int
 ) -> Path:
     """`vocagnolm prepare` with the held-out text as its validation split; its report goes to out_dir.log."""
     with logged(out_dir.with_suffix(".log")):
         prepare(student=student, teacher=teacher, input=[train], val_input=[heldout], output=out_dir,
-                max_seq_length=block_size, teacher_max_length=window, num_workers=2, text_key="text")  # fmt: skip
+                max_seq_length=max_seq_length, teacher_max_length=window, num_workers=2, text_key="text")  # fmt: skip
     split = load_manifest(out_dir)["splits"]["train"]
     print(
         f"{out_dir.name}: {split['student_tokens']:,} training tokens, {split['mapped_share']:.1%} of them mapped to"
@@ -466,7 +469,7 @@ def train_run(
 
     The budget is rounded down to whole evaluation intervals, so the last evaluation falls on the last step.
     """
-    tokens_per_step = sizes.micro_batch_size * sizes.block_size
+    tokens_per_step = sizes.micro_batch_size * sizes.max_seq_length
     interval = max(1, tokens // tokens_per_step // sizes.evaluations)
     steps = interval * sizes.evaluations
     t0 = time.perf_counter()
@@ -482,7 +485,7 @@ def train_run(
                 global_batch_size=sizes.micro_batch_size,
                 micro_batch_size=sizes.micro_batch_size,
                 max_tokens=steps * tokens_per_step,
-                max_seq_length=sizes.block_size,
+                max_seq_length=sizes.max_seq_length,
                 lr_warmup_steps=max(1, steps // 20),
                 max_norm=1.0,
                 min_lr=LEARNING_RATE / 10,

@@ -12,7 +12,6 @@ teacher are measured in the same unit.
 
 import csv
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional, Union
@@ -21,6 +20,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from litgpt_vocagnolm.checkpoints import check_checkpoint_dir
+from litgpt_vocagnolm.documents import parse_text_key, read_whole_files
+from litgpt_vocagnolm.loss import bits_per_byte
 from litgpt_vocagnolm.math_tasks import (
     DATA_DIR,
     STOP_STRINGS,
@@ -42,13 +44,6 @@ PREFILL_CHUNK = 512
 EXTRA_FIELDS = ("type", "level", "pid", "ques_type", "ans_type")
 
 
-def bits_per_byte(total_nats: float, total_bytes: int) -> float:
-    """Bits per UTF-8 byte of text from the summed negative log-likelihood (nats) of the tokens that encode it."""
-    if total_bytes <= 0:
-        raise ValueError(f"bits per byte needs a positive number of bytes, got {total_bytes}")
-    return total_nats / (math.log(2) * total_bytes)
-
-
 def evaluate(
     checkpoint_dir: Path,
     tasks: Optional[str] = None,
@@ -57,6 +52,7 @@ def evaluate(
     batch_size: int = 8,
     max_new_tokens: int = 1024,
     bpb: Optional[Union[Path, list[Path]]] = None,
+    text_key: str = "text",
     out_dir: Optional[Path] = None,
     precision: Optional[str] = None,
 ) -> None:
@@ -77,8 +73,11 @@ def evaluate(
         batch_size: Questions decoded together (and text windows scored together for `--bpb`).
         max_new_tokens: Most tokens generated per question; the harness's 1024. Generation also stops at the
             harness's stop strings and at EOS, and where the model's block size is full.
-        bpb: Text to report bits per byte on: a file, or a list (`--bpb [a.txt,b.jsonl]`). A .txt file is one
-            document; a .jsonl file holds one per line, in a "text" field.
+        bpb: Text to report bits per byte on: files or directories, as `vocagnolm prepare --input` reads them
+            (`--bpb [a.txt,b.jsonl]`): a .txt file is one document, a .jsonl file one per line, a .parquet file one
+            per row. Every record must be readable.
+        text_key: The field(s) of a --bpb record that hold its text; several, comma-separated, are joined with a
+            blank line between them.
         out_dir: Where to write the results. Default: `checkpoint_dir/evaluate`.
         precision: Fabric precision, e.g. "bf16-true" or "32-true". Default: bf16 (16-bit on GPUs without bf16).
     """
@@ -86,13 +85,12 @@ def evaluate(
     data_dir = Path(data_dir) if data_dir is not None else DATA_DIR
     out_dir = Path(out_dir) if out_dir is not None else checkpoint_dir / "evaluate"
     # Bad input fails here, before the model loads.
-    check_checkpoint_dir(checkpoint_dir)
+    check_checkpoint_dir(checkpoint_dir, what="checkpoint_dir", tokenizer=True)
     selected = parse_tasks(tasks if tasks is not None else ("" if bpb else ",".join(TASKS)))
     check_task_files(selected, data_dir)
     if selected:
         check_latex_parser()
-    bpb_files = [bpb] if isinstance(bpb, (str, Path)) else list(bpb or [])
-    documents = {Path(path): read_documents(Path(path)) for path in bpb_files}
+    documents = read_whole_files(bpb, parse_text_key(text_key), "--bpb") if bpb else {}
     for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens), ("limit", limit)):
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be at least 1, got {value}")
@@ -125,29 +123,6 @@ def evaluate(
 # Input checks
 
 
-CHECKPOINT_FILES = {
-    "lit_model.pth": ("lit_model.pth",),
-    "model_config.yaml": ("model_config.yaml",),
-    "tokenizer.json or tokenizer.model": ("tokenizer.json", "tokenizer.model"),
-    "tokenizer_config.json": ("tokenizer_config.json",),
-}
-
-
-def check_checkpoint_dir(checkpoint_dir: Path) -> None:
-    if not checkpoint_dir.is_dir():
-        raise FileNotFoundError(f"checkpoint_dir {str(checkpoint_dir)!r} is not a directory")
-    missing = [
-        what for what, files in CHECKPOINT_FILES.items() if not any((checkpoint_dir / f).is_file() for f in files)
-    ]
-    if missing:
-        present = sorted(p.name for p in checkpoint_dir.iterdir()) or ["nothing"]
-        raise FileNotFoundError(
-            f"checkpoint_dir {str(checkpoint_dir)!r} lacks {', '.join(missing)}; it holds {', '.join(present)}."
-            " A LitGPT checkpoint directory has the weights, the model config and the tokenizer files (copy them"
-            " from the model that was trained, e.g. `checkpoints/TinyLlama/...`, next to lit_model.pth)."
-        )
-
-
 def parse_tasks(tasks: str) -> list[Task]:
     """`"gsm8k,math"` -> the tasks, in Table 1 order."""
     names = [name.strip() for name in tasks.split(",") if name.strip()]
@@ -168,29 +143,6 @@ def check_task_files(tasks: list[Task], data_dir: Path) -> None:
         + f"; it holds: {', '.join(present) or 'nothing'}."
         " Leave --data_dir out to use the test files shipped with litgpt-vocagnolm."
     )
-
-
-def read_documents(path: Path) -> list[str]:
-    """A .txt file is one document; a .jsonl file has one object with a "text" field per line."""
-    if not path.is_file():
-        raise FileNotFoundError(f"--bpb file {str(path)!r} does not exist")
-    if path.suffix == ".txt":
-        return [path.read_text(encoding="utf-8")]
-    if path.suffix != ".jsonl":
-        raise ValueError(f"--bpb file {str(path)!r}: expected a .txt or .jsonl file, got {path.suffix or 'none'!r}")
-    documents = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-                raise ValueError(f"{path}:{number}: expected an object with a string field 'text', got {keys}")
-            documents.append(record["text"])
-    if not any(documents):
-        raise ValueError(f"--bpb file {str(path)!r} holds no text")
-    return documents
 
 
 # Model

@@ -14,7 +14,8 @@ from typing import Optional
 import numpy as np
 from tokenizers import Tokenizer
 
-from litgpt_vocagnolm.alignment import align, chunk_align, encode, ios_iou, load_tokenizer
+from litgpt_vocagnolm.alignment import align, chunk_align, encode, ios_iou
+from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 # Written for this project: word problems, LaTeX and the Unicode that math text carries.
 SAMPLE = """\

@@ -13,7 +13,7 @@ Selection runs under `no_grad`: weights carry no gradient, only the student's pe
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal, get_args
+from typing import Callable, Literal, NamedTuple, get_args
 
 import torch
 import torch.nn.functional as F
@@ -263,17 +263,67 @@ def _top_k_rows(scores: Tensor, candidate: Tensor, top_k: float) -> Tensor:
     return candidate & (ranking < k)
 
 
-def _weights(selected: Tensor, valid: Tensor, mapped: Tensor, unmapped: Unmapped) -> Tensor:
-    # 1 selected, 0 mapped-unselected, 1 valid unmapped if included, 0 invalid: (B, T) float32
+class Selection(NamedTuple):
+    """The tokens a selecting method trains, and what it saw; all (B, T), no gradient."""
+
+    weights: Tensor
+    """float32 in {0, 1}: 1 selected, 0 mapped-unselected, 1 valid unmapped if included, 0 invalid."""
+    mapped: Tensor
+    """bool: valid tokens with a reference (the candidates of the top-k)."""
+    selected: Tensor
+    """bool: the candidates the top-k chose."""
+    reference: Tensor | None
+    """float32: the aggregated teacher loss of mapped tokens, 0 elsewhere; None for `random`."""
+    excess: Tensor | None
+    """float32: `ls - reference`, the score the top-k ranks; None for `random`."""
+
+
+def select(
+    scores: Tensor,
+    valid: Tensor,
+    mapped: Tensor,
+    *,
+    top_k: float,
+    unmapped: Unmapped = "include",
+    scope: Scope = "batch",
+    all_gather: AllGather | None = None,
+    rank: int = 0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The top-k of the valid mapped tokens by `scores`, and the weights that follow (DESIGN.md §3.2, steps 3-4).
+
+    scores (B, T) float; valid, mapped (B, T) bool. Returns (weights (B, T) float32, candidates, selected) where
+    candidates = valid & mapped.
+    """
     if unmapped not in get_args(Unmapped):
         raise ValueError(f"unmapped must be one of {get_args(Unmapped)}, got {unmapped!r}")
-    keep = selected & valid
-    if unmapped == "include":
-        keep = keep | (valid & ~mapped)
-    return keep.float()
+    candidate = valid & mapped
+    selected = select_top_k(scores, candidate, top_k, scope=scope, all_gather=all_gather, rank=rank)
+    keep = selected | (valid & ~mapped) if unmapped == "include" else selected
+    return keep.float(), candidate, selected
 
 
 @torch.no_grad()
+def teacher_guided_selection(
+    ls: Tensor,
+    lt: Tensor,
+    ranges: Tensor,
+    valid: Tensor,
+    *,
+    top_k: float = 0.4,
+    aggregation: Aggregation = "max",
+    unmapped: Unmapped = "include",
+    scope: Scope = "batch",
+    all_gather: AllGather | None = None,
+    rank: int = 0,
+) -> Selection:
+    """`teacher_guided_weights` with what it computed on the way (for metrics); same arguments."""
+    reference, mapped = aggregate_teacher_loss(lt, ranges, aggregation)
+    excess = ls.float() - reference
+    weights, candidate, selected = select(excess, valid, mapped, top_k=top_k, unmapped=unmapped, scope=scope,
+                                          all_gather=all_gather, rank=rank)  # fmt: skip
+    return Selection(weights, candidate, selected, reference, excess)
+
+
 def teacher_guided_weights(
     ls: Tensor,
     lt: Tensor,
@@ -301,14 +351,12 @@ def teacher_guided_weights(
 
     Returns: (B, T) float32 weights in {0, 1}, no gradient.
     """
-    agg, mapped = aggregate_teacher_loss(lt, ranges, aggregation)
-    candidate = valid & mapped
-    selected = select_top_k(ls.float() - agg, candidate, top_k, scope=scope, all_gather=all_gather, rank=rank)
-    return _weights(selected, valid, mapped, unmapped)
+    return teacher_guided_selection(ls, lt, ranges, valid, top_k=top_k, aggregation=aggregation, unmapped=unmapped,
+                                    scope=scope, all_gather=all_gather, rank=rank).weights  # fmt: skip
 
 
 @torch.no_grad()
-def random_weights(
+def random_selection(
     valid: Tensor,
     mapped: Tensor,
     top_k: float,
@@ -318,15 +366,27 @@ def random_weights(
     scope: Scope = "batch",
     all_gather: AllGather | None = None,
     rank: int = 0,
-) -> Tensor:
+) -> Selection:
     """The control: as many valid mapped tokens as `teacher_guided_weights` selects, drawn uniformly.
 
     valid, mapped (B, T) bool; `generator` on their device. With scope="global" every rank draws its own scores
-    and the gathered scores decide, so the global count is exact as well. Returns (B, T) float32.
+    and the gathered scores decide, so the global count is exact as well.
     """
     scores = torch.rand(valid.shape, generator=generator, device=valid.device)
-    selected = select_top_k(scores, valid & mapped, top_k, scope=scope, all_gather=all_gather, rank=rank)
-    return _weights(selected, valid, mapped, unmapped)
+    weights, candidate, selected = select(scores, valid, mapped, top_k=top_k, unmapped=unmapped, scope=scope,
+                                          all_gather=all_gather, rank=rank)  # fmt: skip
+    return Selection(weights, candidate, selected, None, None)
+
+
+def paired_teacher_positions(ranges: Tensor) -> Tensor:
+    """The teacher position whose prediction meets each student target, for logit distillation across tokenizers.
+
+    The teacher's prediction of the first teacher token of a target's range (made at the position before it) and the
+    student's prediction of the target both continue the same characters. ranges (B, T, 2) -> (B, T) long, -1 where
+    unpaired (unmapped, or the range starts the teacher window).
+    """
+    start, end = ranges.unbind(-1)  # (B, T) each
+    return torch.where((end > start) & (start > 0), start - 1, -1)
 
 
 def kld_loss(
@@ -414,13 +474,13 @@ def uld_loss(
 
 def guided_loss(
     args: GuidanceArgs,
-    logits: Tensor,
-    targets: Tensor,
+    ls: Tensor,
+    valid: Tensor,
     *,
     teacher_loss: Tensor | None = None,
     ranges: Tensor | None = None,
+    logits: Tensor | None = None,
     teacher_logits: Tensor | None = None,
-    pair_index: Tensor | None = None,
     all_gather: AllGather | None = None,
     rank: int = 0,
     generator: torch.Generator | None = None,
@@ -429,88 +489,101 @@ def guided_loss(
 
     Divide the summed losses by the summed weights of all micro-batches and ranks of an optimizer step, once.
     kld and uld add `distill_weight * distillation` to each valid token's cross-entropy with the same weight 1, so
-    their loss is mean CE + distill_weight * distillation summed over valid tokens / valid tokens (unpaired uld
-    tokens add 0 to the sum, 1 to the count).
+    their loss is mean CE + distill_weight * distillation summed over valid tokens / valid tokens (unpaired tokens add
+    0 to the sum, 1 to the count).
 
     Args:
         args: the method and its options.
-        logits: (B, T, V) student logits.
-        targets: (B, T), -100 = not a target (padding).
+        ls: (B, T) float32 student per-token cross-entropy, with its gradient; 0 where not valid.
+        valid: (B, T) bool, False where there is no target (padding).
         teacher_loss: (B, M) teacher per-token loss, NaN = unavailable; vocagnolm, rho1, chunk; random (optional:
             without it a token is mapped when its range is non-empty).
         ranges: (B, T, 2) teacher tokens [a, e) of each student token; vocagnolm, chunk (chunk-alignment ranges),
-            random; rho1 defaults to 1:1 (token i -> [i, i + 1)).
-        teacher_logits: kld (B, T, V), uld (B, M, Vt).
-        pair_index: uld (B, T) teacher position paired with each student position, -1 = unpaired.
+            random, kld and uld (pairing); rho1 defaults to 1:1 (token i -> [i, i + 1)).
+        logits: kld, uld: (B, T, V) student logits, with their gradient.
+        teacher_logits: kld, uld: (B, M, Vt) teacher logits over its window (kld: the student's vocabulary).
         all_gather, rank: scope="global" (see `select_top_k`).
-        generator: random's generator, on the logits' device.
+        generator: random's generator, on `ls`'s device.
 
-    Returns: loss_sum (float32 scalar, with gradient to `logits` only), weight_sum (float32 scalar, no gradient),
-        metrics (detached float32 scalars, no host sync): student_loss (mean CE over valid tokens),
-        trained_fraction (weight sum / valid), and for the selecting methods mapped_fraction (of valid),
-        selected_fraction (of valid mapped), plus, with a teacher loss, teacher_loss (mean over valid mapped),
-        excess_selected and excess_unselected (mean excess of valid mapped tokens); for kld/uld distill_loss.
+    Returns: loss_sum (float32 scalar, with gradient), weight_sum (float32 scalar, no gradient), metrics (detached
+        float32 scalars, no host sync): student_loss (mean CE over valid tokens), trained_fraction (weight sum /
+        valid), and for the selecting methods mapped_fraction (of valid), selected_fraction (of valid mapped), plus,
+        with a teacher loss, teacher_loss (mean over valid mapped), excess_selected and excess_unselected (mean excess
+        of valid mapped tokens); for kld/uld distill_loss.
     """
     method = args.method
     if method in ("vocagnolm", "rho1", "chunk") and teacher_loss is None:
         raise ValueError(f"guidance.method={method!r} needs teacher_loss (B, M)")
-    if method in ("vocagnolm", "chunk", "random") and ranges is None:
+    if method in ("vocagnolm", "chunk", "random", "kld", "uld") and ranges is None:
         raise ValueError(f"guidance.method={method!r} needs ranges (B, T, 2) from the alignment")
-    if method in ("kld", "uld") and teacher_logits is None:
-        raise ValueError(f"guidance.method={method!r} needs teacher_logits")
-    if method == "uld" and pair_index is None:
-        raise ValueError("guidance.method='uld' needs pair_index (B, T) from the alignment")
+    if method in ("kld", "uld") and (logits is None or teacher_logits is None):
+        raise ValueError(f"guidance.method={method!r} needs the student's logits and the teacher's")
     if method == "rho1" and ranges is None:
-        if teacher_loss.shape != targets.shape:
+        if teacher_loss.shape != ls.shape:
             raise ValueError(
                 f"guidance.method='rho1' pairs token i with teacher token i: teacher_loss must be"
-                f" {tuple(targets.shape)}, got {tuple(teacher_loss.shape)} (pass ranges, or use vocagnolm for"
+                f" {tuple(ls.shape)}, got {tuple(teacher_loss.shape)} (pass ranges, or use vocagnolm for"
                 " different tokenizers)"
             )
-        position = torch.arange(targets.shape[1], device=targets.device)
-        ranges = torch.stack([position, position + 1], dim=-1).expand(*targets.shape, 2)
+        position = torch.arange(ls.shape[1], device=ls.device)
+        ranges = torch.stack([position, position + 1], dim=-1).expand(*ls.shape, 2)
 
-    valid = targets != -100
-    ls = per_token_cross_entropy(logits, targets)  # (B, T) float32
     n_valid = valid.sum().clamp(min=1)
     metrics = {"student_loss": ls.detach().sum() / n_valid}
     per_token = ls
-
     if method in ("ce", "kld", "uld"):
         weights = valid.float()
         if method != "ce":
-            if method == "kld":
-                distill = kld_loss(logits, teacher_logits, valid, args.temperature)
+            pair_index = paired_teacher_positions(ranges)
+            if method == "kld":  # one vocabulary: the paired teacher distribution, position by position
+                index = pair_index.clamp(min=0)[..., None].expand(-1, -1, logits.shape[-1])
+                paired = torch.gather(teacher_logits, 1, index)  # (B, T, V)
+                paired = torch.where((pair_index >= 0)[..., None], paired, logits.detach())  # unpaired: KL = 0
+                distill = kld_loss(logits, paired, valid, args.temperature)
             else:
                 distill = uld_loss(logits, teacher_logits, pair_index, valid)
             per_token = ls + args.distill_weight * distill
             metrics["distill_loss"] = distill.detach().sum() / n_valid
     else:
-        with torch.no_grad():
-            if teacher_loss is not None:
-                agg, mapped = aggregate_teacher_loss(teacher_loss, ranges, args.aggregation)
-            else:
-                agg, mapped = None, ranges[..., 1] > ranges[..., 0]
-            candidate = valid & mapped
-            excess = None if agg is None else ls.detach() - agg
-            cross_rank = dict(scope=args.scope, all_gather=all_gather, rank=rank)
-            if method == "random":
-                weights = random_weights(valid, mapped, args.top_k, args.unmapped, generator, **cross_rank)
-                selected = candidate & (weights > 0)
-            else:
-                selected = select_top_k(excess, candidate, args.top_k, **cross_rank)
-                weights = _weights(selected, valid, mapped, args.unmapped)
-            n_candidate, n_selected = candidate.sum(), selected.sum()
-            metrics["mapped_fraction"] = n_candidate / n_valid
-            metrics["selected_fraction"] = n_selected / n_candidate.clamp(min=1)
-            if excess is not None:
-                unselected = candidate & ~selected
-                metrics["teacher_loss"] = torch.where(candidate, agg, 0.0).sum() / n_candidate.clamp(min=1)
-                metrics["excess_selected"] = torch.where(selected, excess, 0.0).sum() / n_selected.clamp(min=1)
-                n_unselected = unselected.sum().clamp(min=1)
-                metrics["excess_unselected"] = torch.where(unselected, excess, 0.0).sum() / n_unselected
+        cross_rank = dict(scope=args.scope, all_gather=all_gather, rank=rank)
+        if method == "random":
+            mapped, reference, excess = ranges[..., 1] > ranges[..., 0], None, None
+            if teacher_loss is not None:  # what the teacher would have ranked by, for the metrics
+                reference, mapped = aggregate_teacher_loss(teacher_loss, ranges, args.aggregation)
+                excess = ls.detach().float() - reference
+            selection = random_selection(valid, mapped, args.top_k, args.unmapped, generator, **cross_rank)
+            selection = selection._replace(reference=reference, excess=excess)
+        else:
+            selection = teacher_guided_selection(ls.detach(), teacher_loss, ranges, valid, top_k=args.top_k,
+                                                 aggregation=args.aggregation, unmapped=args.unmapped, **cross_rank)  # fmt: skip
+        weights = selection.weights
+        metrics.update(selection_metrics(selection, n_valid))
 
     weight_sum = weights.sum()
     metrics["trained_fraction"] = weight_sum / n_valid
     metrics = {name: value.detach().float() for name, value in metrics.items()}
     return (weights * per_token).sum(), weight_sum, metrics
+
+
+@torch.no_grad()
+def selection_metrics(selection: Selection, n_valid: Tensor) -> dict[str, Tensor]:
+    """Shares of mapped and selected tokens, and (with a teacher) the mean reference and excess losses of the selected
+    and unselected candidates: scalars on the device, no host sync."""
+    candidate, selected = selection.mapped, selection.selected
+    n_candidate, n_selected = candidate.sum(), selected.sum()
+    metrics = {"mapped_fraction": n_candidate / n_valid, "selected_fraction": n_selected / n_candidate.clamp(min=1)}
+    if selection.excess is not None:
+        unselected = candidate & ~selected
+        excess = selection.excess
+        metrics["teacher_loss"] = torch.where(candidate, selection.reference, 0.0).sum() / n_candidate.clamp(min=1)
+        metrics["excess_selected"] = torch.where(selected, excess, 0.0).sum() / n_selected.clamp(min=1)
+        metrics["excess_unselected"] = torch.where(unselected, excess, 0.0).sum() / unselected.sum().clamp(min=1)
+    return metrics
+
+
+def bits_per_byte(total_nats: float, total_bytes: int) -> float:
+    """Bits per UTF-8 byte of text from the summed negative log-likelihood (nats) of the tokens that encode it:
+    comparable across tokenizers."""
+    if total_bytes <= 0:
+        raise ValueError(f"bits per byte needs a positive number of bytes, got {total_bytes}")
+    return total_nats / (math.log(2) * total_bytes)

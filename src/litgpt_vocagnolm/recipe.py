@@ -13,6 +13,7 @@ each micro-batch backpropagates its unnormalised sum, and the gradients are divi
 before clipping (so every trained token weighs the same, however selection spreads over micro-batches and ranks).
 """
 
+import contextlib
 import math
 import pprint
 import shutil
@@ -46,19 +47,14 @@ from litgpt.utils import (
     save_config,
 )
 
-from litgpt_vocagnolm.alignment import load_tokenizer, vocab_overlap
+from litgpt_vocagnolm.alignment import vocab_overlap
+from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, load_weights
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
-from litgpt_vocagnolm.evaluate import bits_per_byte
+from litgpt_vocagnolm.loss import GuidanceArgs, bits_per_byte, guided_loss, per_token_cross_entropy
 from litgpt_vocagnolm.models import register
-from litgpt_vocagnolm.loss import GuidanceArgs, guided_loss, per_token_cross_entropy
-from litgpt_vocagnolm.teacher import (
-    TeacherArgs,
-    check_cache,
-    check_checkpoint_dir,
-    load_teacher,
-    load_weights,
-    teacher_token_loss,
-)
+from litgpt_vocagnolm.teacher import TeacherArgs, load_teacher, teacher_token_loss
+from litgpt_vocagnolm.teacher_cache import check_cache
+from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 
 @dataclass
@@ -190,6 +186,7 @@ def setup(
 
 
 def main(
+    *,
     fabric: L.Fabric,
     devices: int,
     num_nodes: int,
@@ -243,7 +240,12 @@ def main(
     optimizer = instantiate_torch_optimizer(optimizer, model.parameters(), **extra_kwargs)
     optimizer = fabric.setup_optimizers(optimizer)
 
-    data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length)
+    if isinstance(data, VocAgnoData):
+        num_chunks = guidance.num_chunks if guidance.method == "chunk" else None
+        data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length, num_chunks=num_chunks,
+                     teacher_cache=teacher_args.cache)  # fmt: skip
+    else:
+        data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length)
     with fabric.rank_zero_first():
         data.prepare_data()
     data.setup()
@@ -264,8 +266,22 @@ def main(
         fabric.load(resume, state)
 
     train_time = time.perf_counter()
-    fit(fabric, devices, num_nodes, state, teacher, train_dataloader, val_dataloader, out_dir, tokenizer_dir,
-        train, eval, guidance, seed, hparams)  # fmt: skip
+    fit(
+        fabric=fabric,
+        devices=devices,
+        num_nodes=num_nodes,
+        state=state,
+        teacher=teacher,
+        train_dataloader=train_dataloader,
+        val_dataloader=val_dataloader,
+        out_dir=out_dir,
+        tokenizer_dir=tokenizer_dir,
+        train=train,
+        eval=eval,
+        guidance=guidance,
+        seed=seed,
+        hparams=hparams,
+    )
     save_checkpoint(fabric, state, tokenizer_dir, out_dir / "final" / "lit_model.pth", hparams)
 
     total_tokens = state["iter_num"] * train.micro_batch_size * model.max_seq_length * fabric.world_size
@@ -281,6 +297,7 @@ def main(
 
 
 def fit(
+    *,
     fabric: L.Fabric,
     devices: int,
     num_nodes: int,
@@ -327,7 +344,7 @@ def fit(
     initial_iter = state["iter_num"]
     step_sums = torch.zeros(2, device=fabric.device)  # (weighted loss sum, weight sum) over the step's micro-batches
     step_metrics: dict[str, torch.Tensor] = {}
-    teacher_time = step_time = 0.0
+    teacher_timer, step_time = Stopwatch(fabric.device), 0.0
     fabric.barrier()
     total_t0 = time.perf_counter()
 
@@ -344,11 +361,11 @@ def fit(
         # Seeded by position, so `random` selection is reproducible and survives a resume without extra state.
         generator = torch.Generator(device=fabric.device).manual_seed(seed * 1_000_003 + state["iter_num"])
         with fabric.no_backward_sync(model, enabled=is_accumulating):
-            loss_sum, weight_sum, metrics, t_teacher = forward_and_loss(
-                model, teacher, batch, guidance, all_gather=all_gather, rank=fabric.global_rank, generator=generator
-            )
+            loss_sum, weight_sum, metrics = forward_and_loss(
+                model, teacher, batch, guidance, all_gather=all_gather, rank=fabric.global_rank, generator=generator,
+                teacher_timer=teacher_timer,
+            )  # fmt: skip
             fabric.backward(loss_sum)
-        teacher_time += t_teacher
         step_sums += torch.stack([loss_sum.detach(), weight_sum.detach()])
         for name, value in metrics.items():
             step_metrics[name] = step_metrics.get(name, 0.0) + value / accumulation
@@ -382,7 +399,7 @@ def fit(
                 "total_tokens": state["iter_num"] * tokens_per_iter * fabric.world_size,
                 "learning_rate": lr,
                 "tokens_per_sec": tokens / (t1 - total_t0),
-                "teacher_time_share": teacher_time / max(step_time, 1e-9),
+                "teacher_time_share": teacher_timer.seconds() / max(step_time, 1e-9),
                 **{name: float(value) for name, value in step_metrics.items()},
             }
             fabric.print(
@@ -418,51 +435,67 @@ def forward_and_loss(
     teacher: nn.Module | None,
     batch: dict[str, torch.Tensor] | torch.Tensor,
     guidance: GuidanceArgs,
+    *,
     all_gather=None,
     rank: int = 0,
     generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], float]:
-    """One micro-batch: teacher scores (online or from the cache), student forward, guided loss.
-
-    Returns the weighted loss sum, the weight sum, detached metrics and the seconds spent in the teacher.
-    """
+    teacher_timer: contextlib.AbstractContextManager = contextlib.nullcontext(),
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """One micro-batch: teacher scores (online, timed by `teacher_timer`, or from the cache), student forward, guided
+    loss. Returns the weighted loss sum, the weight sum and detached metrics (see `loss.guided_loss`)."""
     if isinstance(batch, torch.Tensor):  # a plain LitGPT data module: (B, T + 1) token blocks, `ce` only
         batch = {"input_ids": batch[:, :-1].long(), "targets": batch[:, 1:].long()}
-    teacher_loss = teacher_logits = pair_index = None
-    t0 = time.perf_counter()
-    if "teacher_loss" in batch:  # from the cache written by `vocagnolm score-teacher`
-        teacher_loss = batch["teacher_loss"]
-    elif teacher is not None:
-        with torch.no_grad():
+    teacher_loss, teacher_logits = batch.get("teacher_loss"), None  # a cached loss, from `vocagnolm score-teacher`
+    if teacher_loss is None and teacher is not None:
+        with teacher_timer, torch.no_grad():
             logits = teacher(batch["teacher_ids"])  # (B, M, V_teacher)
-        teacher_loss = teacher_token_loss(logits, batch["teacher_ids"], batch["teacher_valid"])
-        if guidance.needs_teacher_logits:
-            # The teacher's prediction of the first teacher token of each target's range (made at the position
-            # before it) meets the student's prediction of the target: both continue the same characters.
-            start, end = batch["ranges"].unbind(-1)  # (B, T) each
-            pair_index = torch.where((end > start) & (start > 0), start - 1, -1)
-            teacher_logits = logits
-        if logits.device.type == "cuda":
-            torch.cuda.synchronize()  # only to attribute time to the teacher in the logs
-    teacher_seconds = time.perf_counter() - t0
+            teacher_loss = teacher_token_loss(logits, batch["teacher_ids"], batch["teacher_valid"])
+        teacher_logits = logits if guidance.needs_teacher_logits else None
 
     logits = model(batch["input_ids"])  # (B, T, V_student)
-    if guidance.method == "kld":  # one vocabulary: the paired teacher distribution, position by position
-        paired = torch.gather(teacher_logits, 1, pair_index.clamp(min=0)[..., None].expand(-1, -1, logits.shape[-1]))
-        teacher_logits = torch.where((pair_index >= 0)[..., None], paired, logits.detach())  # unpaired: KL = 0
-    loss_sum, weight_sum, metrics = guided_loss(
+    ls = per_token_cross_entropy(logits, batch["targets"])  # (B, T) float32
+    return guided_loss(
         guidance,
-        logits,
-        batch["targets"],
+        ls,
+        batch["targets"] != -100,
         teacher_loss=teacher_loss,
         ranges=batch.get("ranges"),
+        logits=logits,
         teacher_logits=teacher_logits,
-        pair_index=pair_index,
         all_gather=all_gather,
         rank=rank,
         generator=generator,
     )
-    return loss_sum, weight_sum, metrics, teacher_seconds
+
+
+class Stopwatch:
+    """Seconds spent inside `with stopwatch:` blocks, summed, without stopping the GPU: on CUDA each block records two
+    events, read (a host sync) only by `seconds()`, which the loop calls on log steps."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda, self.spans, self.total = device.type == "cuda", [], 0.0
+
+    def __enter__(self) -> None:
+        if self.cuda:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.start = time.perf_counter()
+
+    def __exit__(self, *exc_info) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.spans.append((self.start, end))
+        else:
+            self.total += time.perf_counter() - self.start
+
+    def seconds(self) -> float:
+        for start, end in self.spans:
+            end.synchronize()
+            self.total += start.elapsed_time(end) / 1000
+        self.spans = []
+        return self.total
 
 
 @torch.no_grad()
@@ -606,11 +639,6 @@ def check_setup(
         raise ValueError("The recipe needs --train.max_tokens and --train.max_norm.")
     if train.epochs is not None:
         raise ValueError("The recipe counts tokens, not epochs: set --train.max_tokens instead of --train.epochs.")
-    if isinstance(data, VocAgnoData):
-        if data.chunks is not None and guidance.method != "chunk":
-            raise ValueError(f"--data.chunks is for --guidance.method chunk, not {guidance.method}: drop it.")
-        if guidance.method == "chunk":
-            data.chunks = guidance.num_chunks  # the collate replaces token-level ranges by chunk alignment
     if guidance.method == "ce":
         return
     if not isinstance(data, VocAgnoData):
@@ -625,14 +653,13 @@ def check_setup(
                 " per-token losses. Drop --teacher.cache and pass --teacher.checkpoint_dir."
             )
         check_cache(teacher.cache, data.path / MANIFEST, teacher.checkpoint_dir)
-        data.teacher_cache = teacher.cache  # the loaders attach each block's cached teacher losses
     if needs_teacher(guidance) and teacher.cache is None:
         if teacher.checkpoint_dir is None:
             raise ValueError(
                 f"--guidance.method {guidance.method} needs a teacher: --teacher.checkpoint_dir DIR (or"
                 " --teacher.cache DIR from `vocagnolm score-teacher`)."
             )
-        check_checkpoint_dir(teacher.checkpoint_dir)
+        check_checkpoint_dir(teacher.checkpoint_dir, what="--teacher.checkpoint_dir")
     if tokenizer_dir is None:
         raise ValueError("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
     data.check_tokenizers(tokenizer_dir, teacher.checkpoint_dir)

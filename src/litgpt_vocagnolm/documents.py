@@ -1,0 +1,282 @@
+"""Input documents: finding the input files, cutting them into work units, reading their records, the validation split.
+
+`vocagnolm prepare` reads .txt files (one document each), .jsonl files (one record per line) and .parquet files (one
+record per row, e.g. OpenWebMath); a record's document is its `--text_key` fields joined by a blank line. The input is
+cut into about UNITS work units of whole lines, row groups or files (1 to 64 MB of text each, whatever the number of
+workers, so that the data comes out the same), which `litdata.optimize` spreads over worker processes. A record that
+can't be read is counted by reason in `Stats` and skipped, never dropped silently.
+"""
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple, Optional, Union
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SUFFIXES = (".txt", ".jsonl", ".parquet")
+FIELD_SEPARATOR = "\n\n"  # joins the fields of `--text_key question,answer`, as paragraphs
+UNITS = 256  # work units to cut the input into, so that many workers stay busy to the end
+UNIT_BYTES = (1 << 20, 64 << 20)  # bounds on a unit's input; each unit ends in one padded block (0.4% of 1 MB)
+
+
+class Piece(NamedTuple):
+    """A part of one input file: a .jsonl byte range of whole lines, a .parquet row group, or a whole .txt file."""
+
+    path: str
+    start: int
+    """First byte (.jsonl, .txt) or row group (.parquet)."""
+    stop: int
+    weight: int
+    """Bytes of text, about: how work is shared out."""
+
+
+class Unit(NamedTuple):
+    """One `litdata.optimize` input: pieces packed into blocks together."""
+
+    index: int
+    pieces: tuple[Piece, ...]
+    weight: int
+
+
+@dataclass
+class Stats:
+    """Counts of one unit, split or dataset; units write theirs to JSON and `prepare` sums them."""
+
+    documents: int = 0
+    characters: int = 0
+    bytes: int = 0
+    student_tokens: int = 0
+    """Added tokens included, padding not."""
+    teacher_tokens: int = 0
+    """Of the documents, added tokens included (windows overlap a little, so blocks hold a few more)."""
+    mapped: int = 0
+    """Student tokens with a teacher range."""
+    overflow_unmapped: int = 0
+    """Student tokens left unmapped because their teacher tokens lay past teacher_max_length (or were over 255)."""
+    blocks: int = 0
+    padding: int = 0
+    """Student positions padded in the last block of each unit."""
+    skipped_records: dict[str, int] = field(default_factory=dict)
+    """Reason -> count."""
+    skipped_files: list[tuple[str, str]] = field(default_factory=list)
+    """(path, reason)."""
+    examples: list[str] = field(default_factory=list)
+    """Where the first few skipped records are."""
+
+    def skip(self, where: str, reason: str) -> None:
+        self.skipped_records[reason] = self.skipped_records.get(reason, 0) + 1
+        if len(self.examples) < 10:
+            self.examples.append(f"{where}: {reason}")
+
+    def counts(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.type is int}
+
+    def __add__(self, other: "Stats") -> "Stats":
+        counts = {name: count + other.counts()[name] for name, count in self.counts().items()}
+        return Stats(
+            **counts,
+            skipped_records=dict(Counter(self.skipped_records) + Counter(other.skipped_records)),
+            skipped_files=self.skipped_files + other.skipped_files,
+            examples=(self.examples + other.examples)[:10],
+        )
+
+
+def parse_text_key(text_key: str) -> list[str]:
+    keys = [key.strip() for key in text_key.split(",")]
+    if not all(keys):
+        raise ValueError(f"--text_key {text_key!r}: give one field name, or several separated by commas.")
+    return keys
+
+
+def record_text(record: Any, keys: list[str]) -> tuple[Optional[str], str]:
+    """The document of a JSON or Parquet record: its `keys` fields joined by FIELD_SEPARATOR, or (None, why not)."""
+    if not isinstance(record, dict):
+        return None, "record is not a JSON object"
+    values = []
+    for key in keys:
+        if key not in record:
+            return None, f"missing field {key!r}"
+        if not isinstance(record[key], str):
+            return None, f"field {key!r} is {'null' if record[key] is None else 'not a string'}"
+        values.append(record[key])
+    return FIELD_SEPARATOR.join(values), ""
+
+
+def find_input_files(paths: Union[list[Path], Path], flag: str) -> tuple[list[Path], list[tuple[str, str]]]:
+    """The supported, non-empty files of `paths` (directories searched recursively, sorted), and the skipped ones."""
+    files, skipped, seen = [], [], set()
+    for path in map(Path, [paths] if isinstance(paths, (str, Path)) else paths):
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file())
+            candidates = [p for p in found if p.suffix in SUFFIXES]
+            if not candidates:
+                raise ValueError(f"{flag} {path}: no {', '.join(SUFFIXES)} files in this directory or below it.")
+            unsupported = [p for p in found if p.suffix not in SUFFIXES]
+            skipped += [(str(p), f"unsupported file type {p.suffix or '(none)'!r}") for p in unsupported]
+        elif path.is_file():
+            if path.suffix not in SUFFIXES:
+                raise ValueError(f"{flag} {path}: unsupported file type {path.suffix!r}; use {', '.join(SUFFIXES)}.")
+            candidates = [path]
+        else:
+            raise FileNotFoundError(f"{flag} {path} does not exist.")
+        for p in candidates:
+            if p.resolve() in seen:
+                raise ValueError(f"{flag}: {p} is given twice (directly or inside a directory); give it once.")
+            seen.add(p.resolve())
+            if p.stat().st_size == 0:
+                skipped.append((str(p), "empty file (0 bytes)"))
+            else:
+                files.append(p)
+    if not files:
+        raise ValueError(f"{flag}: every file is empty ({', '.join(p for p, _ in skipped)}).")
+    return files, skipped
+
+
+def check_input_file(path: Path, keys: list[str], flag: str) -> None:
+    """Fails fast when `--text_key` fields are not in the file's first record (.jsonl) or columns (.parquet)."""
+    hint = "Name the document field(s) with --text_key, comma-separated to join several (e.g. question,answer)."
+    if path.suffix == ".jsonl":
+        with open(path, "rb") as f:
+            line = next((line for line in f if line.strip()), b"")
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{flag} {path}: the first line is not a UTF-8 JSON record ({error}).") from None
+        text, why = record_text(record, keys)
+        if text is None:
+            names = ", ".join(record) if isinstance(record, dict) else "none"
+            raise ValueError(f"{flag} {path}: the first record fails, {why} (its fields: {names}). {hint}")
+    elif path.suffix == ".parquet":
+        schema = pq.read_schema(path)
+        for key in keys:
+            if key not in schema.names:
+                raise ValueError(f"{flag} {path}: no column {key!r} (columns: {', '.join(schema.names)}). {hint}")
+            if not (pa.types.is_string(schema.field(key).type) or pa.types.is_large_string(schema.field(key).type)):
+                raise ValueError(f"{flag} {path}: column {key!r} holds {schema.field(key).type}, not text. {hint}")
+
+
+def file_pieces(path: Path, unit_bytes: int) -> list[Piece]:
+    if path.suffix == ".parquet":
+        metadata = pq.read_metadata(path)
+        return [
+            Piece(str(path), g, g + 1, metadata.row_group(g).total_byte_size) for g in range(metadata.num_row_groups)
+        ]
+    size = path.stat().st_size
+    if path.suffix == ".txt":  # one document
+        return [Piece(str(path), 0, size, size)]
+    # .jsonl: cut near every `unit_bytes`, at the start of the next line.
+    cuts = [0]
+    with open(path, "rb") as f:
+        while cuts[-1] + unit_bytes < size:
+            f.seek(cuts[-1] + unit_bytes - 1)
+            f.readline()
+            if f.tell() >= size:
+                break
+            cuts.append(f.tell())
+    cuts.append(size)
+    return [Piece(str(path), a, b, b - a) for a, b in zip(cuts, cuts[1:])]
+
+
+def plan_units(files: list[Path]) -> list[Unit]:
+    """Consecutive pieces of the input grouped into about UNITS units, each within UNIT_BYTES but the last."""
+    unit_bytes = min(max(sum(path.stat().st_size for path in files) // UNITS, UNIT_BYTES[0]), UNIT_BYTES[1])
+    units, pieces, weight = [], [], 0
+    for piece in (piece for path in files for piece in file_pieces(path, unit_bytes)):
+        pieces.append(piece)
+        weight += piece.weight
+        if weight >= unit_bytes:
+            units.append(Unit(len(units), tuple(pieces), weight))
+            pieces, weight = [], 0
+    if pieces:
+        units.append(Unit(len(units), tuple(pieces), weight))
+    return units
+
+
+def read_documents(piece: Piece, keys: list[str], stats: Stats) -> Iterator[str]:
+    """The documents of `piece`, in file order; records that can't be read are counted in `stats` and skipped."""
+    path = piece.path
+    if path.endswith(".txt"):
+        data = Path(path).read_bytes()
+        try:
+            yield data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            stats.skipped_files.append((path, f"not UTF-8 (byte {error.start})"))
+    elif path.endswith(".jsonl"):
+        with open(path, "rb") as f:
+            f.seek(piece.start)
+            position = piece.start
+            for line in f:
+                if position >= piece.stop:
+                    break
+                where, position = f"{path}@{position}", position + len(line)
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line.decode("utf-8"))
+                except UnicodeDecodeError:
+                    stats.skip(where, "not UTF-8")
+                    continue
+                except json.JSONDecodeError:
+                    stats.skip(where, "invalid JSON")
+                    continue
+                text, why = record_text(record, keys)
+                if text is None:
+                    stats.skip(where, why)
+                else:
+                    yield text
+    else:
+        rows = pq.ParquetFile(path).iter_batches(batch_size=1024, row_groups=[piece.start], columns=keys)
+        for batch in rows:
+            for values in zip(*(batch.column(key).to_pylist() for key in keys)):
+                text, why = record_text(dict(zip(keys, values)), keys)
+                if text is None:
+                    stats.skip(f"{path} row group {piece.start}", why)
+                else:
+                    yield text
+
+
+def in_val_split(data: bytes, val_fraction: float) -> bool:
+    """Hash rule: the same text lands in the same split on every run and machine, duplicates included."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") < val_fraction * 2**64
+
+
+def split_documents(
+    unit: Unit, keys: list[str], split: str, val_fraction: Optional[float], stats: Stats
+) -> Iterator[str]:
+    """The documents of `unit` that belong to `split` by the hash rule (every document if `val_fraction` is None),
+    counted in `stats`."""
+    for piece in unit.pieces:
+        for text in read_documents(piece, keys, stats):
+            try:
+                data = text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate from a JSON escape such as "\ud800"
+                stats.skip(piece.path, "not valid Unicode (lone surrogate)")
+                continue
+            if val_fraction is not None and in_val_split(data, val_fraction) != (split == "val"):
+                continue
+            stats.documents += 1
+            stats.characters += len(text)
+            stats.bytes += len(data)
+            yield text
+
+
+def read_whole_files(paths: Union[list[Path], Path], keys: list[str], flag: str) -> dict[Path, list[str]]:
+    """Every document of every input file (directories searched as for `prepare`), by file, for a command that must
+    read all of them (`vocagnolm evaluate --bpb`): a file or record that can't be read is an error naming it."""
+    files, skipped = find_input_files(paths, flag)
+    if skipped:
+        raise ValueError(f"{flag}: can't read {', '.join(f'{path} ({why})' for path, why in skipped)}.")
+    documents = {}
+    for path in files:
+        check_input_file(path, keys, flag)
+        stats = Stats()
+        pieces = file_pieces(path, path.stat().st_size)
+        documents[path] = [text for piece in pieces for text in read_documents(piece, keys, stats)]
+        problems = [f"{path}: {why}" for path, why in stats.skipped_files] + stats.examples
+        if problems:
+            raise ValueError(f"{flag}: {'; '.join(problems[:5])}. Fix or remove these records; nothing is skipped here.")
+    return documents

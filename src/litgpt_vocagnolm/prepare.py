@@ -1,0 +1,424 @@
+"""`vocagnolm prepare`: tokenize text with both tokenizers, align, and write LitData shards, once.
+
+Aligning inside the training loop would take CPU from the GPUs and redo the same work on every run, so `prepare`
+tokenizes every document with both tokenizers, aligns them and packs them into student blocks with their teacher
+windows (packing.py), written by `litdata.optimize` over work units (documents.py) into OUTPUT/val and OUTPUT/train,
+then OUTPUT/manifest.json with the tokenizers' hashes, the settings and the counts (DESIGN.md §4). Each unit ends in
+one padded block (at most about 0.4% padding).
+
+Resumable: an unfinished run works in OUTPUT/.partial and each finished split is recorded there; a run with the same
+settings finishes the work, a run with other settings is refused, and the data appears (split by split, the manifest
+last) only once complete.
+"""
+
+import dataclasses
+import functools
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator, Literal, Optional, Union
+
+import numpy as np
+from litdata import optimize
+
+from litgpt_vocagnolm.alignment import encode
+from litgpt_vocagnolm.data import FORMAT, MANIFEST, PARTIAL, SPLITS
+from litgpt_vocagnolm.documents import (
+    Stats,
+    Unit,
+    check_input_file,
+    find_input_files,
+    parse_text_key,
+    plan_units,
+    read_documents,
+    split_documents,
+)
+from litgpt_vocagnolm.files import file_sha256, write_json
+from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
+from litgpt_vocagnolm.tokenizer_files import (
+    TokenizerInfo,
+    cached_tokenizer,
+    find_tokenizer_file,
+    same_vocabulary,
+    tokenizer_info,
+    tokenizer_sha256,
+)
+
+LITDATA_CHUNK_BYTES = "64MB"  # LitData's chunk (file) size; each worker holds one in memory while it fills it
+RATIO_SAMPLE_CHARS = 1 << 16  # text encoded up front to measure the teacher/student token ratio
+TEACHER_HEADROOM = 1.25  # default teacher_max_length = block tokens x measured token ratio x this
+
+
+@dataclass(frozen=True)
+class UnitJob:
+    """What every work unit of a split needs (pickled to LitData's workers)."""
+
+    student: TokenizerInfo
+    teacher: TokenizerInfo
+    keys: tuple[str, ...]
+    block_tokens: int
+    """Student tokens per block: max_seq_length + 1."""
+    teacher_max_length: int
+    dtypes: BlockDtypes
+    val_fraction: Optional[float]
+    """Keep the documents the hash rule puts in `split`; None keeps every document (`--val_input`)."""
+    split: str = ""
+    stats_dir: str = ""
+
+
+def unit_blocks(unit: Unit, job: UnitJob) -> Iterator[dict[str, Any]]:
+    """The blocks of one work unit: the function `litdata.optimize` runs. Writes the unit's Stats when done."""
+    stats = Stats()
+    texts = split_documents(unit, list(job.keys), job.split, job.val_fraction, stats)
+    streams = aligned_streams(texts, job.student, job.teacher, stats)
+    yield from pack_blocks(streams, job.block_tokens, job.teacher_max_length, job.dtypes, stats)
+    write_json(Path(job.stats_dir) / f"unit-{unit.index:06d}.json", asdict(stats))
+
+
+def read_stats(path: Path) -> Stats:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return Stats(**{**data, "skipped_files": [tuple(f) for f in data["skipped_files"]]})
+
+
+# spawn re-imports torch in every worker and in each of its uploader processes: about 6 s per split here, against
+# 0.2 s for fork. Fork is safe: the parent has only loaded tokenizers, never run their thread pool.
+START_METHOD = "fork" if sys.platform == "linux" else None
+
+
+@contextmanager
+def optimize_environment(cache: Path) -> Iterator[None]:
+    """What `litdata.optimize` needs around it.
+
+    Its chunk cache is one machine-wide folder that it empties at start, so two runs at once would destroy each
+    other's chunks: each split gets its own. Its workers are the parallelism, so each tokenizes on one thread. And it
+    leaves the process with its start method and SIGINT handler (which exits 0): restore both.
+    """
+    environment = {
+        "DATA_OPTIMIZER_CACHE_FOLDER": str(cache / "chunks"),
+        "DATA_OPTIMIZER_DATA_CACHE_FOLDER": str(cache / "data"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    saved = {key: os.environ.get(key) for key in environment}
+    start_method, handler = multiprocessing.get_start_method(allow_none=True), signal.getsignal(signal.SIGINT)
+    os.environ.update(environment)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        multiprocessing.set_start_method(start_method, force=True)
+        signal.signal(signal.SIGINT, handler)
+
+
+def write_split(split: str, units: list[Unit], job: UnitJob, partial: Path, num_workers: int) -> Stats:
+    """Runs `litdata.optimize` over `units` into `partial/split`, then marks the split done with its Stats."""
+    shards, stats_dir, cache = partial / split, partial / "stats" / split, partial / "cache"
+    for folder in (shards, stats_dir, cache):
+        shutil.rmtree(folder, ignore_errors=True)
+    stats_dir.mkdir(parents=True)
+    job = dataclasses.replace(job, split=split, stats_dir=str(stats_dir))
+    print(f"Writing the {split} split: {len(units)} work units, {sum(u.weight for u in units) / 1e6:.1f} MB of input.")
+    with optimize_environment(cache):
+        try:
+            optimize(
+                fn=functools.partial(unit_blocks, job=job),
+                inputs=units,
+                output_dir=str(shards),
+                weights=[unit.weight for unit in units],
+                num_workers=min(num_workers, len(units)),
+                chunk_bytes=LITDATA_CHUNK_BYTES,
+                reorder_files=False,
+                start_method=START_METHOD,
+            )
+        except Exception:
+            split_stats(split, units, stats_dir)  # LitData fails to write an index for an empty split: say that
+            raise
+    stats = split_stats(split, units, stats_dir)
+    if stats is None:
+        raise RuntimeError(f"Some work units of the {split} split did not write their counts to {stats_dir}.")
+    shutil.rmtree(cache, ignore_errors=True)
+    write_json(partial / f"{split}.json", asdict(stats))
+    return stats
+
+
+def split_stats(split: str, units: list[Unit], stats_dir: Path) -> Optional[Stats]:
+    """The sum of the units' Stats (None if some unit did not finish), or a clear error if the split is empty."""
+    files = sorted(stats_dir.glob("unit-*.json"))
+    if len(files) < len(units):
+        return None
+    stats = sum(map(read_stats, files), Stats())
+    if stats.documents == 0:
+        skipped = f" ({sum(stats.skipped_records.values())} records skipped)" if stats.skipped_records else ""
+        hint = " Raise --val_fraction, or give --val_input files." if split == "val" else ""
+        raise ValueError(f"The {split} split is empty: no input document fell in it{skipped}.{hint}")
+    return stats
+
+
+def _differences(recorded: dict, settings: dict) -> str:
+    def show(value: Any) -> str:
+        text = json.dumps(value)
+        return text if len(text) <= 60 else "..."
+
+    keys = [key for key in settings if recorded.get(key) != settings[key]]
+    return "; ".join(f"{key}: {show(recorded.get(key))} there, {show(settings[key])} now" for key in keys)
+
+
+def output_progress(output: Path, settings: dict) -> Literal["new", "done", "resume"]:
+    """What `--output` holds: nothing, this very dataset, or an unfinished run of it. Refuses anything else."""
+    if output.exists() and not output.is_dir():
+        raise FileExistsError(f"--output {output} is a file; give a directory.")
+    entries = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
+    if not entries:
+        return "new"
+    if MANIFEST in entries:
+        recorded = json.loads((output / MANIFEST).read_text(encoding="utf-8"))["settings"]
+        if recorded == settings:
+            return "done"
+        raise FileExistsError(
+            f"--output {output} holds data prepared with other settings ({_differences(recorded, settings)})."
+            f" Give another --output, or delete {output} to prepare it again."
+        )
+    if PARTIAL in entries and set(entries) <= {PARTIAL, *SPLITS}:
+        settings_file = output / PARTIAL / "settings.json"
+        recorded = json.loads(settings_file.read_text(encoding="utf-8"))["settings"] if settings_file.is_file() else {}
+        if recorded == settings:
+            return "resume"
+        if not any((output / PARTIAL / f"{split}.json").is_file() for split in SPLITS):
+            return "new"  # an unfinished run that finished no split (it failed, or was killed early): start over
+        raise FileExistsError(
+            f"--output {output} holds an unfinished `vocagnolm prepare` with other settings"
+            f" ({_differences(recorded, settings)}). Re-run that command to finish it, give another --output, or"
+            f" delete {output}."
+        )
+    raise FileExistsError(
+        f"--output {output} is not empty and holds no prepared data (it has: {', '.join(entries[:5])}"
+        f"{', ...' if len(entries) > 5 else ''}). Give a new or empty directory."
+    )
+
+
+def measure_token_ratio(units: list[Unit], keys: list[str], student: TokenizerInfo, teacher: TokenizerInfo) -> float:
+    """Teacher tokens per student token over the first RATIO_SAMPLE_CHARS characters of the input."""
+    student_tokenizer, teacher_tokenizer = cached_tokenizer(student.path), cached_tokenizer(teacher.path)
+    num_student = num_teacher = num_chars = 0
+    for piece in (piece for unit in units for piece in unit.pieces):
+        for text in read_documents(piece, keys, Stats()):
+            text = text[: RATIO_SAMPLE_CHARS - num_chars].encode("utf-8", "replace").decode("utf-8")
+            num_student += len(encode(student_tokenizer, text)[0])
+            num_teacher += len(encode(teacher_tokenizer, text)[0])
+            num_chars += len(text)
+            if num_chars >= RATIO_SAMPLE_CHARS:
+                return num_teacher / max(num_student, 1)
+    return num_teacher / num_student if num_student else 1.0
+
+
+def block_settings(
+    units: list[Unit],
+    keys: list[str],
+    student: TokenizerInfo,
+    teacher: TokenizerInfo,
+    block_tokens: int,
+    teacher_max_length: Optional[int],
+) -> dict:
+    """The teacher window's cap (from the measured token ratio unless given) and the dtypes the blocks are stored as."""
+    ratio = measure_token_ratio(units, keys, student, teacher)
+    cap = teacher_max_length or math.ceil(block_tokens * ratio * TEACHER_HEADROOM)
+    dtypes = BlockDtypes.fitting(student.vocab_size, teacher.vocab_size, cap)
+    return {"token_ratio": ratio, "teacher_max_length": cap, "dtypes": dtypes._asdict()}
+
+
+def prepare(
+    *,
+    student: Path,
+    teacher: Path,
+    input: Union[list[Path], Path],
+    output: Path,
+    max_seq_length: int = 2048,
+    teacher_max_length: Optional[int] = None,
+    num_workers: Optional[int] = None,
+    text_key: str = "text",
+    val_fraction: Optional[float] = None,
+    val_input: Optional[Union[list[Path], Path]] = None,
+) -> None:
+    """Tokenize text with both tokenizers, align them and pack it into LitData shards for `--data VocAgnoData`.
+
+    Writes OUTPUT/train and OUTPUT/val (LitData shards of student blocks with teacher windows and ranges) and
+    OUTPUT/manifest.json (tokenizer hashes, settings, counts). Running it again with the same settings does nothing;
+    after an interruption it finishes the work.
+
+    Arguments:
+        student: The student's LitGPT checkpoint dir, tokenizer dir or tokenizer.json.
+        teacher: The teacher's LitGPT checkpoint dir, tokenizer dir or tokenizer.json.
+        input: A file or directory, or a list of them (`--input [a,b]`); directories are searched recursively for .txt
+            (one document per file), .jsonl (one per line) and .parquet (one per row, e.g. OpenWebMath) files.
+        output: A new or empty directory.
+        max_seq_length: Student tokens per training sequence; blocks hold one more (inputs and shifted targets).
+        teacher_max_length: Teacher tokens per block at most; student tokens whose teacher tokens lie beyond are
+            unmapped (counted in the manifest). Default: max_seq_length + 1 times the teacher/student token ratio
+            measured on the input, plus 25%.
+        num_workers: Worker processes. Default: one per CPU.
+        text_key: The field holding the text in .jsonl and .parquet records; several, comma-separated (e.g.
+            question,answer), are joined with a blank line between them.
+        val_fraction: Share of the documents for validation, chosen by a hash of their text (so the same on every
+            run). Default: 0.01, unless --val_input is given.
+        val_input: Files or directories (as --input) for validation instead of a share of --input.
+    """
+    # Every check before any work.
+    if max_seq_length < 1:
+        raise ValueError(f"--max_seq_length must be at least 1, got {max_seq_length}.")
+    if teacher_max_length is not None and teacher_max_length < 1:
+        raise ValueError(f"--teacher_max_length must be at least 1, got {teacher_max_length}.")
+    if val_input and val_fraction is not None:
+        raise ValueError("Give --val_fraction or --val_input, not both.")
+    if not val_input:
+        val_fraction = 0.01 if val_fraction is None else val_fraction
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"--val_fraction must lie between 0 and 1, got {val_fraction}.")
+    num_workers = num_workers or os.cpu_count() or 1
+    keys = parse_text_key(text_key)
+    files, skipped_files = find_input_files(input, "--input")
+    val_files, val_skipped = find_input_files(val_input, "--val_input") if val_input else ([], [])
+    if {f.resolve() for f in files} & {f.resolve() for f in val_files}:
+        raise ValueError("A file is in both --input and --val_input; validation text must not be trained on.")
+    for path in files:
+        check_input_file(path, keys, "--input")
+    for path in val_files:
+        check_input_file(path, keys, "--val_input")
+    student_file, teacher_file = find_tokenizer_file(student), find_tokenizer_file(teacher)
+    settings = {
+        "format": FORMAT,
+        "student": {"path": str(student_file.resolve()), "sha256": tokenizer_sha256(student_file)},
+        "teacher": {"path": str(teacher_file.resolve()), "sha256": tokenizer_sha256(teacher_file)},
+        "input": [[str(p.resolve()), p.stat().st_size] for p in files],
+        "val_input": [[str(p.resolve()), p.stat().st_size] for p in val_files],
+        "max_seq_length": max_seq_length,
+        "teacher_max_length": teacher_max_length,
+        "text_key": keys,
+        "val_fraction": val_fraction,
+    }
+    output = Path(output)
+    progress = output_progress(output, settings)
+    if progress == "done":
+        print(f"{output} already holds this data, prepared with the same settings: nothing to do.")
+        return
+    student_info, teacher_info = tokenizer_info(student_file), tokenizer_info(teacher_file)
+
+    partial = output / PARTIAL
+    block_tokens = max_seq_length + 1
+    units = {"train": plan_units(files)}
+    units["val"] = plan_units(val_files) if val_input else units["train"]
+    if progress == "resume":
+        derived = json.loads((partial / "settings.json").read_text(encoding="utf-8"))["derived"]
+        print(f"Finishing the interrupted run in {partial}.")
+    else:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        derived = block_settings(units["train"], keys, student_info, teacher_info, block_tokens, teacher_max_length)
+        write_json(partial / "settings.json", {"settings": settings, "derived": derived})
+    cap = derived["teacher_max_length"]
+    print(
+        f"{len(files) + len(val_files)} input files ({sum(p.stat().st_size for p in files + val_files) / 1e6:.1f} MB),"
+        f" {len(skipped_files) + len(val_skipped)} skipped. Blocks of {block_tokens} student tokens with teacher windows"
+        f" of at most {cap} tokens (measured {derived['token_ratio']:.3f} teacher tokens per student token)."
+    )
+    for path, reason in skipped_files + val_skipped:
+        print(f"  skipped {path}: {reason}")
+
+    job = UnitJob(
+        student=student_info,
+        teacher=teacher_info,
+        keys=tuple(keys),
+        block_tokens=block_tokens,
+        teacher_max_length=cap,
+        dtypes=BlockDtypes(**derived["dtypes"]),
+        val_fraction=None if val_input else val_fraction,
+    )
+    for split in SPLITS:
+        if (partial / f"{split}.json").is_file():
+            print(f"The {split} split was written before the interruption.")
+        else:
+            write_split(split, units[split], job, partial, num_workers)
+    stats = {split: read_stats(partial / f"{split}.json") for split in SPLITS}
+
+    # Publish: each rename is atomic, and the manifest comes last; a run killed in between is finished by the next.
+    for split in SPLITS:
+        if (partial / split).exists():
+            os.replace(partial / split, output / split)
+    skipped = skipped_files + val_skipped
+    manifest = build_manifest(output, settings, derived, student_info, teacher_info, stats, skipped, bool(val_input))
+    write_json(partial / MANIFEST, manifest)
+    os.replace(partial / MANIFEST, output / MANIFEST)
+    shutil.rmtree(partial)
+    print_summary(output, manifest)
+
+
+def build_manifest(
+    output: Path,
+    settings: dict,
+    derived: dict,
+    student: TokenizerInfo,
+    teacher: TokenizerInfo,
+    stats: dict[str, Stats],
+    skipped_files: list[tuple[str, str]],
+    separate_val_input: bool,
+) -> dict:
+    splits = {}
+    for split, counts in stats.items():
+        shard_bytes = sum(p.stat().st_size for p in (output / split).glob("*.bin"))
+        splits[split] = {
+            **counts.counts(),
+            "mapped_share": counts.mapped / max(counts.student_tokens, 1),
+            "shard_bytes": shard_bytes,
+            "bytes_per_student_token": shard_bytes / max(counts.student_tokens, 1),
+            "index_sha256": file_sha256(output / split / "index.json"),
+        }
+    # Both passes read every --input file when the split is by hash: count its skipped records once.
+    skips = stats["train"] + stats["val"] if separate_val_input else stats["train"]
+    dtypes = BlockDtypes(**derived["dtypes"])
+    total = stats["train"] + stats["val"]
+    return {
+        "format": FORMAT,
+        "settings": settings,
+        "student": asdict(student),
+        "teacher": asdict(teacher),
+        "same_vocabulary": same_vocabulary(student, teacher),
+        "max_seq_length": settings["max_seq_length"],
+        "block_size": settings["max_seq_length"] + 1,
+        "teacher_max_length": derived["teacher_max_length"],
+        "token_ratio": derived["token_ratio"],
+        "dtypes": dtypes._asdict(),
+        "alignment_bytes_per_student_token": np.dtype(dtypes.starts).itemsize + 1,
+        "bytes_per_student_token": sum(s["shard_bytes"] for s in splits.values()) / max(total.student_tokens, 1),
+        "mapped_share": total.mapped / max(total.student_tokens, 1),
+        "splits": splits,
+        "skipped_files": [list(f) for f in skipped_files + skips.skipped_files],
+        "skipped_records": skips.skipped_records,
+        "skipped_examples": skips.examples,
+    }
+
+
+def print_summary(output: Path, manifest: dict) -> None:
+    for split, s in manifest["splits"].items():
+        print(
+            f"{split}: {s['documents']:,} documents, {s['characters']:,} characters, {s['student_tokens']:,} student"
+            f" and {s['teacher_tokens']:,} teacher tokens in {s['blocks']:,} blocks; {s['mapped_share']:.2%} of student"
+            f" tokens mapped, {s['overflow_unmapped']:,} unmapped for lack of room in the teacher window."
+        )
+    skipped = sum(manifest["skipped_records"].values())
+    print(
+        f"{len(manifest['skipped_files'])} files and {skipped:,} records skipped"
+        + "".join(f"\n  {reason}: {n:,}" for reason, n in manifest["skipped_records"].items())
+    )
+    print(
+        f"{manifest['bytes_per_student_token']:.2f} bytes per student token on disk"
+        f" ({manifest['alignment_bytes_per_student_token']} for the alignment). Wrote {output / MANIFEST}."
+    )
