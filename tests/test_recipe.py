@@ -236,9 +236,8 @@ def same_vocab_data(tmp_path_factory, gsm8k_sample) -> Path:
 @pytest.mark.parametrize("method", ["ce", "vocagnolm", "chunk", "random", "uld", "rho1", "kld"])
 def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_data, same_vocab_data):
     """One micro-batch of real prepared data per method: finite loss, gradients on the student only."""
-    from litgpt.model import GPT
-
     from litgpt_vocagnolm.data import VocAgnoData
+    from litgpt_vocagnolm.model import GPT
     from litgpt_vocagnolm.recipe import forward_and_loss
 
     same_vocab = method in ("rho1", "kld")

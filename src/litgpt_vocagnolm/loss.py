@@ -24,6 +24,7 @@ Aggregation = Literal["max", "mean"]
 Unmapped = Literal["include", "exclude"]
 Scope = Literal["batch", "sequence", "global"]
 AllGather = Callable[[Tensor], Tensor]
+IGNORE_INDEX = -100  # a target with nothing to predict (padding), as in F.cross_entropy
 
 
 @dataclass
@@ -147,6 +148,97 @@ def per_token_cross_entropy(
     flat_logits = logits.reshape(-1, logits.shape[-1])  # (B * T, V): a view of contiguous logits; a sliced input is copied
     loss = _ChunkedCrossEntropy.apply(flat_logits, flat_targets, ignore.reshape(-1), chunk_size)
     return loss.view(targets.shape)
+
+
+TILE_ELEMENTS = 1 << 26  # logits computed at once by `linear_cross_entropy`: ~0.7 GB of transients at float32
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Per-row cross-entropy of `hidden @ weight.T`, `tile_rows` rows of logits at a time, forward and backward.
+
+    Forward keeps only the inputs and one log-sum-exp per row; backward recomputes each tile's logits (one more
+    matrix product of the head) and turns them into gradients in place. Under autocast the products run in the autocast
+    dtype, as `F.linear` would run them; the log-sum-exp and the softmax are float32.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, tile_rows: int) -> Tensor:
+        # hidden (N, D), weight (V, D), targets (N,) in [0, V) or IGNORE_INDEX
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        ignore = targets == IGNORE_INDEX
+        targets = targets.masked_fill(ignore, 0)
+        with torch.autocast(device, enabled=False):
+            w = weight.to(dtype)  # a copy only under autocast, as F.linear makes one
+            lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)  # (N,)
+            target_logit = torch.empty_like(lse)  # (N,)
+            for start in range(0, hidden.shape[0], tile_rows):
+                rows = slice(start, start + tile_rows)
+                logits = (hidden[rows].to(dtype) @ w.T).float()  # (tile, V), freed each iteration
+                target_logit[rows] = logits.gather(1, targets[rows, None]).squeeze(1)
+                # log-sum-exp in place: torch.logsumexp would allocate another (tile, V) float32 tensor
+                top = logits.amax(dim=-1, keepdim=True)  # (tile, 1)
+                lse[rows] = logits.sub_(top).exp_().sum(dim=-1).log_().add_(top.squeeze(1))
+        ctx.save_for_backward(hidden, weight, targets, ignore, lse)
+        ctx.dtype, ctx.tile_rows = dtype, tile_rows
+        return (lse - target_logit).masked_fill_(ignore, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+        hidden, weight, targets, ignore, lse = ctx.saved_tensors
+        dtype, tile_rows = ctx.dtype, ctx.tile_rows
+        grad = grad.float().masked_fill(ignore, 0.0)  # (N,)
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        # Summed over tiles in float32 when the weight is float32 (mixed precision), else in the weight's dtype.
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(dtype)
+            for start in range(0, hidden.shape[0], tile_rows):
+                rows = slice(start, start + tile_rows)
+                h = hidden[rows].to(dtype)  # (tile, D)
+                # d CE / d logits = softmax - one_hot(target), scaled by each row's upstream gradient
+                g = (h @ w.T).float().sub_(lse[rows, None]).exp_()  # (tile, V) softmax
+                g.scatter_add_(1, targets[rows, None], torch.full_like(lse[rows, None], -1.0))
+                g = g.mul_(grad[rows, None]).to(dtype)
+                if grad_hidden is not None:
+                    grad_hidden[rows] = g @ w
+                if grad_weight is not None:
+                    if grad_weight.dtype == dtype:
+                        grad_weight.addmm_(g.T, h)
+                    else:
+                        grad_weight += (g.T @ h).to(grad_weight.dtype)
+        return grad_hidden, grad_weight, None, None
+
+
+def linear_cross_entropy(
+    hidden: Tensor, weight: Tensor, targets: Tensor, tile_rows: int | None = None
+) -> Tensor:
+    """Cross-entropy of each target under the logits `hidden @ weight.T`, never holding all the logits.
+
+    A language model's head and its loss in one: the (B, T, V) logits, and their float32 copy, never exist whole,
+    forward or backward; at most `tile_rows` rows of them do (by default ~2**26 logits, 441 rows of a 152k vocabulary,
+    2,097 of a 32k one). Gradients flow to `hidden` and `weight`. No host sync.
+
+    Both maintained fused kernels were considered: cut-cross-entropy's per-token mode calls `nonzero()` on every call
+    (a host sync per micro-batch), and Liger's `.item()`s the target count and, unreduced, recomputes the forward in
+    backward as this does; neither fits a step that must not stop the GPU.
+
+    Args:
+        hidden: (B, T, D) the model's final hidden states (after the last norm).
+        weight: (V, D) the head; no bias.
+        targets: (B, T) token ids in [0, V), or -100 where there is nothing to predict.
+        tile_rows: rows of logits computed at once.
+
+    Returns: (B, T) float32, 0 where `targets == -100`.
+    """
+    if hidden.shape[:-1] != targets.shape or weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"hidden must be (B, T, D), weight (V, D), targets (B, T); got {tuple(hidden.shape)}, "
+            f"{tuple(weight.shape)}, {tuple(targets.shape)}"
+        )
+    tile_rows = tile_rows or max(1, TILE_ELEMENTS // weight.shape[0])
+    flat = hidden.reshape(-1, hidden.shape[-1])  # (B * T, D)
+    return _LinearCrossEntropy.apply(flat, weight, targets.reshape(-1), tile_rows).view(targets.shape)
 
 
 @torch.no_grad()

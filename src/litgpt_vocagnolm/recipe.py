@@ -20,7 +20,6 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,7 +31,6 @@ from lightning.fabric.strategies import ModelParallelStrategy
 from litgpt.args import EvalArgs, LogArgs, TrainArgs
 from litgpt.config import Config
 from litgpt.data import DataModule
-from litgpt.model import GPT
 from litgpt.pretrain import get_lr, initialize_weights
 from litgpt.types import LoggerChoice
 from litgpt.utils import (
@@ -51,6 +49,7 @@ from litgpt_vocagnolm.alignment import vocab_overlap
 from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, load_weights
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
 from litgpt_vocagnolm.loss import GuidanceArgs, bits_per_byte, guided_loss, per_token_cross_entropy
+from litgpt_vocagnolm.model import GPT
 from litgpt_vocagnolm.models import register
 from litgpt_vocagnolm.teacher import TeacherArgs, load_teacher, teacher_token_loss
 from litgpt_vocagnolm.teacher_cache import check_cache
@@ -59,10 +58,12 @@ from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 @dataclass
 class FSDPArgs:
-    """Sharding of both models when training on more than one device (FSDP2, `fully_shard`, per transformer block)."""
+    """Memory settings. On more than one device both models are sharded (FSDP2, `fully_shard`, per transformer
+    block)."""
 
     activation_checkpointing: bool = False
-    """Recompute each student block's activations in the backward pass: less memory, about a third more compute."""
+    """Recompute each student block's activations in the backward pass (on any number of devices): less memory, about
+    a third more compute."""
 
 
 def setup(
@@ -150,7 +151,7 @@ def setup(
     )
     if devices * num_nodes > 1:
         strategy = ModelParallelStrategy(
-            parallelize_fn=partial(parallelize, activation_checkpointing=fsdp.activation_checkpointing),
+            parallelize_fn=parallelize,
             data_parallel_size=devices * num_nodes,
             tensor_parallel_size=1,
             save_distributed_checkpoint=False,  # one lit_model.pth, as `litgpt generate` and `convert_from_litgpt` expect
@@ -180,6 +181,7 @@ def setup(
         optimizer=optimizer,
         teacher_args=teacher,
         guidance=guidance,
+        fsdp=fsdp,
         compile=compile,
         hparams=hparams,
     )
@@ -202,6 +204,7 @@ def main(
     optimizer: str | dict,
     teacher_args: TeacherArgs,
     guidance: GuidanceArgs,
+    fsdp: FSDPArgs,
     compile: bool,
     hparams: dict,
 ) -> None:
@@ -221,6 +224,8 @@ def main(
         model.max_seq_length = train.max_seq_length
     fabric.print(f"Time to instantiate model: {time.perf_counter() - t0:.02f} seconds.")
     fabric.print(f"Total parameters: {num_parameters(model):,}")
+    if fsdp.activation_checkpointing:
+        checkpoint_activations(model)  # before sharding, so that FSDP shards the wrapped blocks
     if compile:
         model = torch.compile(model)
     model = fabric.setup(model)
@@ -448,12 +453,16 @@ def forward_and_loss(
     teacher_loss, teacher_logits = batch.get("teacher_loss"), None  # a cached loss, from `vocagnolm score-teacher`
     if teacher_loss is None and teacher is not None:
         with teacher_timer, torch.no_grad():
-            logits = teacher(batch["teacher_ids"])  # (B, M, V_teacher)
-            teacher_loss = teacher_token_loss(logits, batch["teacher_ids"], batch["teacher_valid"])
-        teacher_logits = logits if guidance.needs_teacher_logits else None
+            if guidance.needs_teacher_logits:  # the distillation baselines need the whole distribution, at a cost
+                teacher_logits = teacher(batch["teacher_ids"])  # (B, M, V_teacher)
+            else:
+                teacher_loss = teacher_token_loss(teacher, batch["teacher_ids"], batch["teacher_valid"])  # (B, M)
 
-    logits = model(batch["input_ids"])  # (B, T, V_student)
-    ls = per_token_cross_entropy(logits, batch["targets"])  # (B, T) float32
+    if guidance.needs_teacher_logits:
+        logits = model(batch["input_ids"])  # (B, T, V_student)
+        ls = per_token_cross_entropy(logits, batch["targets"])  # (B, T) float32
+    else:  # the head and the loss a tile of rows at a time: no (B, T, V) logits
+        logits, ls = None, model(batch["input_ids"], targets=batch["targets"])  # (B, T) float32
     return guided_loss(
         guidance,
         ls,
@@ -510,7 +519,7 @@ def validate(fabric: L.Fabric, model: nn.Module, val_dataloader, max_iters: int)
         if isinstance(batch, torch.Tensor):
             batch = {"input_ids": batch[:, :-1].long(), "targets": batch[:, 1:].long()}
         targets = batch["targets"]
-        nats = per_token_cross_entropy(model(batch["input_ids"]), targets)
+        nats = model(batch["input_ids"], targets=targets)  # (B, T) float32, no (B, T, V) logits
         num_bytes = batch["num_bytes"].sum() if "num_bytes" in batch else torch.zeros((), device=fabric.device)
         sums += torch.stack([nats.sum().double(), (targets != -100).sum().double(), num_bytes.double()])
     sums = fabric.all_reduce(sums, reduce_op="sum")
@@ -546,22 +555,29 @@ def format_metrics(metrics: dict[str, float]) -> str:
     return ", ".join(f"{name}: {value:.3f}" for name, value in metrics.items() if name != "val_ppl")
 
 
-def parallelize(model: GPT, device_mesh, activation_checkpointing: bool) -> GPT:
+def parallelize(model: GPT, device_mesh) -> GPT:
     """FSDP2 for both models: `fully_shard` each transformer block, then the root (cf. litgpt/finetune/lora.py).
 
-    Activation checkpointing only where there are gradients to compute: never for the frozen teacher.
+    FSDP2 keeps the root's parameters (embedding, final norm, head) gathered after forward, since training needs them
+    again in backward. The frozen teacher has no backward: its root is resharded after each forward, or its embedding
+    and head (2.2 GB in bf16 for a 152k vocabulary at width 3584) would stay whole on every device.
     """
     from torch.distributed.fsdp import fully_shard
 
-    if activation_checkpointing and any(p.requires_grad for p in model.parameters()):
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-        model.transformer.h = nn.ModuleList(checkpoint_wrapper(b, preserve_rng_state=False) for b in model.transformer.h)
     mesh = device_mesh["data_parallel"]
     for block in model.transformer.h:
         fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    frozen = not any(p.requires_grad for p in model.parameters())
+    fully_shard(model, mesh=mesh, reshard_after_forward=True if frozen else None)
     return model
+
+
+def checkpoint_activations(model: GPT) -> None:
+    """Wraps each transformer block so that backward recomputes its activations: only the blocks' inputs stay saved.
+    For the student only: the frozen teacher keeps no activations. The checkpoint keys stay LitGPT's."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    model.transformer.h = nn.ModuleList(checkpoint_wrapper(b, preserve_rng_state=False) for b in model.transformer.h)
 
 
 def save_checkpoint(fabric: L.Fabric, state: dict, tokenizer_dir: Path | None, checkpoint_file: Path, hparams: dict) -> None:

@@ -98,7 +98,7 @@ def score_teacher(
                 lengths = torch.tensor([len(w) for w in windows], device=ids.device)
                 valid = torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]  # (B, M)
                 with torch.no_grad():
-                    loss = teacher_token_loss(model(ids), ids, valid).cpu()  # (B, M)
+                    loss = teacher_token_loss(model, ids, valid).cpu()  # (B, M)
                 pieces += [loss[row, 1 : len(w)] for row, w in enumerate(windows)]
                 tokens += sum(len(w) for w in windows)
             losses_file, offsets_file = shard_files(output, split, shard)

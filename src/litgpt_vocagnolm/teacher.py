@@ -14,10 +14,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from lightning.fabric.strategies import DDPStrategy
 from litgpt.config import Config
-from litgpt.model import GPT
 
 from litgpt_vocagnolm.checkpoints import load_weights
-from litgpt_vocagnolm.loss import per_token_cross_entropy
+from litgpt_vocagnolm.model import GPT
 
 
 @dataclass
@@ -45,9 +44,15 @@ class TeacherArgs:
 def load_teacher(fabric: L.Fabric, checkpoint_dir: Path, dtype: torch.dtype) -> nn.Module:
     """Builds the teacher under the run's strategy (sharded like the student under FSDP), loads its weights, freezes it."""
     config = Config.from_file(checkpoint_dir / "model_config.yaml")
-    with fabric.init_module(empty_init=True):
-        model = GPT(config)
-    model.to(dtype=dtype)  # before sharding: on the meta device under FSDP, so this costs nothing
+    default_dtype = torch.get_default_dtype()
+    # Built in its own dtype: a float32 copy of a 7B teacher, cast afterwards, would take 28 GB for a moment (on the
+    # meta device under FSDP, where it costs nothing either way).
+    torch.set_default_dtype(dtype)
+    try:
+        with fabric.init_module(empty_init=True):
+            model = GPT(config)
+    finally:
+        torch.set_default_dtype(default_dtype)
     model.requires_grad_(False)
     model.eval()
     if isinstance(fabric.strategy, DDPStrategy):
@@ -60,11 +65,15 @@ def load_teacher(fabric: L.Fabric, checkpoint_dir: Path, dtype: torch.dtype) -> 
     return model
 
 
-def teacher_token_loss(logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_valid: torch.Tensor) -> torch.Tensor:
-    """Per-token loss of the teacher on its own tokens, from its logits (`teacher(teacher_ids)` under no_grad).
+def teacher_token_loss(teacher: nn.Module, teacher_ids: torch.Tensor, teacher_valid: torch.Tensor) -> torch.Tensor:
+    """Per-token loss of the teacher on its own tokens; call under no_grad.
+
+    The teacher (a `model.GPT`) runs its transformer once and its head and loss a tile of rows at a time, so the
+    extra memory is that of one tile of logits, not (B, M, V): a 152k-vocabulary teacher at micro-batch 8 would
+    otherwise hold 5.1 GB of bf16 logits and, under `bf16-mixed`, 10.2 GB more of their float32 copy.
 
     Args:
-        logits: (B, M, V) teacher logits over its windows.
+        teacher: the frozen teacher, set up by `load_teacher`.
         teacher_ids: (B, M) teacher token ids of each window (padding: any id).
         teacher_valid: (B, M) bool, False on padding.
 
@@ -72,8 +81,7 @@ def teacher_token_loss(logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_
         (B, M) float32: `lt[b, j]` = -log p(teacher_ids[b, j] | teacher_ids[b, :j]); NaN where unavailable: the first
         token of each window (no context inside the window) and padding.
     """
-    # Shift the targets, not the logits: `logits[:, :-1]` is not contiguous and would copy the whole (B, M, V) tensor.
     targets = F.pad(teacher_ids[:, 1:].masked_fill(~teacher_valid[:, 1:], -100), (0, 1), value=-100)  # (B, M)
-    loss = per_token_cross_entropy(logits, targets)  # loss[:, j]: token j + 1, predicted at position j
+    loss = teacher(teacher_ids, targets=targets)  # loss[:, j]: token j + 1, predicted at position j
     loss = F.pad(loss[:, :-1], (1, 0), value=float("nan"))
     return loss.masked_fill(~teacher_valid, float("nan"))

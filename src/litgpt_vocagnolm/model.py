@@ -1,0 +1,58 @@
+"""LitGPT's `GPT`, able to return each target's loss instead of the logits: the student and the teacher both run it.
+
+A 1.1B student at micro-batch 8 and sequence 2048 would hold (8, 2048, 32000) logits, 2.1 GB in float32, and a 7B
+teacher (8, ~2100, 152064), 5.1 GB in bf16 and 10.2 GB more once `bf16-mixed` returns module outputs in float32. Given
+`targets`, `forward` runs the transformer once and the head and the loss together over tiles of rows
+(`loss.linear_cross_entropy`), so neither logits tensor ever exists whole, and what leaves the module (where Fabric
+casts outputs to float32) is one float per token. Without `targets` it is LitGPT's `GPT` unchanged (generation, the
+distillation baselines), and its checkpoints are LitGPT's.
+
+The head and the loss must run inside `forward`: under FSDP2 the root's parameters (embedding, final norm, head) are
+gathered only for the root module's forward and backward.
+"""
+
+import litgpt.model
+import torch
+from torch import Tensor
+
+from litgpt_vocagnolm.loss import linear_cross_entropy
+
+
+class GPT(litgpt.model.GPT):
+    def forward(
+        self,
+        idx: Tensor,
+        input_pos: Tensor | None = None,
+        input_pos_maxp1: int | None = None,
+        lm_head_chunk_size: int = 0,
+        targets: Tensor | None = None,
+    ) -> Tensor | list[Tensor]:
+        """LitGPT's forward, or with `targets` (B, T) (-100: nothing to predict) the (B, T) float32 cross-entropy of
+        each target, the head computed a tile of rows at a time (forward and backward)."""
+        if targets is None:
+            return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
+        if self.config.final_logit_softcapping is not None or self.lm_head.bias is not None:
+            raise NotImplementedError(
+                f"{self.config.name}: the per-token loss does not support logit soft-capping or a head bias."
+            )
+        return linear_cross_entropy(self.hidden_states(idx), self.lm_head.weight, targets)
+
+    def hidden_states(self, idx: Tensor) -> Tensor:
+        """(B, T, n_embd) after the final norm: `litgpt.model.GPT.forward` up to its head, without a KV cache.
+
+        Copied from litgpt/model.py (0.5.13), whose forward applies the head in the same call.
+        """
+        T = idx.size(1)
+        if self.max_seq_length < T:
+            raise ValueError(f"Cannot forward sequence of length {T}, max seq length is only {self.max_seq_length}.")
+        cos, sin = self.cos[:T].unsqueeze(0), self.sin[:T].unsqueeze(0)  # (1, T, rope_n_elem)
+        x = self.transformer.wte(idx)  # (B, T, n_embd)
+        if self.config.scale_embeddings:
+            x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype)
+        for block_idx, block in enumerate(self.transformer.h):
+            if self.config.rope_indices is not None:
+                indices = self.config.rope_indices[block_idx]
+                x = block(x, cos[..., indices], sin[..., indices], None, None, None)
+            else:
+                x = block(x, cos, sin, None, None, None)  # no mask: causal
+        return self.transformer.ln_f(x)

@@ -1,0 +1,150 @@
+"""The head and the loss a tile of rows at a time: the same values and gradients as PyTorch's cross-entropy over whole
+logits, and no tensor as large as the whole logits ever made, for the student (forward and backward) and the teacher."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from litgpt_vocagnolm import loss as loss_module
+from litgpt_vocagnolm.loss import linear_cross_entropy, per_token_cross_entropy
+from litgpt_vocagnolm.model import GPT
+from litgpt_vocagnolm.teacher import teacher_token_loss
+
+QWEN_VOCABULARY = 151665  # Qwen2.5's tokenizer; the model pads it to 151680
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any operation returns (in elements)."""
+
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        sizes = [t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        self.largest = max([self.largest, *sizes])
+        return out
+
+
+def reference(hidden, weight, targets, row_weights):
+    """Whole logits, PyTorch's cross-entropy, in float64."""
+    logits = hidden.double() @ weight.double().T
+    ce = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T), 0 where ignored
+    return ce, (row_weights.double() * ce).sum()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    B=st.integers(1, 3),
+    T=st.integers(1, 9),
+    D=st.integers(1, 12),
+    V=st.integers(2, 40),
+    tile_rows=st.integers(1, 30),
+    seed=st.integers(0, 2**16),
+)
+def test_values_and_gradients_equal_cross_entropy_over_whole_logits(B, T, D, V, tile_rows, seed):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(B, T, D, generator=g, requires_grad=True)
+    weight = torch.randn(V, D, generator=g, requires_grad=True)
+    targets = torch.randint(0, V, (B, T), generator=g)
+    targets[torch.rand(B, T, generator=g) < 0.2] = -100
+    row_weights = torch.rand(B, T, generator=g)  # as the guided weights scale each token's loss
+
+    ours = linear_cross_entropy(hidden, weight, targets, tile_rows=tile_rows)
+    expected, expected_sum = reference(hidden, weight, targets, row_weights)
+    assert ours.dtype == torch.float32 and torch.allclose(ours.double(), expected, atol=1e-5)
+    assert (ours[targets == -100] == 0).all()
+    grads = torch.autograd.grad((row_weights * ours).sum(), (hidden, weight))
+    expected_grads = torch.autograd.grad(expected_sum, (hidden, weight))
+    for got, want in zip(grads, expected_grads):
+        assert torch.allclose(got.double(), want.double(), atol=1e-5)
+
+
+def test_bf16_autocast_is_as_accurate_as_whole_logits_and_keeps_parameter_dtypes():
+    """bf16-mixed: float32 parameters, products in bf16, losses and softmax in float32, gradients in float32. Both
+    this and LitGPT's path (bf16 logits, then float32 cross-entropy) round the products to bf16; against float64 the
+    tiled gradients must be as accurate as LitGPT's, within bf16's rounding (2**-8)."""
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(2, 50, 64, generator=g), torch.randn(300, 64, generator=g) / 8
+    targets = torch.randint(0, 300, (2, 50), generator=g)
+
+    def run(loss_of):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        losses = loss_of(h, w)
+        losses.sum().backward()
+        return losses, h.grad, w.grad
+
+    def tiled(h, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return linear_cross_entropy(h, w, targets, tile_rows=7)
+
+    def whole_logits(h, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = F.linear(h, w)  # what LitGPT's head computes under autocast: bf16
+        return per_token_cross_entropy(logits, targets)
+
+    exact = run(lambda h, w: reference(h, w, targets, torch.ones(2, 50))[0])
+    ours, theirs = run(tiled), run(whole_logits)
+    assert ours[0].dtype == torch.float32 and torch.allclose(ours[0], theirs[0], atol=1e-5)
+    assert ours[1].dtype == ours[2].dtype == torch.float32
+    for got, other, want in zip(ours[1:], theirs[1:], exact[1:]):
+        error = (got.double() - want.double()).norm() / want.double().norm()
+        assert error <= 2**-8 and error <= 1.05 * (other.double() - want.double()).norm() / want.double().norm()
+
+
+def test_model_loss_equals_litgpt_forward_and_logits_are_never_whole(monkeypatch):
+    monkeypatch.setattr(loss_module, "TILE_ELEMENTS", 16 * 2000)  # tiles of 16 rows
+    torch.manual_seed(0)
+    model = GPT(tiny_config("s", 2000, n_layer=2, n_embd=32, block_size=64))
+    B, T = 2, 64
+    idx, targets = torch.randint(0, 2000, (B, T)), torch.randint(0, 2000, (B, T))
+    expected = F.cross_entropy(model(idx).transpose(1, 2), targets, reduction="none")  # LitGPT's forward
+    expected.sum().backward()
+    expected_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    probe = LargestTensor()
+    with probe:
+        ours = model(idx, targets=targets)
+        ours.sum().backward()
+    assert torch.allclose(ours, expected, atol=1e-5)
+    for p, want in zip(model.parameters(), expected_grads):
+        assert torch.allclose(p.grad, want, atol=1e-5)
+    V = model.config.padded_vocab_size
+    # The largest tensor is the head's weight (or its gradient), or a tile of 16 rows of logits; never (B, T, V).
+    assert probe.largest == max(model.lm_head.weight.numel(), 16 * V) < B * T * V
+
+
+def test_teacher_loss_at_qwen_vocabulary_in_bf16_without_whole_logits(monkeypatch):
+    """The teacher's per-token loss with Qwen2.5's real vocabulary: as the whole-logits path gives it (bf16
+    tolerance), and no tensor of (B, M, V) elements, in any dtype."""
+    monkeypatch.setattr(loss_module, "TILE_ELEMENTS", 1 << 24)  # 110 rows of 151,680 logits
+    torch.manual_seed(0)
+    teacher = GPT(tiny_config("t", QWEN_VOCABULARY, n_embd=16, block_size=512)).to(torch.bfloat16).eval()
+    B, M = 2, 256
+    ids = torch.randint(0, QWEN_VOCABULARY, (B, M))
+    valid = torch.ones(B, M, dtype=torch.bool)
+    valid[1, 200:] = False
+    probe = LargestTensor()
+    with torch.no_grad(), probe:
+        ours = teacher_token_loss(teacher, ids, valid)
+    V = teacher.config.padded_vocab_size
+    assert probe.largest < B * M * V // 2
+
+    with torch.no_grad():  # the whole-logits path: LitGPT's forward, then the cross-entropy of the next token
+        logits = teacher(ids).float()
+        expected = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+    expected = F.pad(expected, (1, 0), value=math.nan).masked_fill(~valid, math.nan)
+    assert torch.isnan(ours[:, 0]).all() and torch.isnan(ours[1, 200:]).all()
+    torch.testing.assert_close(ours, expected, rtol=1e-2, atol=1e-2, equal_nan=True)
+
+
+def test_bad_shapes_are_named():
+    with pytest.raises(ValueError, match=r"hidden must be \(B, T, D\)"):
+        linear_cross_entropy(torch.randn(2, 3, 4), torch.randn(5, 6), torch.zeros(2, 3, dtype=torch.long))
