@@ -23,6 +23,10 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
         "litgpt_vocagnolm.score_teacher:score_teacher",
         "Score prepared data once with the teacher; train with --teacher.cache instead of a live teacher",
     ),
+    "plan": (
+        "litgpt_vocagnolm.plan:plan",  # takes the recipe's command line: it builds its parser from the recipe's
+        "Per-GPU memory of a recipe's step and the largest micro-batch that fits, before submitting it",
+    ),
     "evaluate": (
         "litgpt_vocagnolm.evaluate:evaluate",
         "Accuracy on the paper's 9 math benchmarks (few-shot CoT) and bits per byte",
@@ -67,11 +71,18 @@ def run_recipe(name: str, args: list[str]) -> None:
 
 
 def _run(function: Callable, args: list[str], prog: str) -> None:
-    # What `litgpt.__main__.main` sets up before its CLI call.
+    from jsonargparse import CLI
+
+    _configure()
+    CLI(function, args=args, prog=prog)
+
+
+def _configure() -> None:
+    """What `litgpt.__main__.main` sets up before its CLI call."""
     import warnings
 
     import torch
-    from jsonargparse import CLI, set_config_read_mode, set_docstring_parse_options
+    from jsonargparse import set_config_read_mode, set_docstring_parse_options
 
     set_docstring_parse_options(attribute_docstrings=True)
     set_config_read_mode(urls_enabled=True)
@@ -79,7 +90,6 @@ def _run(function: Callable, args: list[str], prog: str) -> None:
         "ignore", message=r"The epoch parameter in `scheduler.step\(\)` was not necessary", category=UserWarning
     )
     torch.set_float32_matmul_precision("high")
-    CLI(function, args=args, prog=prog)
 
 
 def litgpt_main(upstream_main: Callable[[], None]) -> None:
@@ -110,4 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         name, rest = _split_recipe(rest)
         return run_recipe(name or "vocagnolm", rest)
     module, function = COMMANDS[command][0].split(":")
+    if command == "plan":
+        _configure()
+        return getattr(import_module(module), function)(rest, prog=f"vocagnolm {command}")
     _run(getattr(import_module(module), function), rest, prog=f"vocagnolm {command}")

@@ -189,8 +189,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         dtype, tile_rows = ctx.dtype, ctx.tile_rows
         grad = grad.float().masked_fill(ignore, 0.0)  # (N,)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        # Summed over tiles in float32 when the weight is float32 (mixed precision), else in the weight's dtype.
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        grad_weight = None  # (V, D) in the weight's dtype: float32 under mixed precision, summed over the tiles
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(dtype)
             for start in range(0, hidden.shape[0], tile_rows):
@@ -200,13 +199,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 g = (h @ w.T).float().sub_(lse[rows, None]).exp_()  # (tile, V) softmax
                 g.scatter_add_(1, targets[rows, None], torch.full_like(lse[rows, None], -1.0))
                 g = g.mul_(grad[rows, None]).to(dtype)
-                if grad_hidden is not None:
+                if ctx.needs_input_grad[0]:
                     grad_hidden[rows] = g @ w
-                if grad_weight is not None:
-                    if grad_weight.dtype == dtype:
+                if ctx.needs_input_grad[1]:
+                    if grad_weight is None:  # the first tile's product becomes the sum: no zero-filled buffer
+                        grad_weight = (g.T @ h).to(weight.dtype)
+                    elif grad_weight.dtype == dtype:
                         grad_weight.addmm_(g.T, h)
-                    else:
-                        grad_weight += (g.T @ h).to(grad_weight.dtype)
+                    else:  # a float32 sum of bf16 products, cast inside the kernel: no (V, D) float32 copy
+                        grad_weight.add_(g.T @ h)
         return grad_hidden, grad_weight, None, None
 
 

@@ -1,0 +1,320 @@
+"""`vocagnolm plan`: the per-GPU memory of a recipe's step before it goes to Slurm, and the largest micro-batch that fits.
+
+The estimate adds up what one device holds during a step of the recipe (FSDP2 over all devices, `bf16-mixed` student
+with float32 parameters, gradients and AdamW state, bf16 frozen teacher, logits a tile of rows at a time):
+  student parameters, gradients, AdamW state   float32, sharded over the devices
+  teacher parameters                           bf16, sharded
+  gathered parameters                          FSDP2 gathers one block at a time (and prefetches the next) and keeps
+                                               the root (embedding, final norm, head) gathered through the step
+  student activations                          what backward needs, at the micro-batch: bytes per token per block
+                                               measured on one real block (below), or the block inputs only with
+                                               activation checkpointing, plus one block recomputed
+  bf16 weight copies                           autocast casts each float32 matrix to bf16 for its product and keeps
+                                               the copy for backward
+  logit tiles                                  `loss.linear_cross_entropy`: one tile of logits in bf16 and float32 at
+                                               a time, and the head's gradient
+  teacher activations                          the teacher's forward keeps one block's intermediates at a time
+Per-token activation bytes are measured, not guessed: one block of the model at its real width runs on the CPU at two
+short lengths under bf16 autocast, with saved-tensor hooks (student) or the profiler's allocation events (teacher). The
+peak is the largest of these moments: the teacher's forward, the head's backward (all activations saved, the logits of
+a tile and the head's gradient being made), with activation checkpointing the first block recomputed in backward, and
+the optimizer step (all gradients). benchmarks/bench_scale.py measures the peak of each kind of step next to this
+estimate.
+"""
+
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+from litgpt.config import Config
+
+from litgpt_vocagnolm.loss import TILE_ELEMENTS
+from litgpt_vocagnolm.model import GPT
+
+GB = 1e9
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes on one device, by component, and the peak step's total."""
+
+    components: dict[str, float]
+    """What the device holds at the step's peak, by name."""
+    total: float
+    moment: str
+    """When the peak happens."""
+
+
+def matmul_parameters(config: Config) -> int:
+    """Parameters of the matrix products, head included, embedding table excluded: 2 x this is the forward's FLOPs
+    per token (attention's T^2 work aside)."""
+    D, I, V = config.n_embd, config.intermediate_size, config.padded_vocab_size
+    qkv = D * (config.n_head + 2 * config.n_query_groups) * config.head_size
+    projection = config.n_head * config.head_size * D
+    mlp = (3 if config.mlp_class_name in ("LLaMAMLP", "GemmaMLP") else 2) * D * I
+    return config.n_layer * (qkv + projection + mlp) + V * D
+
+
+def parameters(config: Config) -> int:
+    """All parameters of the model (LitGPT's GPT: untied embedding and head)."""
+    D, V = config.n_embd, config.padded_vocab_size
+    norms = (2 * config.n_layer + 1) * D
+    biases = config.n_layer * (config.n_head + 2 * config.n_query_groups) * config.head_size if config.attn_bias else 0
+    return matmul_parameters(config) + V * D + norms + biases
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Standard error silenced at the file-descriptor level: some torch builds' profiler logs its start and stop
+    there from C++, which a Python redirect does not catch."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def cpu_peak_bytes(run: Callable[[], Any], during: Sequence[str | None] = (None,)) -> list[int]:
+    """The most bytes of CPU tensors alive at once while `run()` runs, beyond those alive before it: PyTorch's
+    profiler's allocation events summed in time order (tensors, as `torch.cuda.max_memory_allocated` counts them).
+    One peak per name in `during`: None for the whole run, a name for the last `torch.profiler.record_function(name)`
+    range that `run` opens (all bytes `run` allocated before the range and still holds count)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        run()
+    events = profiler.profiler.kineto_results.events()
+    timeline = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    peaks = []
+    for name in during:
+        start, end = -math.inf, math.inf
+        if name is not None:
+            window = [e for e in events if e.name() == name][-1]  # the last, if `run` opens the range more than once
+            start, end = window.start_ns(), window.end_ns()
+        live = peak = 0
+        for time_ns, nbytes in timeline:
+            if time_ns >= start and peak == 0:
+                peak = live  # what is alive as the range opens
+            live += nbytes
+            if start <= time_ns <= end:
+                peak = max(peak, live)
+        peaks.append(peak)
+    return peaks
+
+
+def block_bytes_per_token(config: Config, train: bool) -> tuple[float, float]:
+    """(bytes per token, bytes per block at any length) of one transformer block of `config` under bf16 autocast.
+
+    train: what a block saves for backward (float32 parameters, as in `bf16-mixed`): the bf16 weight copies are the
+    constant, the activations the per-token part. Not train: the peak of intermediates during a bf16 block's forward
+    under no_grad (the teacher's), beyond its input.
+    """
+    one_block = dataclasses.replace(config, n_layer=1, vocab_size=64, padded_vocab_size=64)  # no vocabulary needed
+    return _block_bytes_per_token(json.dumps(dataclasses.asdict(one_block), sort_keys=True), train)
+
+
+@functools.lru_cache(maxsize=16)
+def _block_bytes_per_token(config_json: str, train: bool, lengths: tuple[int, int] = (32, 64)) -> tuple[float, float]:
+    torch.manual_seed(0)
+    model = GPT(Config(**json.loads(config_json)))  # (a Config is not hashable: cached by its JSON)
+    block = model.transformer.h[0]
+    if not train:
+        block = block.to(torch.bfloat16).requires_grad_(False)
+    parameters = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    measured = []
+    for T in lengths:
+        x = torch.randn(1, T, model.config.n_embd, dtype=torch.float32 if train else torch.bfloat16)
+        cos, sin = model.cos[:T].unsqueeze(0), model.sin[:T].unsqueeze(0)  # (1, T, rope_n_elem)
+        if train:
+            saved = {}
+
+            def pack(tensor: torch.Tensor) -> torch.Tensor:
+                storage = tensor.untyped_storage()
+                if storage.data_ptr() not in parameters:
+                    saved[storage.data_ptr()] = storage.nbytes()
+                return tensor
+
+            with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                block(x.requires_grad_(), cos, sin)
+            measured.append(sum(saved.values()))
+        else:
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                measured += cpu_peak_bytes(lambda: block(x, cos, sin))
+    per_token = (measured[1] - measured[0]) / (lengths[1] - lengths[0])
+    return per_token, measured[0] - per_token * lengths[0]
+
+
+def head_tile_bytes(vocab: int, rows: int) -> float:
+    """Transient bytes of `loss.linear_cross_entropy` for one tile of rows: bf16 logits and their float32 copy (the
+    log-sum-exp, the softmax and the gradient are made in place or row by row), forward or backward alike."""
+    return min(rows, max(1, TILE_ELEMENTS // vocab)) * vocab * (2 + 4)
+
+
+def estimate_memory(
+    student: Config,
+    teacher: Config | None,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    window: int,
+    train: bool = True,
+    activation_checkpointing: bool = False,
+    world_size: int = 1,
+    fused_optimizer: bool = True,
+) -> MemoryEstimate:
+    """Peak bytes on one device for one step of the recipe.
+
+    Args:
+        student: the student's config (`bf16-mixed`: float32 parameters, gradients and AdamW state).
+        teacher: the teacher's config when it runs in the step (online guidance, or scoring), else None.
+        micro_batch: sequences per device per micro-batch (B).
+        seq_len: student tokens per sequence (T, max_seq_length).
+        window: teacher tokens per sequence (M, the longest teacher window in a batch).
+        train: False for `score-teacher`: the teacher alone, no student.
+        activation_checkpointing: the student keeps only its blocks' inputs.
+        world_size: devices the models are sharded over (FSDP2).
+        fused_optimizer: AdamW's fused kernel (what the recipe uses on GPUs) updates in place; the for-loop one (on a
+            CPU) makes three temporaries the size of each parameter in turn.
+    """
+    B, T, M, W = micro_batch, seq_len, window, world_size
+    held: dict[str, float] = {}
+    moments: dict[str, dict[str, float]] = {}
+    if train:
+        P, D, V = parameters(student), student.n_embd, student.padded_vocab_size
+        block = (P - 2 * V * D - D) / student.n_layer
+        held["student parameters"] = 4 * P / W
+        held["AdamW state"] = 8 * P / W
+        if W > 1:  # the root stays gathered through the step; a block and the prefetched next one
+            held["gathered student parameters"] = 4 * (2 * V * D + D + 2 * block)
+        per_token, per_block = block_bytes_per_token(student, train=True)
+        N = B * T
+        if activation_checkpointing:  # the blocks' inputs (float32 residual stream) only
+            saved, copies = student.n_layer * 4 * N * D, 0.0
+        else:
+            saved, copies = student.n_layer * per_token * N, student.n_layer * per_block
+        saved += 4 * N * D + 4 * N  # the final hidden states and the log-sum-exp, kept for the head's backward
+        head_gradients = 4 * (V * D + N * D) + (4 * block if W > 1 else 0)  # head, hidden states, a block
+        moments["the head's backward"] = {
+            "student activations": saved,
+            "bf16 weight copies": copies,
+            "logit tiles": head_tile_bytes(V, N) + 4 * V * D,  # and the head and its first gradient product in bf16
+            "student gradients": head_gradients,
+        }
+        if activation_checkpointing:  # then the last block runs forward again, keeping what its backward needs
+            moments["the first recomputed block"] = {
+                "student activations": saved + per_token * N,
+                "bf16 weight copies": per_block,
+                "student gradients": head_gradients,
+            }
+        moments["the optimizer step"] = {
+            "student gradients": 4 * P / W,
+            "optimizer temporaries": 0 if fused_optimizer else 3 * 4 * V * D,  # the head: the largest parameter
+        }
+    if teacher is not None:
+        Pt, Dt, Vt = parameters(teacher), teacher.n_embd, teacher.padded_vocab_size
+        held["teacher parameters"] = 2 * Pt / W
+        per_token, _ = block_bytes_per_token(teacher, train=False)
+        N = B * M
+        phase = {
+            "teacher activations": 2 * N * Dt + per_token * N,  # the residual stream, one block's intermediates
+            "logit tiles": head_tile_bytes(Vt, N),
+        }
+        if W > 1:  # gathered for the teacher's forward, resharded after it
+            phase["gathered teacher parameters"] = 2 * (2 * Vt * Dt + 2 * (Pt - 2 * Vt * Dt) / teacher.n_layer)
+        moments["the teacher's forward"] = phase
+    moment = max(moments, key=lambda name: sum(moments[name].values()))
+    components = {**held, **moments[moment]}
+    return MemoryEstimate(components, sum(components.values()), moment)
+
+
+def plan(args: list[str], prog: str = "vocagnolm plan") -> None:
+    """Per-GPU memory of a recipe's step and the largest micro-batch that fits, before submitting it.
+
+    Takes the recipe's own command line (`--config recipes/X.yaml`, any override such as `--devices 8 --num_nodes 4`
+    or `--train.micro_batch_size 16`) and two options of its own, `--gpu_memory` and `--window`. The teacher's config
+    comes from its checkpoint dir (or, before downloading, from the directory name, as LitGPT names configs); the
+    teacher window from the prepared data's manifest when it exists.
+    """
+    from jsonargparse import CLI, capture_parser
+
+    from litgpt_vocagnolm.data import VocAgnoData, load_manifest
+    from litgpt_vocagnolm.models import register
+    from litgpt_vocagnolm.recipe import resolve_model_config, setup
+
+    register()
+    parser = capture_parser(lambda: CLI(setup, args=[]))
+    parser.prog = prog
+    parser.description = plan.__doc__
+    parser.add_argument("--gpu_memory", type=float, default=80.0, help="GB of memory per GPU (H100: 80).")
+    parser.add_argument("--window", type=Optional[int], default=None,
+                        help="Teacher tokens per student sequence (default: the prepared data's teacher_max_length,"
+                             " else max_seq_length + 1).")  # fmt: skip
+    parsed = parser.parse_args(args)
+    gpu_memory, window = parsed.pop("gpu_memory"), parsed.pop("window")
+    args = parser.instantiate_classes(parsed)
+    student = resolve_model_config(args.model_name, args.model_config)
+    if args.devices == "auto":
+        raise ValueError("--devices auto: say how many GPUs per node the job will have, e.g. --devices 8.")
+    devices, num_nodes = int(args.devices), args.num_nodes
+    world = devices * num_nodes
+    T = args.train.max_seq_length or student.block_size
+    guidance, teacher_args = args.guidance, args.teacher
+    teacher = None
+    online = guidance.method != "ce" and teacher_args.cache is None
+    if online or teacher_args.checkpoint_dir is not None:
+        directory = Path(teacher_args.checkpoint_dir)
+        found = directory / "model_config.yaml"
+        teacher = Config.from_file(found) if found.is_file() else Config.from_name(directory.name)
+    if window is None:
+        data = args.data
+        prepared = isinstance(data, VocAgnoData) and (Path(data.path) / "manifest.json").is_file()
+        window = load_manifest(data.path)["teacher_max_length"] if prepared else T + 1
+    checkpointing = args.fsdp.activation_checkpointing
+
+    def estimate(micro_batch: int, train: bool = True, with_teacher: bool = online) -> MemoryEstimate:
+        return estimate_memory(student, teacher if with_teacher else None, micro_batch=micro_batch, seq_len=T,
+                               window=window, train=train, activation_checkpointing=checkpointing,
+                               world_size=world)  # fmt: skip
+
+    B = args.train.micro_batch_size
+    step = estimate(B)
+    kind = "teacher online" if online else ("teacher cached" if guidance.method != "ce" else "no teacher")
+    print(
+        f"{' '.join(map(str, parsed.get('config') or ['The recipe']))}: student {student.name}, {kind}{f' ({teacher.name})' if online else ''}; {world} GPUs"
+        f" ({num_nodes} x {devices}), micro-batch {B} x {T} tokens, teacher window {window},"
+        f" activation checkpointing {'on' if checkpointing else 'off'}"
+    )
+    print(f"Per GPU at the step's peak ({step.moment}):")
+    for name, nbytes in step.components.items():
+        print(f"  {name:<28} {nbytes / GB:8.2f} GB")
+    verdict = "fits" if step.total <= gpu_memory * GB else "does NOT fit"
+    print(f"  {'total':<28} {step.total / GB:8.2f} GB: {verdict} in {gpu_memory:g} GB")
+    largest = 0
+    while estimate(2 * largest or 1).total <= gpu_memory * GB and largest < 1024:
+        largest = 2 * largest or 1
+    if largest:  # then one by one up to the next power of two
+        while estimate(largest + 1).total <= gpu_memory * GB and largest < 1024:
+            largest += 1
+    print(f"Largest micro-batch that fits {gpu_memory:g} GB: {largest or 'none'}"
+          + ("" if largest else " (turn on --fsdp.activation_checkpointing, or use more GPUs)"))  # fmt: skip
+    if teacher is not None:  # score-teacher is data-parallel: the whole teacher on each GPU
+        scoring = estimate_memory(student, teacher, micro_batch=B, seq_len=T, window=window, train=False)
+        print(f"`vocagnolm score-teacher --batch_size {B}` (the whole teacher on each GPU): {scoring.total / GB:.2f} GB")
+    accumulation = args.train.global_batch_size // (world * B) if args.train.global_batch_size else 1
+    if args.train.global_batch_size and accumulation * world * B != args.train.global_batch_size:
+        print(f"Note: global batch {args.train.global_batch_size} is not a multiple of {world} GPUs x micro-batch {B}.")
+    elif args.train.global_batch_size:
+        print(f"Global batch {args.train.global_batch_size} = {world} GPUs x {B} x {accumulation} accumulation steps;"
+              f" {args.train.global_batch_size * T:,} tokens per optimizer step.")  # fmt: skip

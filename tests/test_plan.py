@@ -1,0 +1,82 @@
+"""`vocagnolm plan`: the memory estimate against a measured step, and the command on a paper recipe."""
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+from conftest import ROOT
+from litgpt.config import Config
+
+from litgpt_vocagnolm.models import llama_config
+from litgpt_vocagnolm.plan import estimate_memory, matmul_parameters, parameters
+
+BIN = Path(sys.executable).parent
+
+
+def bench_scale():
+    """benchmarks/bench_scale.py, whose steps are the recipe's and whose measurement is the one the README reports."""
+    spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "benchmarks" / "bench_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-1.1b", "Qwen2.5-Math-7B", "Mistral-7B-v0.1", "deepseek-math-7b-base"])
+def test_parameter_counts_equal_litgpt_models(name):
+    import torch
+    from litgpt.model import GPT
+
+    from litgpt_vocagnolm.models import register
+
+    register()
+    config = Config.from_name(name)
+    with torch.device("meta"):  # counted, never allocated
+        model = GPT(config)
+    assert parameters(config) == sum(p.numel() for p in model.parameters())
+    matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "wte" not in n)
+    assert matmul_parameters(config) == matmul
+
+
+@pytest.mark.parametrize("activation_checkpointing", [False, True])
+def test_estimate_is_within_15_percent_of_the_measured_peak(activation_checkpointing):
+    """Small Llama-shaped models with long sequences, so that activations and logits, not parameters, set the peak:
+    the four kinds of step bench_scale runs, measured with the profiler's allocation events."""
+    bench = bench_scale()
+    student = llama_config("s", 2000, n_layer=3, n_embd=64, n_head=4, intermediate_size=172, block_size=512)
+    teacher = llama_config("t", 6000, n_layer=2, n_embd=96, n_head=4, intermediate_size=256, block_size=1024)
+    fabric = L.Fabric(accelerator="cpu", devices=1, precision="bf16-mixed")
+    for kind in ("ce", "online", "cached", "score"):
+        setting = bench.Setting("t", student, teacher, 4, 512, 600, activation_checkpointing)
+        measured, _, _ = bench.measure(fabric, setting, kind, whole_logits=False)
+        estimate = estimate_memory(
+            student, teacher if kind in ("online", "score") else None, micro_batch=4, seq_len=512, window=600,
+            train=kind != "score", activation_checkpointing=activation_checkpointing, fused_optimizer=False,
+        )  # fmt: skip
+        assert 0.85 <= estimate.total / measured <= 1.15, (kind, estimate, measured)
+
+
+@pytest.mark.slow
+def test_plan_command_on_the_paper_recipe():
+    recipe = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b-instruct.yaml"
+    out = subprocess.run([str(BIN / "vocagnolm"), "plan", "--config", str(recipe), "--window", "1900"],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    for component in ("student parameters", "AdamW state", "teacher parameters", "student activations", "total"):
+        assert component in out.stdout, component
+    assert "32 GPUs (4 x 8)" in out.stdout and "micro-batch 8 x 2048" in out.stdout
+    largest = int(re.search(r"Largest micro-batch that fits 80 GB: (\d+)", out.stdout).group(1))
+
+    from litgpt_vocagnolm.models import register
+
+    register()
+    student, teacher = Config.from_name("tiny-llama-1.1b"), Config.from_name("Qwen2.5-Math-7B-Instruct")
+
+    def total(micro_batch: int) -> float:
+        return estimate_memory(student, teacher, micro_batch=micro_batch, seq_len=2048, window=1900,
+                               world_size=32).total  # fmt: skip
+
+    assert total(largest) <= 80e9 < total(largest + 1)  # the largest, by the same estimate
