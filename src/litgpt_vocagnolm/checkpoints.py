@@ -1,12 +1,16 @@
 """LitGPT checkpoint directories: checking them before any model is built, fingerprinting, loading their weights.
 
-Weights are loaded with `torch.load(weights_only=True)`: a weight file is data, and unpickling it without that
-restriction (as LitGPT's `load_checkpoint` does) would run whatever code a crafted file holds.
+Every weight file is read with `torch.load(weights_only=True)` (`read_weights`; Fabric's loaders get
+`weights_only=True` too): a weight file is data, and unpickling it without that restriction (as LitGPT's
+`load_checkpoint` and Lightning's `_lazy_load` do) would run whatever code a crafted file holds.
 """
 
 import hashlib
 import json
+import pickle
+import re
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -15,9 +19,15 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 MODEL_FILES = ("lit_model.pth", "model_config.yaml")
 
 
+class UnreadableCheckpoint(ValueError):
+    """A weight file that can't be loaded safely: truncated, corrupt, or holding more than tensors and plain data."""
+
+
 def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = False) -> None:
-    """Fails early, naming what is missing, before any model is built: the weights and config, and with `tokenizer`
-    the tokenizer files (what `litgpt generate` and `vocagnolm evaluate` need)."""
+    """Fails early, naming what is missing or unreadable, before any model is built: the weights and config, and with
+    `tokenizer` the tokenizer files (what `litgpt generate` and `vocagnolm evaluate` need). The weights are opened
+    (`read_weights`: memory-mapped, their pickled index read, not the tensor data), so a refused or damaged file fails
+    here rather than after minutes of model building."""
     if not checkpoint_dir.is_dir():
         raise FileNotFoundError(f"{what} {str(checkpoint_dir)!r} is not a directory. Pass a LitGPT checkpoint directory.")
     wanted = [(name,) for name in MODEL_FILES]
@@ -32,6 +42,7 @@ def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = Fals
             " converts), or `litgpt convert_to_litgpt` on a Hugging Face checkpoint; for a trained model, copy the"
             " tokenizer files of the model it started from next to lit_model.pth."
         )
+    read_weights(checkpoint_dir / "lit_model.pth")
 
 
 def checkpoint_fingerprint(checkpoint_dir: Path) -> str:
@@ -43,14 +54,39 @@ def checkpoint_fingerprint(checkpoint_dir: Path) -> str:
     return digest.hexdigest()
 
 
+def read_weights(path: Path) -> dict[str, Any]:
+    """A `torch.save`d weight file, memory-mapped (tensor data is read when used) and unpickled with
+    `weights_only=True`: tensors and plain containers only, so a crafted file can't run code.
+
+    Raises `UnreadableCheckpoint`, naming the file, when it holds anything else (refused, nothing loaded) or can't be
+    read (truncated, zeroed, not a `torch.save` zip archive).
+    """
+    try:
+        return torch.load(path, mmap=True, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        # torch's own reason, e.g. "Unsupported global: GLOBAL posix.system was not an allowed global by default".
+        reason = re.search(r"WeightsUnpickler error:\s*([^\n]+?)(?:\.\s|\n|$)", str(error))
+        raise UnreadableCheckpoint(
+            f"Refused to load {path}: it holds more than tensors and plain data"
+            f" ({reason[1] if reason else str(error).splitlines()[0]}), and unpickling it could run code; nothing was"
+            " loaded. Checkpoints written by LitGPT and this recipe load as they are: use one from a source you trust."
+        ) from error
+    except Exception as error:  # seen: OSError (truncated), RuntimeError (zeroed, not a zip), EOFError (empty)
+        raise UnreadableCheckpoint(
+            f"Cannot read {path} ({type(error).__name__}: {error}): the file is truncated, corrupt or not a"
+            " `torch.save` checkpoint."
+        ) from error
+
+
 def load_weights(model: nn.Module, path: Path) -> None:
     """A LitGPT checkpoint's weights into a model Fabric has set up, sharded (FSDP2) or not.
 
     Takes a bare state dict (`litgpt download`) or a training checkpoint with the weights under "model" (what
-    pretraining saves). LitGPT's `load_checkpoint` can't be used under ModelParallelStrategy: it renames keys for
-    LoRA layers. Every rank memory-maps the file and keeps only its own shard of each tensor.
+    pretraining saves). LitGPT's `load_checkpoint` can't be used: it unpickles without restriction, and under
+    ModelParallelStrategy it renames keys for LoRA layers. Every rank memory-maps the file and keeps only its own
+    shard of each tensor.
     """
-    state_dict = torch.load(path, mmap=True, map_location="cpu", weights_only=True)
+    state_dict = read_weights(path)
     state_dict = state_dict.get("model", state_dict)
     module = getattr(model, "module", model)  # under the Fabric wrapper
     set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=True, strict=True))

@@ -46,7 +46,7 @@ from litgpt.utils import (
 )
 
 from litgpt_vocagnolm.alignment import vocab_overlap
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, load_weights
+from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, load_weights, read_weights
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
 from litgpt_vocagnolm.loss import GuidanceArgs, bits_per_byte, guided_loss, per_token_cross_entropy
 from litgpt_vocagnolm.model import GPT
@@ -109,8 +109,8 @@ def setup(
         precision: Student precision. Default: "bf16-mixed" on GPU, "32-true" on CPU.
         initial_checkpoint_dir: The student checkpoint to continue pretraining from (e.g. TinyLlama). With
             ``resume="auto"`` it is used only while ``out_dir`` has no checkpoint yet.
-        resume: A checkpoint directory to resume from, ``True`` for the latest in ``out_dir``, or ``"auto"``: the
-            latest if there is one (what a requeued Slurm job wants).
+        resume: A checkpoint file to resume from (``out_dir/step-*/lit_model.pth``), ``True`` for the latest in
+            ``out_dir``, or ``"auto"``: the latest if there is one (what a requeued Slurm job wants).
         data: The prepared data: ``VocAgnoData`` (``--data VocAgnoData --data.path DIR``, see ``vocagnolm prepare``).
             Plain LitGPT data modules work for ``--guidance.method ce`` only.
         train: Training-related arguments. See ``litgpt.args.TrainArgs``.
@@ -268,7 +268,7 @@ def main(
         state["train_dataloader"] = train_dataloader
     if resume:
         fabric.print(f"Resuming training from {resume}")
-        fabric.load(resume, state)
+        fabric.load(resume, state, weights_only=True)  # not torch's default: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD flips it
 
     train_time = time.perf_counter()
     fit(
@@ -651,6 +651,8 @@ def check_setup(
         )
     if initial_checkpoint_dir is not None:
         check_checkpoint_dir(initial_checkpoint_dir, what="--initial_checkpoint_dir")
+    if isinstance(resume, Path):
+        read_weights(resume)  # refused or unreadable: fail now, naming the file
     if train.max_tokens is None or train.max_norm is None:
         raise ValueError("The recipe needs --train.max_tokens and --train.max_norm.")
     if train.epochs is not None:

@@ -1,0 +1,86 @@
+"""Weight files: every path that loads one refuses a crafted pickle and names a damaged file."""
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from conftest import MISTRAL, TINYLLAMA, make_checkpoint, tiny_config
+from litgpt.args import TrainArgs
+
+from litgpt_vocagnolm.checkpoints import UnreadableCheckpoint, read_weights
+from litgpt_vocagnolm.data import VocAgnoData
+from litgpt_vocagnolm.evaluate import evaluate, load_model
+from litgpt_vocagnolm.loss import GuidanceArgs
+from litgpt_vocagnolm.recipe import setup
+from litgpt_vocagnolm.score_teacher import score_teacher
+from litgpt_vocagnolm.teacher import TeacherArgs, load_teacher
+
+
+class Payload:
+    """Unpickled without restriction, this creates `marker`: what a crafted lit_model.pth could do with os.system."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def plant_payload(weights: Path, marker: Path) -> None:
+    """Adds the payload to a real weight file, which otherwise still loads (the "model" key, as training saves)."""
+    state_dict = torch.load(weights, weights_only=True)
+    torch.save({"model": state_dict.get("model", state_dict), "payload": Payload(marker)}, weights)
+
+
+@pytest.fixture
+def crafted_checkpoint(tmp_path) -> tuple[Path, Path]:
+    """A LitGPT checkpoint dir (TinyLlama's tokenizer) whose lit_model.pth carries the payload, and its marker."""
+    checkpoint = make_checkpoint(tmp_path / "crafted", tiny_config("crafted", 32000, block_size=64), TINYLLAMA)
+    marker = tmp_path / "payload-ran"
+    plant_payload(checkpoint / "lit_model.pth", marker)
+    return checkpoint, marker
+
+
+def setup_args(tmp_path: Path, data: Path, **overrides) -> dict:
+    args = dict(model_config=tiny_config("student", 32000, block_size=64), out_dir=tmp_path / "out", devices=1,
+                data=VocAgnoData(path=data, num_workers=0), tokenizer_dir=TINYLLAMA, logger_name="csv",
+                train=TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=2 * 64, max_norm=1.0,
+                                max_seq_length=64, save_interval=None),
+                guidance=GuidanceArgs(method="ce"))  # fmt: skip
+    return args | overrides
+
+
+LOADING_PATHS = {
+    "evaluate": lambda ckpt, tmp_path, data: evaluate(ckpt, tasks="gsm8k", limit=1, out_dir=tmp_path / "eval"),
+    "evaluate's loader": lambda ckpt, tmp_path, data: load_model(ckpt, precision="32-true"),
+    "teacher": lambda ckpt, tmp_path, data: load_teacher(L.Fabric(accelerator="cpu", devices=1), ckpt, torch.float32),
+    "score-teacher": lambda ckpt, tmp_path, data: score_teacher(data=data, teacher=ckpt, output=tmp_path / "cache"),
+    "initial checkpoint": lambda ckpt, tmp_path, data: setup(**setup_args(tmp_path, data, initial_checkpoint_dir=ckpt)),
+    "resume": lambda ckpt, tmp_path, data: setup(**setup_args(tmp_path, data, resume=ckpt / "lit_model.pth")),
+}
+
+
+@pytest.mark.parametrize("path", LOADING_PATHS)
+def test_a_crafted_pickle_is_refused_on_every_loading_path(path, crafted_checkpoint, tmp_path, tinyllama_mistral_data):
+    checkpoint, marker = crafted_checkpoint
+    if path == "score-teacher":  # a teacher for the data's teacher tokenizer (Mistral's)
+        checkpoint = make_checkpoint(tmp_path / "teacher", tiny_config("t", 32000), MISTRAL)
+        plant_payload(checkpoint / "lit_model.pth", marker)
+    with pytest.raises(UnreadableCheckpoint) as error:
+        LOADING_PATHS[path](checkpoint, tmp_path, tinyllama_mistral_data)
+    assert f"Refused to load {checkpoint / 'lit_model.pth'}" in str(error.value)
+    assert "io.open" in str(error.value) or "builtins.open" in str(error.value)  # what the file tried to call
+    assert not marker.exists()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "eval").exists()  # refused before any work
+
+
+def test_damaged_files_are_named(tmp_path):
+    good = tmp_path / "good.pth"
+    torch.save({"model": {"w": torch.randn(64, 64)}, "iter_num": 8}, good)
+    assert read_weights(good)["iter_num"] == 8
+    data = good.read_bytes()
+    for name, content in (("truncated", data[: len(data) // 2]), ("zeroed", bytes(len(data))), ("empty", b"")):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(UnreadableCheckpoint, match=f"Cannot read {tmp_path / name}"):
+            read_weights(tmp_path / name)
