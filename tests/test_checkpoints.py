@@ -1,6 +1,7 @@
-"""Weight files: every path that loads one refuses a crafted pickle and names a damaged file."""
+"""Weight files: every path that loads one refuses a crafted pickle, and `--resume auto` skips damaged checkpoints."""
 
 from pathlib import Path
+from unittest import mock
 
 import lightning as L
 import pytest
@@ -8,7 +9,8 @@ import torch
 from conftest import MISTRAL, TINYLLAMA, make_checkpoint, tiny_config
 from litgpt.args import TrainArgs
 
-from litgpt_vocagnolm.checkpoints import UnreadableCheckpoint, read_weights
+from litgpt_vocagnolm import checkpoints
+from litgpt_vocagnolm.checkpoints import UnreadableCheckpoint, find_resume_checkpoint, read_weights
 from litgpt_vocagnolm.data import VocAgnoData
 from litgpt_vocagnolm.evaluate import evaluate, load_model
 from litgpt_vocagnolm.loss import GuidanceArgs
@@ -84,3 +86,72 @@ def test_damaged_files_are_named(tmp_path):
         (tmp_path / name).write_bytes(content)
         with pytest.raises(UnreadableCheckpoint, match=f"Cannot read {tmp_path / name}"):
             read_weights(tmp_path / name)
+
+
+def write_step(out_dir: Path, step: int, content: str = "good") -> Path:
+    path = out_dir / f"step-{step:08d}" / "lit_model.pth"
+    path.parent.mkdir(parents=True)
+    torch.save({"model": {"w": torch.full((4,), float(step))}, "step_count": step}, path)
+    if content == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    elif content == "crafted":
+        plant_payload(path, out_dir / "payload-ran")
+    return path
+
+
+def test_resume_auto_skips_unreadable_checkpoints_newest_first(tmp_path, capsys):
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    write_step(tmp_path, 2)
+    readable = write_step(tmp_path, 4)
+    write_step(tmp_path, 6, "truncated")
+    write_step(tmp_path, 8, "crafted")
+    for resume in ("auto", True):
+        assert find_resume_checkpoint(fabric, resume, tmp_path) == readable
+        out = capsys.readouterr().out
+        assert f"Skipping {tmp_path / 'step-00000008' / 'lit_model.pth'}: Refused to load" in out
+        assert f"Skipping {tmp_path / 'step-00000006' / 'lit_model.pth'}: Cannot read" in out
+        assert "step-00000004" not in out and "step-00000002" not in out
+    assert not (tmp_path / "payload-ran").exists()
+    assert find_resume_checkpoint(fabric, False, tmp_path) is None
+
+
+def test_resume_auto_starts_afresh_when_no_checkpoint_is_readable(tmp_path, capsys):
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    assert find_resume_checkpoint(fabric, "auto", tmp_path) is None  # an empty out_dir: a first start, said nothing
+    assert capsys.readouterr().out == ""
+    write_step(tmp_path, 2, "truncated")
+    assert find_resume_checkpoint(fabric, "auto", tmp_path) is None
+    assert "No readable checkpoint in" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="no readable checkpoint"):
+        find_resume_checkpoint(fabric, True, tmp_path)
+
+
+def _resume_on_two_ranks(fabric: L.Fabric, tmp_path: Path) -> None:
+    rank = fabric.global_rank
+    # A stale listing: rank 1's view of out_dir lacks the newest checkpoint, which rank 0's holds.
+    stale = find_resume_checkpoint(fabric, "auto", tmp_path / f"listed-{rank}")
+    # A damaged view: rank 1 can't read the newest checkpoint, which rank 0 reads.
+    real_read = checkpoints.read_weights
+
+    def read_weights(path: Path) -> dict:
+        if rank == 1 and path.parent.name == "step-00000004":
+            raise UnreadableCheckpoint(f"Cannot read {path}")
+        return real_read(path)
+
+    with mock.patch.object(checkpoints, "read_weights", read_weights):
+        damaged = find_resume_checkpoint(fabric, "auto", tmp_path / "shared")
+    (tmp_path / f"chosen-{rank}").write_text(f"{stale.parent.name} {damaged.parent.name}")
+
+
+def test_every_rank_resumes_from_the_same_checkpoint(tmp_path):
+    """Where the ranks' views of a shared file system differ, they must still take one step, or they would train on
+    from different ones: rank 0's list of checkpoints is tried, and one that any rank can't read is skipped."""
+    write_step(tmp_path / "listed-0", 2)
+    write_step(tmp_path / "listed-0", 4)
+    write_step(tmp_path / "listed-1", 2)
+    write_step(tmp_path / "shared", 2)
+    write_step(tmp_path / "shared", 4)
+    fabric = L.Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
+    fabric.launch(_resume_on_two_ranks, tmp_path)
+    chosen = [(tmp_path / f"chosen-{rank}").read_text() for rank in (0, 1)]
+    assert chosen == ["step-00000004 step-00000002"] * 2

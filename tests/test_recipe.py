@@ -3,6 +3,7 @@
 import csv
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,7 +132,9 @@ def test_two_process_fsdp_matches_one_process(tmp_path, tinyllama_mistral_data, 
 
 
 @pytest.mark.slow
-def test_kill_and_resume_equals_uninterrupted_run(tmp_path, tinyllama_mistral_data, mistral_teacher):
+def test_kill_and_resume_past_a_damaged_checkpoint_equals_uninterrupted_run(
+    tmp_path, tinyllama_mistral_data, mistral_teacher
+):
     args = ["--train.save_interval", "2", "--train.max_tokens", str(10 * 4 * 64)]
     (tmp_path / "whole").mkdir()
     litgpt_pretrain(recipe_config(tmp_path / "whole", tinyllama_mistral_data, mistral_teacher), *args)
@@ -147,9 +150,14 @@ def test_kill_and_resume_equals_uninterrupted_run(tmp_path, tinyllama_mistral_da
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert checkpoint.exists() and not (tmp_path / "killed" / "out" / "final").exists()
+    # The newest checkpoint damaged (a node lost while the file system flushed it): resume from the one before.
+    newest = max((tmp_path / "killed" / "out").glob("step-*")) / "lit_model.pth"
+    newest.write_bytes(newest.read_bytes()[:1000])
 
     out = litgpt_pretrain(killed, *args, "--resume", "auto")
-    assert "Resuming training from" in out.stdout
+    assert f"Skipping {newest}: Cannot read" in out.stdout
+    resumed_step = int(re.search(r"Resuming training from \S*step-(\d+)", out.stdout)[1])
+    assert resumed_step == int(newest.parent.name.removeprefix("step-")) - 2
     resumed = torch.load(tmp_path / "killed" / "out" / "final" / "lit_model.pth", weights_only=True)
     reference = torch.load(tmp_path / "whole" / "out" / "final" / "lit_model.pth", weights_only=True)
     assert (resumed["step_count"], resumed["iter_num"]) == (reference["step_count"], reference["iter_num"]) == (10, 20)

@@ -10,8 +10,9 @@ import json
 import pickle
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import lightning as L
 import torch
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -43,6 +44,8 @@ def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = Fals
             " tokenizer files of the model it started from next to lit_model.pth."
         )
     read_weights(checkpoint_dir / "lit_model.pth")
+
+
 
 
 def checkpoint_fingerprint(checkpoint_dir: Path) -> str:
@@ -90,3 +93,39 @@ def load_weights(model: nn.Module, path: Path) -> None:
     state_dict = state_dict.get("model", state_dict)
     module = getattr(model, "module", model)  # under the Fabric wrapper
     set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=True, strict=True))
+
+
+def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Path, out_dir: Path) -> Path | None:
+    """The training checkpoint to resume from: `litgpt.utils.find_resume_path`'s, past checkpoints that can't be read.
+
+    LitGPT takes the newest `out_dir/step-*/*.pth`; if that one is damaged (a node lost while the file system flushed
+    it, a full disk), a requeued job fails on every requeue. Here, for `--resume auto` or `True`, a checkpoint that
+    `read_weights` refuses or can't read is reported and skipped, newest first, and only one that every rank reads is
+    taken (one all-reduce per checkpoint tried), so all ranks resume from the same step. Opening a checkpoint reads
+    its pickled index, not its tensors: the one chosen is read once, by `fabric.load`. With none readable, `auto`
+    starts afresh and `True` fails; a `resume` path must be readable (`check_setup` opened it).
+    """
+    if not resume:
+        return None
+    if isinstance(resume, Path):
+        return resume
+    # litgpt.utils.find_resume_path's choice (newest step first), here every candidate in that order; rank 0's list,
+    # so that every rank tries the same files even where a shared file system shows one rank a stale directory.
+    candidates = sorted(out_dir.rglob("step-*/*.pth"), key=lambda p: int(p.parent.name.split("-")[1]), reverse=True)
+    candidates = fabric.broadcast(candidates)
+    for path in candidates:
+        try:
+            read_weights(path)
+            reason = None
+        except UnreadableCheckpoint as error:
+            reason = str(error)
+        failed = fabric.all_reduce(torch.tensor(float(reason is not None), device=fabric.device), reduce_op="sum")
+        if failed.item() == 0:
+            return path
+        fabric.print(f"Skipping {path}: {reason or 'another rank cannot read it'}")
+    skipped = f" ({len(candidates)} unreadable, skipped)" if candidates else ""
+    if resume is True:
+        raise FileNotFoundError(f"--resume true, but no readable checkpoint in --out_dir {out_dir}{skipped}.")
+    if candidates:
+        fabric.print(f"No readable checkpoint in {out_dir}{skipped}: starting afresh.")
+    return None

@@ -37,7 +37,6 @@ from litgpt.utils import (
     CycleIterator,
     choose_logger,
     copy_config_files,
-    find_resume_path,
     init_out_dir,
     instantiate_torch_optimizer,
     num_parameters,
@@ -46,7 +45,7 @@ from litgpt.utils import (
 )
 
 from litgpt_vocagnolm.alignment import vocab_overlap
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, load_weights, read_weights
+from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, find_resume_checkpoint, load_weights, read_weights
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
 from litgpt_vocagnolm.loss import GuidanceArgs, bits_per_byte, guided_loss, per_token_cross_entropy
 from litgpt_vocagnolm.model import GPT
@@ -110,7 +109,8 @@ def setup(
         initial_checkpoint_dir: The student checkpoint to continue pretraining from (e.g. TinyLlama). With
             ``resume="auto"`` it is used only while ``out_dir`` has no checkpoint yet.
         resume: A checkpoint file to resume from (``out_dir/step-*/lit_model.pth``), ``True`` for the latest in
-            ``out_dir``, or ``"auto"``: the latest if there is one (what a requeued Slurm job wants).
+            ``out_dir``, or ``"auto"``: the latest if there is one (what a requeued Slurm job wants). ``True`` and
+            ``"auto"`` skip, and report, a checkpoint that can't be read.
         data: The prepared data: ``VocAgnoData`` (``--data VocAgnoData --data.path DIR``, see ``vocagnolm prepare``).
             Plain LitGPT data modules work for ``--guidance.method ce`` only.
         train: Training-related arguments. See ``litgpt.args.TrainArgs``.
@@ -213,6 +213,7 @@ def main(
         if isinstance(data, VocAgnoData) and tokenizer_dir is not None:
             fabric.print(tokenizer_pair_summary(data, tokenizer_dir, teacher_args.checkpoint_dir))
     fabric.seed_everything(seed)  # the same seed on every rank: identical initialisation before sharding
+    resume = find_resume_checkpoint(fabric, resume, out_dir)  # before any model: `auto` skips unreadable checkpoints
 
     t0 = time.perf_counter()
     with fabric.init_module(empty_init=True):
@@ -258,7 +259,6 @@ def main(
     stateful = hasattr(train_dataloader, "state_dict")  # LitData's loaders: a resumed run continues mid-epoch
     train_dataloader, val_dataloader = fabric.setup_dataloaders(train_dataloader, data.val_dataloader())
 
-    resume = find_resume_path(resume, out_dir)
     if initial_checkpoint_dir and not resume:
         load_weights(model, initial_checkpoint_dir / "lit_model.pth")
 
