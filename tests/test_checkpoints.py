@@ -6,7 +6,7 @@ from unittest import mock
 import lightning as L
 import pytest
 import torch
-from conftest import MISTRAL, TINYLLAMA, make_checkpoint, tiny_config
+from conftest import MISTRAL, QWEN, TINYLLAMA, make_checkpoint, tiny_config
 from litgpt.args import TrainArgs
 
 from litgpt_vocagnolm import checkpoints
@@ -155,3 +155,10 @@ def test_every_rank_resumes_from_the_same_checkpoint(tmp_path):
     fabric.launch(_resume_on_two_ranks, tmp_path)
     chosen = [(tmp_path / f"chosen-{rank}").read_text() for rank in (0, 1)]
     assert chosen == ["step-00000004 step-00000002"] * 2
+
+
+def test_score_teacher_refuses_a_teacher_vocabulary_smaller_than_its_tokenizer(tmp_path, tinyllama_qwen_data):
+    teacher = make_checkpoint(tmp_path / "teacher", tiny_config("too-small", 32000), QWEN)  # Qwen: 151,665 tokens
+    with pytest.raises(ValueError, match=r"tokenizer has 151665 tokens but the model only 32000 \(padded_vocab_size"):
+        score_teacher(data=tinyllama_qwen_data, teacher=teacher, output=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()

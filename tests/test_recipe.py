@@ -208,6 +208,34 @@ def test_teacher_vocabulary_larger_than_padded_size_fails(tmp_path, tinyllama_qw
     assert "151665" in message and "padded_vocab_size" in message
 
 
+def test_student_vocabulary_smaller_than_its_tokenizer_fails(tmp_path, tinyllama_mistral_data, mistral_teacher):
+    for method in ("vocagnolm", "ce"):  # TinyLlama's tokenizer has 32,000 tokens
+        message = _setup_error(tmp_path, tinyllama_mistral_data, mistral_teacher, guidance=GuidanceArgs(method=method),
+                               model_config=tiny_config("student", 16000))  # fmt: skip
+        assert "--tokenizer_dir" in message and "32000 tokens but the model only 16000 (padded_vocab_size" in message
+
+
+def test_ce_checks_the_student_tokenizer_too(tmp_path, tinyllama_mistral_data):
+    """The data was prepared with TinyLlama's tokenizer; Mistral's would train and ship in every checkpoint."""
+    ce = GuidanceArgs(method="ce")
+    message = _setup_error(tmp_path, tinyllama_mistral_data, None, tokenizer_dir=MISTRAL, guidance=ce)
+    assert "student tokenizer is not the one" in message and "sha256" in message
+    message = _setup_error(tmp_path, tinyllama_mistral_data, None, tokenizer_dir=None, guidance=ce)
+    assert "--tokenizer_dir" in message
+
+
+@pytest.mark.parametrize("devices, global_batch_size, expected", [(3, 4, "3 x 2 = 6, so that"), (1, 5, "use 4 or 6,")])
+def test_global_batch_not_divisible_by_devices_times_micro_batch_fails(
+    tmp_path, tinyllama_mistral_data, mistral_teacher, devices, global_batch_size, expected
+):
+    from litgpt.args import TrainArgs
+
+    train = TrainArgs(global_batch_size=global_batch_size, micro_batch_size=2, max_tokens=1000, max_norm=1.0)
+    message = _setup_error(tmp_path, tinyllama_mistral_data, mistral_teacher, devices=devices, train=train)
+    assert f"--train.global_batch_size {global_batch_size} must be a multiple of (--devices x --num_nodes) x" in message
+    assert expected in message
+
+
 def test_slurm_environment_is_detected(monkeypatch):
     """What srun sets for task 11 of a 4 x 8 job: Fabric must form the 32-process group from it."""
     import lightning as L

@@ -15,7 +15,10 @@ from typing import Any, Literal
 import lightning as L
 import torch
 import torch.nn as nn
+from litgpt.config import Config
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+from litgpt_vocagnolm.tokenizer_files import TOKENIZER_FILES, load_tokenizer
 
 MODEL_FILES = ("lit_model.pth", "model_config.yaml")
 
@@ -44,8 +47,21 @@ def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = Fals
             " tokenizer files of the model it started from next to lit_model.pth."
         )
     read_weights(checkpoint_dir / "lit_model.pth")
+    if any((checkpoint_dir / name).is_file() for name in TOKENIZER_FILES):
+        config = Config.from_file(checkpoint_dir / "model_config.yaml")
+        check_vocab_size(config, checkpoint_dir, what, fix="tokenizer and weights do not belong together. Use the"
+                         " tokenizer files that came with the checkpoint.")  # fmt: skip
 
 
+def check_vocab_size(config: Config, tokenizer_dir: Path, what: str, fix: str) -> None:
+    """Fails unless the model's vocabulary (`padded_vocab_size` rows of embedding and head) covers every id the
+    tokenizer makes: a larger id is an IndexError on a CPU and an opaque device-side assert on a GPU, mid-run."""
+    vocab_size = load_tokenizer(tokenizer_dir).get_vocab_size(with_added_tokens=True)
+    if vocab_size > config.padded_vocab_size:
+        raise ValueError(
+            f"{what} {str(tokenizer_dir)!r}: its tokenizer has {vocab_size} tokens but the model only"
+            f" {config.padded_vocab_size} (padded_vocab_size of {config.name!r}): {fix}"
+        )
 
 
 def checkpoint_fingerprint(checkpoint_dir: Path) -> str:

@@ -45,7 +45,13 @@ from litgpt.utils import (
 )
 
 from litgpt_vocagnolm.alignment import vocab_overlap
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, find_resume_checkpoint, load_weights, read_weights
+from litgpt_vocagnolm.checkpoints import (
+    check_checkpoint_dir,
+    check_vocab_size,
+    find_resume_checkpoint,
+    load_weights,
+    read_weights,
+)
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
 from litgpt_vocagnolm.loss import GuidanceArgs, bits_per_byte, guided_loss, per_token_cross_entropy
 from litgpt_vocagnolm.model import GPT
@@ -136,10 +142,12 @@ def setup(
         print("Available values:\n" + "\n".join(sorted(name_to_config)))
         return
     config = resolve_model_config(model_name, model_config)
-    check_setup(data, guidance, teacher, tokenizer_dir, initial_checkpoint_dir, resume, train)
+    devices = parse_devices(devices)
+    check_setup(
+        data, guidance, teacher, tokenizer_dir, initial_checkpoint_dir, resume, train, config, devices * num_nodes
+    )
 
     precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
-    devices = parse_devices(devices)
     out_dir = init_out_dir(out_dir)
     logger = choose_logger(
         logger_name,
@@ -640,6 +648,8 @@ def check_setup(
     initial_checkpoint_dir: Path | None,
     resume: bool | Literal["auto"] | Path,
     train: TrainArgs,
+    config: Config,
+    world_size: int,
 ) -> None:
     """Every configuration error we can see before building a model, each with what to change."""
     if data is None:
@@ -657,13 +667,28 @@ def check_setup(
         raise ValueError("The recipe needs --train.max_tokens and --train.max_norm.")
     if train.epochs is not None:
         raise ValueError("The recipe counts tokens, not epochs: set --train.max_tokens instead of --train.epochs.")
-    if guidance.method == "ce":
-        return
-    if not isinstance(data, VocAgnoData):
+    per_step = world_size * train.micro_batch_size
+    if train.global_batch_size % per_step:  # LitGPT's `gradient_accumulation_iters` would floor it, or assert on 0
+        lower = train.global_batch_size // per_step * per_step
+        raise ValueError(
+            f"--train.global_batch_size {train.global_batch_size} must be a multiple of (--devices x --num_nodes) x"
+            f" --train.micro_batch_size = {world_size} x {train.micro_batch_size} = {per_step}, so that every rank"
+            f" accumulates whole micro-batches: use {' or '.join(map(str, filter(None, (lower, lower + per_step))))},"
+            " or change the micro-batch or the device count."
+        )
+    if tokenizer_dir is not None:
+        check_vocab_size(config, tokenizer_dir, "--tokenizer_dir", fix="train the model this tokenizer belongs to.")
+    if guidance.method != "ce" and not isinstance(data, VocAgnoData):
         raise ValueError(
             f"--guidance.method {guidance.method} needs aligned data: --data VocAgnoData --data.path DIR"
             f" (from `vocagnolm prepare`), not {type(data).__name__}. Only `ce` trains on plain LitGPT data."
         )
+    if isinstance(data, VocAgnoData) and tokenizer_dir is None:
+        raise ValueError("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
+    if guidance.method == "ce":
+        if isinstance(data, VocAgnoData):  # the student's tokenizer ships in every checkpoint: it must be the data's
+            data.check_tokenizers(tokenizer_dir, None)
+        return
     if teacher.cache is not None:
         if guidance.needs_teacher_logits:
             raise ValueError(
@@ -678,16 +703,5 @@ def check_setup(
                 " --teacher.cache DIR from `vocagnolm score-teacher`)."
             )
         check_checkpoint_dir(teacher.checkpoint_dir, what="--teacher.checkpoint_dir")
-    if tokenizer_dir is None:
-        raise ValueError("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
     data.check_tokenizers(tokenizer_dir, teacher.checkpoint_dir)
     guidance.check_tokenizers(same_vocabulary=data.same_vocabulary())
-    if teacher.checkpoint_dir is not None:
-        teacher_config = Config.from_file(teacher.checkpoint_dir / "model_config.yaml")
-        vocab_size = load_tokenizer(teacher.checkpoint_dir).get_vocab_size(with_added_tokens=True)
-        if vocab_size > teacher_config.padded_vocab_size:
-            raise ValueError(
-                f"The teacher's tokenizer has {vocab_size} tokens but its model only {teacher_config.padded_vocab_size}"
-                f" (padded_vocab_size in {teacher.checkpoint_dir / 'model_config.yaml'}): tokenizer and weights do"
-                " not belong together. Use the tokenizer files that came with the teacher checkpoint."
-            )
