@@ -236,6 +236,28 @@ def test_global_batch_not_divisible_by_devices_times_micro_batch_fails(
     assert expected in message
 
 
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_run_shorter_than_its_warm_up_trains_and_ends(tmp_path, tinyllama_mistral_data, capsys, steps):
+    """100 warm-up steps asked, fewer taken: warm-up capped one short of the run, so 3 steps get lr/2, lr (the peak),
+    then the end of the cosine decay, min_lr; 1 step gets min_lr. Uncapped, the schedule divides by zero at the last
+    step and no final/ is written."""
+    from litgpt.args import EvalArgs, TrainArgs
+
+    from litgpt_vocagnolm.data import VocAgnoData
+
+    lr, min_lr = 1e-2, 1e-3
+    setup(model_config=tiny_config("student", 32000, block_size=64), out_dir=tmp_path / "out", precision="32-true",
+          data=VocAgnoData(path=tinyllama_mistral_data, num_workers=0), tokenizer_dir=TINYLLAMA, devices=1,
+          train=TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=steps * 2 * 64, max_seq_length=64,
+                          lr_warmup_steps=100, max_norm=1.0, min_lr=min_lr, save_interval=None, log_interval=1),
+          eval=EvalArgs(interval=100, max_iters=1), logger_name="csv", guidance=GuidanceArgs(method="ce"),
+          optimizer={"class_path": "torch.optim.AdamW", "init_args": {"lr": lr}})  # fmt: skip
+    assert f"Warm-up capped at {steps - 1} steps: the run has {steps}" in capsys.readouterr().out
+    expected = {1: [min_lr], 3: [lr / 2, lr, min_lr]}[steps]
+    assert [row["learning_rate"] for row in metrics(tmp_path / "out")] == pytest.approx(expected)
+    assert torch.load(tmp_path / "out" / "final" / "lit_model.pth", weights_only=True)["step_count"] == steps
+
+
 def test_slurm_environment_is_detected(monkeypatch):
     """What srun sets for task 11 of a 4 x 8 job: Fabric must form the 32-process group from it."""
     import lightning as L

@@ -346,6 +346,9 @@ def fit(
     # learning rate whatever the split of the global batch into devices and accumulation.
     max_steps = max_iters // accumulation
     warmup_steps = train.warmup_iters(devices, num_nodes, max_iters, train_dataloader) // accumulation
+    if warmup_steps >= max_steps > 0:  # `get_lr` divides by max_steps - warmup_steps: leave one step of decay
+        fabric.print(f"Warm-up capped at {max_steps - 1} steps: the run has {max_steps}, the last one for the decay.")
+        warmup_steps = max_steps - 1
     log_iter_interval = train.log_interval * accumulation
     fabric.print(
         f"Tokens per optimizer step: {tokens_per_iter * accumulation * fabric.world_size:,}"
