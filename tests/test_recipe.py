@@ -158,6 +158,11 @@ def test_kill_and_resume_past_a_damaged_checkpoint_equals_uninterrupted_run(
     assert f"Skipping {newest}: Cannot read" in out.stdout
     resumed_step = int(re.search(r"Resuming training from \S*step-(\d+)", out.stdout)[1])
     assert resumed_step == int(newest.parent.name.removeprefix("step-")) - 2
+    # Speed counts the tokens this run trained (2 micro-batches of 2 x 64 per step), not those before the resume.
+    run_tokens = (10 - resumed_step) * 2 * 2 * 64
+    assert f"| - This run      : {run_tokens:,} tokens" in out.stdout
+    seconds = float(re.search(r"Training Time : ([\d.]+) s", out.stdout)[1])
+    assert float(re.search(r"Tok/sec       : ([\d.]+)", out.stdout)[1]) == pytest.approx(run_tokens / seconds, rel=0.01)
     resumed = torch.load(tmp_path / "killed" / "out" / "final" / "lit_model.pth", weights_only=True)
     reference = torch.load(tmp_path / "whole" / "out" / "final" / "lit_model.pth", weights_only=True)
     assert (resumed["step_count"], resumed["iter_num"]) == (reference["step_count"], reference["iter_num"]) == (10, 20)

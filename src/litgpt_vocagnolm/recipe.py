@@ -277,8 +277,9 @@ def main(
     if resume:
         fabric.print(f"Resuming training from {resume}")
         fabric.load(resume, state, weights_only=True)  # not torch's default: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD flips it
+    initial_iter = state["iter_num"]
 
-    train_time = time.perf_counter()
+    train_t0 = time.perf_counter()
     fit(
         fabric=fabric,
         devices=devices,
@@ -297,13 +298,17 @@ def main(
     )
     save_checkpoint(fabric, state, tokenizer_dir, out_dir / "final" / "lit_model.pth", hparams)
 
-    total_tokens = state["iter_num"] * train.micro_batch_size * model.max_seq_length * fabric.world_size
+    train_time = time.perf_counter() - train_t0
+    tokens_per_iter = train.micro_batch_size * model.max_seq_length * fabric.world_size
+    total_tokens = state["iter_num"] * tokens_per_iter
+    run_tokens = (state["iter_num"] - initial_iter) * tokens_per_iter  # a resumed run's own, for its speed
     separator = "-" * 40
     fabric.print(separator)
     fabric.print("| Performance")
     fabric.print(f"| - Total tokens  : {total_tokens:,}")
-    fabric.print(f"| - Training Time : {(time.perf_counter() - train_time):.2f} s")
-    fabric.print(f"| - Tok/sec       : {total_tokens / (time.perf_counter() - train_time):.2f} tok/s")
+    fabric.print(f"| - This run      : {run_tokens:,} tokens")
+    fabric.print(f"| - Training Time : {train_time:.2f} s")
+    fabric.print(f"| - Tok/sec       : {run_tokens / train_time:.2f} tok/s")
     if fabric.device.type == "cuda":
         fabric.print(f"| - Memory Used   : {torch.cuda.max_memory_allocated() / 1e9:.2f} GB")
     fabric.print(separator)
