@@ -105,3 +105,16 @@ def test_regular_wheel_install_dispatches(tmp_path):
     assert "--guidance.method" in out.stdout
     where = run(str(python), "-c", "import litgpt_vocagnolm; print(litgpt_vocagnolm.__file__)", cwd=tmp_path, env=env)
     assert str(site) in where.stdout  # the installed copy, not this checkout
+
+
+def test_a_value_outside_a_literal_names_the_choices(tmp_path):
+    """jsonargparse <= 4.42 says only "Cannot take a Union of no types." for these."""
+    out = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--guidance.method", "nonsense")
+    assert out.returncode == 2
+    expected = 'Parser key "guidance.method":\n  Expected one of: vocagnolm, ce, rho1, kld, uld, chunk, random'
+    assert expected in out.stderr
+    config = tmp_path / "config.yaml"
+    config.write_text("guidance:\n  scope: everywhere\n")
+    out = run(str(BIN / "vocagnolm"), "pretrain", "--config", str(config))
+    assert out.returncode == 2 and "Expected one of: batch, sequence, global" in out.stderr
+    assert "Union of no types" not in out.stderr

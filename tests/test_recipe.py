@@ -3,6 +3,7 @@
 import csv
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,7 +132,9 @@ def test_two_process_fsdp_matches_one_process(tmp_path, tinyllama_mistral_data, 
 
 
 @pytest.mark.slow
-def test_kill_and_resume_equals_uninterrupted_run(tmp_path, tinyllama_mistral_data, mistral_teacher):
+def test_kill_and_resume_past_a_damaged_checkpoint_equals_uninterrupted_run(
+    tmp_path, tinyllama_mistral_data, mistral_teacher
+):
     args = ["--train.save_interval", "2", "--train.max_tokens", str(10 * 4 * 64)]
     (tmp_path / "whole").mkdir()
     litgpt_pretrain(recipe_config(tmp_path / "whole", tinyllama_mistral_data, mistral_teacher), *args)
@@ -147,9 +150,19 @@ def test_kill_and_resume_equals_uninterrupted_run(tmp_path, tinyllama_mistral_da
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert checkpoint.exists() and not (tmp_path / "killed" / "out" / "final").exists()
+    # The newest checkpoint damaged (a node lost while the file system flushed it): resume from the one before.
+    newest = max((tmp_path / "killed" / "out").glob("step-*")) / "lit_model.pth"
+    newest.write_bytes(newest.read_bytes()[:1000])
 
     out = litgpt_pretrain(killed, *args, "--resume", "auto")
-    assert "Resuming training from" in out.stdout
+    assert f"Skipping {newest}: Cannot read" in out.stdout
+    resumed_step = int(re.search(r"Resuming training from \S*step-(\d+)", out.stdout)[1])
+    assert resumed_step == int(newest.parent.name.removeprefix("step-")) - 2
+    # Speed counts the tokens this run trained (2 micro-batches of 2 x 64 per step), not those before the resume.
+    run_tokens = (10 - resumed_step) * 2 * 2 * 64
+    assert f"| - This run      : {run_tokens:,} tokens" in out.stdout
+    seconds = float(re.search(r"Training Time : ([\d.]+) s", out.stdout)[1])
+    assert float(re.search(r"Tok/sec       : ([\d.]+)", out.stdout)[1]) == pytest.approx(run_tokens / seconds, rel=0.01)
     resumed = torch.load(tmp_path / "killed" / "out" / "final" / "lit_model.pth", weights_only=True)
     reference = torch.load(tmp_path / "whole" / "out" / "final" / "lit_model.pth", weights_only=True)
     assert (resumed["step_count"], resumed["iter_num"]) == (reference["step_count"], reference["iter_num"]) == (10, 20)
@@ -198,6 +211,56 @@ def test_teacher_vocabulary_larger_than_padded_size_fails(tmp_path, tinyllama_qw
     teacher = make_checkpoint(tmp_path / "teacher", config, QWEN)
     message = _setup_error(tmp_path, tinyllama_qwen_data, teacher)
     assert "151665" in message and "padded_vocab_size" in message
+
+
+def test_student_vocabulary_smaller_than_its_tokenizer_fails(tmp_path, tinyllama_mistral_data, mistral_teacher):
+    for method in ("vocagnolm", "ce"):  # TinyLlama's tokenizer has 32,000 tokens
+        message = _setup_error(tmp_path, tinyllama_mistral_data, mistral_teacher, guidance=GuidanceArgs(method=method),
+                               model_config=tiny_config("student", 16000))  # fmt: skip
+        assert "--tokenizer_dir" in message and "32000 tokens but the model only 16000 (padded_vocab_size" in message
+
+
+def test_ce_checks_the_student_tokenizer_too(tmp_path, tinyllama_mistral_data):
+    """The data was prepared with TinyLlama's tokenizer; Mistral's would train and ship in every checkpoint."""
+    ce = GuidanceArgs(method="ce")
+    message = _setup_error(tmp_path, tinyllama_mistral_data, None, tokenizer_dir=MISTRAL, guidance=ce)
+    assert "student tokenizer is not the one" in message and "sha256" in message
+    message = _setup_error(tmp_path, tinyllama_mistral_data, None, tokenizer_dir=None, guidance=ce)
+    assert "--tokenizer_dir" in message
+
+
+@pytest.mark.parametrize("devices, global_batch_size, expected", [(3, 4, "3 x 2 = 6, so that"), (1, 5, "use 4 or 6,")])
+def test_global_batch_not_divisible_by_devices_times_micro_batch_fails(
+    tmp_path, tinyllama_mistral_data, mistral_teacher, devices, global_batch_size, expected
+):
+    from litgpt.args import TrainArgs
+
+    train = TrainArgs(global_batch_size=global_batch_size, micro_batch_size=2, max_tokens=1000, max_norm=1.0)
+    message = _setup_error(tmp_path, tinyllama_mistral_data, mistral_teacher, devices=devices, train=train)
+    assert f"--train.global_batch_size {global_batch_size} must be a multiple of (--devices x --num_nodes) x" in message
+    assert expected in message
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_run_shorter_than_its_warm_up_trains_and_ends(tmp_path, tinyllama_mistral_data, capsys, steps):
+    """100 warm-up steps asked, fewer taken: warm-up capped one short of the run, so 3 steps get lr/2, lr (the peak),
+    then the end of the cosine decay, min_lr; 1 step gets min_lr. Uncapped, the schedule divides by zero at the last
+    step and no final/ is written."""
+    from litgpt.args import EvalArgs, TrainArgs
+
+    from litgpt_vocagnolm.data import VocAgnoData
+
+    lr, min_lr = 1e-2, 1e-3
+    setup(model_config=tiny_config("student", 32000, block_size=64), out_dir=tmp_path / "out", precision="32-true",
+          data=VocAgnoData(path=tinyllama_mistral_data, num_workers=0), tokenizer_dir=TINYLLAMA, devices=1,
+          train=TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=steps * 2 * 64, max_seq_length=64,
+                          lr_warmup_steps=100, max_norm=1.0, min_lr=min_lr, save_interval=None, log_interval=1),
+          eval=EvalArgs(interval=100, max_iters=1), logger_name="csv", guidance=GuidanceArgs(method="ce"),
+          optimizer={"class_path": "torch.optim.AdamW", "init_args": {"lr": lr}})  # fmt: skip
+    assert f"Warm-up capped at {steps - 1} steps: the run has {steps}" in capsys.readouterr().out
+    expected = {1: [min_lr], 3: [lr / 2, lr, min_lr]}[steps]
+    assert [row["learning_rate"] for row in metrics(tmp_path / "out")] == pytest.approx(expected)
+    assert torch.load(tmp_path / "out" / "final" / "lit_model.pth", weights_only=True)["step_count"] == steps
 
 
 def test_slurm_environment_is_detected(monkeypatch):

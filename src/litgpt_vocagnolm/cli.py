@@ -4,12 +4,14 @@ Each command is a typed function; jsonargparse builds its parser (with `--help`,
 dotted overrides) only for the command that runs, so `vocagnolm --help` stays fast.
 """
 
+import re
 import sys
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import Callable, NoReturn
+from typing import Callable, Literal, NoReturn, get_args, get_origin
 
 RECIPE_GROUP = "litgpt.recipes"
+UNION_OF_NO_TYPES = "Cannot take a Union of no types."
 
 # name -> ("module:function", one-line help). `pretrain` is dispatched through the recipe registry instead.
 COMMANDS: dict[str, tuple[str | None, str]] = {
@@ -73,16 +75,30 @@ def run_recipe(name: str, args: list[str]) -> None:
 def _run(function: Callable, args: list[str], prog: str) -> None:
     from jsonargparse import CLI
 
-    _configure()
-    CLI(function, args=args, prog=prog)
+    CLI(function, args=args, prog=prog, parser_class=_configure())
 
 
-def _configure() -> None:
-    """What `litgpt.__main__.main` sets up before its CLI call."""
+def _configure() -> type:
+    """What `litgpt.__main__.main` sets up before its CLI call; returns the parser class to build parsers with."""
     import warnings
 
     import torch
-    from jsonargparse import set_config_read_mode, set_docstring_parse_options
+    from jsonargparse import ArgumentParser, set_config_read_mode, set_docstring_parse_options
+
+    class Parser(ArgumentParser):
+        """Names the choices of a Literal of strings that a value is not among: jsonargparse before 4.43 (litgpt pins
+        <= 4.41) reports only "Cannot take a Union of no types." there (its pull request #790)."""
+
+        def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+            def choices(match: re.Match) -> str:
+                action = next((a for a in self._actions if a.dest == match[1]), None)
+                typehint = getattr(action, "_typehint", None)  # jsonargparse's ActionTypeHint keeps the Literal here
+                if get_origin(typehint) is not Literal:
+                    return match[0]
+                key = match[0][: -len(UNION_OF_NO_TYPES)]
+                return f"{key}Expected one of: {', '.join(map(str, get_args(typehint)))}"
+
+            super().error(re.sub(r'Parser key "([^"]+)":\s+' + re.escape(UNION_OF_NO_TYPES), choices, message), ex)
 
     set_docstring_parse_options(attribute_docstrings=True)
     set_config_read_mode(urls_enabled=True)
@@ -90,6 +106,7 @@ def _configure() -> None:
         "ignore", message=r"The epoch parameter in `scheduler.step\(\)` was not necessary", category=UserWarning
     )
     torch.set_float32_matmul_precision("high")
+    return Parser
 
 
 def litgpt_main(upstream_main: Callable[[], None]) -> None:
@@ -121,6 +138,5 @@ def main(argv: list[str] | None = None) -> None:
         return run_recipe(name or "vocagnolm", rest)
     module, function = COMMANDS[command][0].split(":")
     if command == "plan":
-        _configure()
-        return getattr(import_module(module), function)(rest, prog=f"vocagnolm {command}")
+        return getattr(import_module(module), function)(rest, prog=f"vocagnolm {command}", parser_class=_configure())
     _run(getattr(import_module(module), function), rest, prog=f"vocagnolm {command}")

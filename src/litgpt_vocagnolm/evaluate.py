@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir
+from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, load_weights
 from litgpt_vocagnolm.documents import parse_text_key, read_whole_files
 from litgpt_vocagnolm.loss import bits_per_byte
 from litgpt_vocagnolm.math_tasks import (
@@ -152,7 +152,7 @@ def load_model(checkpoint_dir: Path, precision: Optional[str] = None):
     """The checkpoint's `GPT` (eval mode, set up by a 1-device Fabric) and its `litgpt.Tokenizer`."""
     import lightning as L
     from litgpt import GPT, Config, Tokenizer
-    from litgpt.utils import get_default_supported_precision, load_checkpoint
+    from litgpt.utils import get_default_supported_precision
 
     tokenizer = Tokenizer(checkpoint_dir)
     config = Config.from_file(checkpoint_dir / "model_config.yaml")
@@ -161,7 +161,7 @@ def load_model(checkpoint_dir: Path, precision: Optional[str] = None):
         model = GPT(config)
     model.eval()
     model = fabric.setup_module(model)
-    load_checkpoint(fabric, model, checkpoint_dir / "lit_model.pth")
+    load_weights(model, checkpoint_dir / "lit_model.pth")  # not LitGPT's `load_checkpoint`: it unpickles anything
     return model, tokenizer
 
 

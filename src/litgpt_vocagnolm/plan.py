@@ -239,7 +239,7 @@ def estimate_memory(
     return MemoryEstimate(components, sum(components.values()), moment)
 
 
-def plan(args: list[str], prog: str = "vocagnolm plan") -> None:
+def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | None = None) -> None:
     """Per-GPU memory of a recipe's step and the largest micro-batch that fits, before submitting it.
 
     Takes the recipe's own command line (`--config recipes/X.yaml`, any override such as `--devices 8 --num_nodes 4`
@@ -247,14 +247,14 @@ def plan(args: list[str], prog: str = "vocagnolm plan") -> None:
     comes from its checkpoint dir (or, before downloading, from the directory name, as LitGPT names configs); the
     teacher window from the prepared data's manifest when it exists.
     """
-    from jsonargparse import CLI, capture_parser
+    from jsonargparse import CLI, ArgumentParser, capture_parser
 
     from litgpt_vocagnolm.data import VocAgnoData, load_manifest
     from litgpt_vocagnolm.models import register
     from litgpt_vocagnolm.recipe import resolve_model_config, setup
 
     register()
-    parser = capture_parser(lambda: CLI(setup, args=[]))
+    parser = capture_parser(lambda: CLI(setup, args=[], parser_class=parser_class or ArgumentParser))
     parser.prog = prog
     parser.description = plan.__doc__
     parser.add_argument("--gpu_memory", type=float, default=80.0, help="GB of memory per GPU (H100: 80).")

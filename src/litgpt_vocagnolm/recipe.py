@@ -37,7 +37,6 @@ from litgpt.utils import (
     CycleIterator,
     choose_logger,
     copy_config_files,
-    find_resume_path,
     init_out_dir,
     instantiate_torch_optimizer,
     num_parameters,
@@ -46,7 +45,13 @@ from litgpt.utils import (
 )
 
 from litgpt_vocagnolm.alignment import vocab_overlap
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, load_weights
+from litgpt_vocagnolm.checkpoints import (
+    check_checkpoint_dir,
+    check_vocab_size,
+    find_resume_checkpoint,
+    load_weights,
+    read_weights,
+)
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
 from litgpt_vocagnolm.loss import GuidanceArgs, bits_per_byte, guided_loss, per_token_cross_entropy
 from litgpt_vocagnolm.model import GPT
@@ -109,8 +114,9 @@ def setup(
         precision: Student precision. Default: "bf16-mixed" on GPU, "32-true" on CPU.
         initial_checkpoint_dir: The student checkpoint to continue pretraining from (e.g. TinyLlama). With
             ``resume="auto"`` it is used only while ``out_dir`` has no checkpoint yet.
-        resume: A checkpoint directory to resume from, ``True`` for the latest in ``out_dir``, or ``"auto"``: the
-            latest if there is one (what a requeued Slurm job wants).
+        resume: A checkpoint file to resume from (``out_dir/step-*/lit_model.pth``), ``True`` for the latest in
+            ``out_dir``, or ``"auto"``: the latest if there is one (what a requeued Slurm job wants). ``True`` and
+            ``"auto"`` skip, and report, a checkpoint that can't be read.
         data: The prepared data: ``VocAgnoData`` (``--data VocAgnoData --data.path DIR``, see ``vocagnolm prepare``).
             Plain LitGPT data modules work for ``--guidance.method ce`` only.
         train: Training-related arguments. See ``litgpt.args.TrainArgs``.
@@ -136,10 +142,12 @@ def setup(
         print("Available values:\n" + "\n".join(sorted(name_to_config)))
         return
     config = resolve_model_config(model_name, model_config)
-    check_setup(data, guidance, teacher, tokenizer_dir, initial_checkpoint_dir, resume, train)
+    devices = parse_devices(devices)
+    check_setup(
+        data, guidance, teacher, tokenizer_dir, initial_checkpoint_dir, resume, train, config, devices * num_nodes
+    )
 
     precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
-    devices = parse_devices(devices)
     out_dir = init_out_dir(out_dir)
     logger = choose_logger(
         logger_name,
@@ -213,6 +221,7 @@ def main(
         if isinstance(data, VocAgnoData) and tokenizer_dir is not None:
             fabric.print(tokenizer_pair_summary(data, tokenizer_dir, teacher_args.checkpoint_dir))
     fabric.seed_everything(seed)  # the same seed on every rank: identical initialisation before sharding
+    resume = find_resume_checkpoint(fabric, resume, out_dir)  # before any model: `auto` skips unreadable checkpoints
 
     t0 = time.perf_counter()
     with fabric.init_module(empty_init=True):
@@ -258,7 +267,6 @@ def main(
     stateful = hasattr(train_dataloader, "state_dict")  # LitData's loaders: a resumed run continues mid-epoch
     train_dataloader, val_dataloader = fabric.setup_dataloaders(train_dataloader, data.val_dataloader())
 
-    resume = find_resume_path(resume, out_dir)
     if initial_checkpoint_dir and not resume:
         load_weights(model, initial_checkpoint_dir / "lit_model.pth")
 
@@ -268,9 +276,10 @@ def main(
         state["train_dataloader"] = train_dataloader
     if resume:
         fabric.print(f"Resuming training from {resume}")
-        fabric.load(resume, state)
+        fabric.load(resume, state, weights_only=True)  # not torch's default: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD flips it
+    initial_iter = state["iter_num"]
 
-    train_time = time.perf_counter()
+    train_t0 = time.perf_counter()
     fit(
         fabric=fabric,
         devices=devices,
@@ -289,13 +298,17 @@ def main(
     )
     save_checkpoint(fabric, state, tokenizer_dir, out_dir / "final" / "lit_model.pth", hparams)
 
-    total_tokens = state["iter_num"] * train.micro_batch_size * model.max_seq_length * fabric.world_size
+    train_time = time.perf_counter() - train_t0
+    tokens_per_iter = train.micro_batch_size * model.max_seq_length * fabric.world_size
+    total_tokens = state["iter_num"] * tokens_per_iter
+    run_tokens = (state["iter_num"] - initial_iter) * tokens_per_iter  # a resumed run's own, for its speed
     separator = "-" * 40
     fabric.print(separator)
     fabric.print("| Performance")
     fabric.print(f"| - Total tokens  : {total_tokens:,}")
-    fabric.print(f"| - Training Time : {(time.perf_counter() - train_time):.2f} s")
-    fabric.print(f"| - Tok/sec       : {total_tokens / (time.perf_counter() - train_time):.2f} tok/s")
+    fabric.print(f"| - This run      : {run_tokens:,} tokens")
+    fabric.print(f"| - Training Time : {train_time:.2f} s")
+    fabric.print(f"| - Tok/sec       : {run_tokens / train_time:.2f} tok/s")
     if fabric.device.type == "cuda":
         fabric.print(f"| - Memory Used   : {torch.cuda.max_memory_allocated() / 1e9:.2f} GB")
     fabric.print(separator)
@@ -338,6 +351,9 @@ def fit(
     # learning rate whatever the split of the global batch into devices and accumulation.
     max_steps = max_iters // accumulation
     warmup_steps = train.warmup_iters(devices, num_nodes, max_iters, train_dataloader) // accumulation
+    if warmup_steps >= max_steps > 0:  # `get_lr` divides by max_steps - warmup_steps: leave one step of decay
+        fabric.print(f"Warm-up capped at {max_steps - 1} steps: the run has {max_steps}, the last one for the decay.")
+        warmup_steps = max_steps - 1
     log_iter_interval = train.log_interval * accumulation
     fabric.print(
         f"Tokens per optimizer step: {tokens_per_iter * accumulation * fabric.world_size:,}"
@@ -640,6 +656,8 @@ def check_setup(
     initial_checkpoint_dir: Path | None,
     resume: bool | Literal["auto"] | Path,
     train: TrainArgs,
+    config: Config,
+    world_size: int,
 ) -> None:
     """Every configuration error we can see before building a model, each with what to change."""
     if data is None:
@@ -651,17 +669,34 @@ def check_setup(
         )
     if initial_checkpoint_dir is not None:
         check_checkpoint_dir(initial_checkpoint_dir, what="--initial_checkpoint_dir")
+    if isinstance(resume, Path):
+        read_weights(resume)  # refused or unreadable: fail now, naming the file
     if train.max_tokens is None or train.max_norm is None:
         raise ValueError("The recipe needs --train.max_tokens and --train.max_norm.")
     if train.epochs is not None:
         raise ValueError("The recipe counts tokens, not epochs: set --train.max_tokens instead of --train.epochs.")
-    if guidance.method == "ce":
-        return
-    if not isinstance(data, VocAgnoData):
+    per_step = world_size * train.micro_batch_size
+    if train.global_batch_size % per_step:  # LitGPT's `gradient_accumulation_iters` would floor it, or assert on 0
+        lower = train.global_batch_size // per_step * per_step
+        raise ValueError(
+            f"--train.global_batch_size {train.global_batch_size} must be a multiple of (--devices x --num_nodes) x"
+            f" --train.micro_batch_size = {world_size} x {train.micro_batch_size} = {per_step}, so that every rank"
+            f" accumulates whole micro-batches: use {' or '.join(map(str, filter(None, (lower, lower + per_step))))},"
+            " or change the micro-batch or the device count."
+        )
+    if tokenizer_dir is not None:
+        check_vocab_size(config, tokenizer_dir, "--tokenizer_dir", fix="train the model this tokenizer belongs to.")
+    if guidance.method != "ce" and not isinstance(data, VocAgnoData):
         raise ValueError(
             f"--guidance.method {guidance.method} needs aligned data: --data VocAgnoData --data.path DIR"
             f" (from `vocagnolm prepare`), not {type(data).__name__}. Only `ce` trains on plain LitGPT data."
         )
+    if isinstance(data, VocAgnoData) and tokenizer_dir is None:
+        raise ValueError("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
+    if guidance.method == "ce":
+        if isinstance(data, VocAgnoData):  # the student's tokenizer ships in every checkpoint: it must be the data's
+            data.check_tokenizers(tokenizer_dir, None)
+        return
     if teacher.cache is not None:
         if guidance.needs_teacher_logits:
             raise ValueError(
@@ -676,16 +711,5 @@ def check_setup(
                 " --teacher.cache DIR from `vocagnolm score-teacher`)."
             )
         check_checkpoint_dir(teacher.checkpoint_dir, what="--teacher.checkpoint_dir")
-    if tokenizer_dir is None:
-        raise ValueError("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
     data.check_tokenizers(tokenizer_dir, teacher.checkpoint_dir)
     guidance.check_tokenizers(same_vocabulary=data.same_vocabulary())
-    if teacher.checkpoint_dir is not None:
-        teacher_config = Config.from_file(teacher.checkpoint_dir / "model_config.yaml")
-        vocab_size = load_tokenizer(teacher.checkpoint_dir).get_vocab_size(with_added_tokens=True)
-        if vocab_size > teacher_config.padded_vocab_size:
-            raise ValueError(
-                f"The teacher's tokenizer has {vocab_size} tokens but its model only {teacher_config.padded_vocab_size}"
-                f" (padded_vocab_size in {teacher.checkpoint_dir / 'model_config.yaml'}): tokenizer and weights do"
-                " not belong together. Use the tokenizer files that came with the teacher checkpoint."
-            )

@@ -1,0 +1,164 @@
+"""Weight files: every path that loads one refuses a crafted pickle, and `--resume auto` skips damaged checkpoints."""
+
+from pathlib import Path
+from unittest import mock
+
+import lightning as L
+import pytest
+import torch
+from conftest import MISTRAL, QWEN, TINYLLAMA, make_checkpoint, tiny_config
+from litgpt.args import TrainArgs
+
+from litgpt_vocagnolm import checkpoints
+from litgpt_vocagnolm.checkpoints import UnreadableCheckpoint, find_resume_checkpoint, read_weights
+from litgpt_vocagnolm.data import VocAgnoData
+from litgpt_vocagnolm.evaluate import evaluate, load_model
+from litgpt_vocagnolm.loss import GuidanceArgs
+from litgpt_vocagnolm.recipe import setup
+from litgpt_vocagnolm.score_teacher import score_teacher
+from litgpt_vocagnolm.teacher import TeacherArgs, load_teacher
+
+
+class Payload:
+    """Unpickled without restriction, this creates `marker`: what a crafted lit_model.pth could do with os.system."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def plant_payload(weights: Path, marker: Path) -> None:
+    """Adds the payload to a real weight file, which otherwise still loads (the "model" key, as training saves)."""
+    state_dict = torch.load(weights, weights_only=True)
+    torch.save({"model": state_dict.get("model", state_dict), "payload": Payload(marker)}, weights)
+
+
+@pytest.fixture
+def crafted_checkpoint(tmp_path) -> tuple[Path, Path]:
+    """A LitGPT checkpoint dir (TinyLlama's tokenizer) whose lit_model.pth carries the payload, and its marker."""
+    checkpoint = make_checkpoint(tmp_path / "crafted", tiny_config("crafted", 32000, block_size=64), TINYLLAMA)
+    marker = tmp_path / "payload-ran"
+    plant_payload(checkpoint / "lit_model.pth", marker)
+    return checkpoint, marker
+
+
+def setup_args(tmp_path: Path, data: Path, **overrides) -> dict:
+    args = dict(model_config=tiny_config("student", 32000, block_size=64), out_dir=tmp_path / "out", devices=1,
+                data=VocAgnoData(path=data, num_workers=0), tokenizer_dir=TINYLLAMA, logger_name="csv",
+                train=TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=2 * 64, max_norm=1.0,
+                                max_seq_length=64, save_interval=None),
+                guidance=GuidanceArgs(method="ce"))  # fmt: skip
+    return args | overrides
+
+
+LOADING_PATHS = {
+    "evaluate": lambda ckpt, tmp_path, data: evaluate(ckpt, tasks="gsm8k", limit=1, out_dir=tmp_path / "eval"),
+    "evaluate's loader": lambda ckpt, tmp_path, data: load_model(ckpt, precision="32-true"),
+    "teacher": lambda ckpt, tmp_path, data: load_teacher(L.Fabric(accelerator="cpu", devices=1), ckpt, torch.float32),
+    "score-teacher": lambda ckpt, tmp_path, data: score_teacher(data=data, teacher=ckpt, output=tmp_path / "cache"),
+    "initial checkpoint": lambda ckpt, tmp_path, data: setup(**setup_args(tmp_path, data, initial_checkpoint_dir=ckpt)),
+    "resume": lambda ckpt, tmp_path, data: setup(**setup_args(tmp_path, data, resume=ckpt / "lit_model.pth")),
+}
+
+
+@pytest.mark.parametrize("path", LOADING_PATHS)
+def test_a_crafted_pickle_is_refused_on_every_loading_path(path, crafted_checkpoint, tmp_path, tinyllama_mistral_data):
+    checkpoint, marker = crafted_checkpoint
+    if path == "score-teacher":  # a teacher for the data's teacher tokenizer (Mistral's)
+        checkpoint = make_checkpoint(tmp_path / "teacher", tiny_config("t", 32000), MISTRAL)
+        plant_payload(checkpoint / "lit_model.pth", marker)
+    with pytest.raises(UnreadableCheckpoint) as error:
+        LOADING_PATHS[path](checkpoint, tmp_path, tinyllama_mistral_data)
+    assert f"Refused to load {checkpoint / 'lit_model.pth'}" in str(error.value)
+    assert "io.open" in str(error.value) or "builtins.open" in str(error.value)  # what the file tried to call
+    assert not marker.exists()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "eval").exists()  # refused before any work
+
+
+def test_damaged_files_are_named(tmp_path):
+    good = tmp_path / "good.pth"
+    torch.save({"model": {"w": torch.randn(64, 64)}, "iter_num": 8}, good)
+    assert read_weights(good)["iter_num"] == 8
+    data = good.read_bytes()
+    for name, content in (("truncated", data[: len(data) // 2]), ("zeroed", bytes(len(data))), ("empty", b"")):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(UnreadableCheckpoint, match=f"Cannot read {tmp_path / name}"):
+            read_weights(tmp_path / name)
+
+
+def write_step(out_dir: Path, step: int, content: str = "good") -> Path:
+    path = out_dir / f"step-{step:08d}" / "lit_model.pth"
+    path.parent.mkdir(parents=True)
+    torch.save({"model": {"w": torch.full((4,), float(step))}, "step_count": step}, path)
+    if content == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    elif content == "crafted":
+        plant_payload(path, out_dir / "payload-ran")
+    return path
+
+
+def test_resume_auto_skips_unreadable_checkpoints_newest_first(tmp_path, capsys):
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    write_step(tmp_path, 2)
+    readable = write_step(tmp_path, 4)
+    write_step(tmp_path, 6, "truncated")
+    write_step(tmp_path, 8, "crafted")
+    for resume in ("auto", True):
+        assert find_resume_checkpoint(fabric, resume, tmp_path) == readable
+        out = capsys.readouterr().out
+        assert f"Skipping {tmp_path / 'step-00000008' / 'lit_model.pth'}: Refused to load" in out
+        assert f"Skipping {tmp_path / 'step-00000006' / 'lit_model.pth'}: Cannot read" in out
+        assert "step-00000004" not in out and "step-00000002" not in out
+    assert not (tmp_path / "payload-ran").exists()
+    assert find_resume_checkpoint(fabric, False, tmp_path) is None
+
+
+def test_resume_auto_starts_afresh_when_no_checkpoint_is_readable(tmp_path, capsys):
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    assert find_resume_checkpoint(fabric, "auto", tmp_path) is None  # an empty out_dir: a first start, said nothing
+    assert capsys.readouterr().out == ""
+    write_step(tmp_path, 2, "truncated")
+    assert find_resume_checkpoint(fabric, "auto", tmp_path) is None
+    assert "No readable checkpoint in" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="no readable checkpoint"):
+        find_resume_checkpoint(fabric, True, tmp_path)
+
+
+def _resume_on_two_ranks(fabric: L.Fabric, tmp_path: Path) -> None:
+    rank = fabric.global_rank
+    # A stale listing: rank 1's view of out_dir lacks the newest checkpoint, which rank 0's holds.
+    stale = find_resume_checkpoint(fabric, "auto", tmp_path / f"listed-{rank}")
+    # A damaged view: rank 1 can't read the newest checkpoint, which rank 0 reads.
+    real_read = checkpoints.read_weights
+
+    def read_weights(path: Path) -> dict:
+        if rank == 1 and path.parent.name == "step-00000004":
+            raise UnreadableCheckpoint(f"Cannot read {path}")
+        return real_read(path)
+
+    with mock.patch.object(checkpoints, "read_weights", read_weights):
+        damaged = find_resume_checkpoint(fabric, "auto", tmp_path / "shared")
+    (tmp_path / f"chosen-{rank}").write_text(f"{stale.parent.name} {damaged.parent.name}")
+
+
+def test_every_rank_resumes_from_the_same_checkpoint(tmp_path):
+    """Where the ranks' views of a shared file system differ, they must still take one step, or they would train on
+    from different ones: rank 0's list of checkpoints is tried, and one that any rank can't read is skipped."""
+    write_step(tmp_path / "listed-0", 2)
+    write_step(tmp_path / "listed-0", 4)
+    write_step(tmp_path / "listed-1", 2)
+    write_step(tmp_path / "shared", 2)
+    write_step(tmp_path / "shared", 4)
+    fabric = L.Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
+    fabric.launch(_resume_on_two_ranks, tmp_path)
+    chosen = [(tmp_path / f"chosen-{rank}").read_text() for rank in (0, 1)]
+    assert chosen == ["step-00000004 step-00000002"] * 2
+
+
+def test_score_teacher_refuses_a_teacher_vocabulary_smaller_than_its_tokenizer(tmp_path, tinyllama_qwen_data):
+    teacher = make_checkpoint(tmp_path / "teacher", tiny_config("too-small", 32000), QWEN)  # Qwen: 151,665 tokens
+    with pytest.raises(ValueError, match=r"tokenizer has 151665 tokens but the model only 32000 \(padded_vocab_size"):
+        score_teacher(data=tinyllama_qwen_data, teacher=teacher, output=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
