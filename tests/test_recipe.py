@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import MISTRAL, QWEN, ROOT, TINYLLAMA, make_checkpoint, student_config_yaml, tiny_config
+from conftest import LLEMMA, MISTRAL, QWEN, ROOT, TINYLLAMA, make_checkpoint, student_config_yaml, tiny_config
 from jsonargparse import CLI, capture_parser
 
 from litgpt_vocagnolm.loss import GuidanceArgs
@@ -102,6 +102,21 @@ def test_guided_training_end_to_end_with_qwen_teacher(tmp_path, tinyllama_qwen_d
                               capture_output=True, text=True, timeout=300)  # fmt: skip
     assert generate.returncode == 0, generate.stderr[-3000:]
     assert "Natalia sold" in generate.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["rho1", "kld"])
+def test_same_vocabulary_baselines_run_with_llemma(tmp_path, method, tinyllama_llemma_data, llemma_teacher):
+    """Table 1's Rho-1 and KLD rows: Llemma's vocabulary holds TinyLlama's with the same ids (and 16 more tokens)."""
+    config = recipe_config(tmp_path, tinyllama_llemma_data, llemma_teacher, guidance={"method": method})
+    litgpt_pretrain(config, "--train.max_tokens", str(3 * 4 * 64), "--train.save_interval", "null")
+    rows = metrics(tmp_path / "out")
+    assert len(rows) == 3 and all(math.isfinite(row["loss"]) for row in rows)
+    if method == "kld":
+        assert all(row["distill_loss"] > 0 for row in rows)
+    else:  # ceil(0.4 * mapped) of the mapped tokens of each micro-batch, as vocagnolm
+        assert all(0.4 <= row["selected_fraction"] <= 0.4 + 2 / (row["mapped_fraction"] * 2 * 64) for row in rows)
+    assert (tmp_path / "out" / "final" / "lit_model.pth").is_file()
 
 
 @pytest.mark.slow
@@ -226,31 +241,27 @@ def test_slurm_environment_is_detected(monkeypatch):
     assert "srun litgpt pretrain --recipe vocagnolm" in sbatch and "--devices 8 --num_nodes 4 --resume auto" in sbatch
 
 
-@pytest.fixture(scope="module")
-def same_vocab_data(tmp_path_factory, gsm8k_sample) -> Path:
-    from conftest import prepare_pair
-
-    return prepare_pair(tmp_path_factory.mktemp("data") / "tl-tl", gsm8k_sample, TINYLLAMA, TINYLLAMA)
-
-
 @pytest.mark.parametrize("method", ["ce", "vocagnolm", "chunk", "random", "uld", "rho1", "kld"])
-def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_data, same_vocab_data):
-    """One micro-batch of real prepared data per method: finite loss, gradients on the student only."""
+def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_data, tinyllama_llemma_data):
+    """One micro-batch of real prepared data per method: finite loss, gradients on the student only. rho1 and kld
+    with Table 1's same-vocabulary teacher, Llemma (32,016 tokens: TinyLlama's 32,000 and 16 more)."""
     from litgpt_vocagnolm.data import VocAgnoData
     from litgpt_vocagnolm.model import GPT
     from litgpt_vocagnolm.recipe import forward_and_loss
 
     same_vocab = method in ("rho1", "kld")
     guidance = GuidanceArgs(method=method, num_chunks=4)
-    data = VocAgnoData(path=same_vocab_data if same_vocab else tinyllama_mistral_data, num_workers=0)
+    data = VocAgnoData(path=tinyllama_llemma_data if same_vocab else tinyllama_mistral_data, num_workers=0)
     data.connect(batch_size=2, max_seq_length=64, num_chunks=guidance.num_chunks if method == "chunk" else None)
-    guidance.check_tokenizers(same_vocabulary=data.same_vocabulary())
+    guidance.check_tokenizers(same_vocabulary=data.same_vocabulary(TINYLLAMA, LLEMMA if same_vocab else MISTRAL))
     batch = next(iter(data.train_dataloader()))
     torch.manual_seed(0)
-    student, teacher = GPT(tiny_config("s", 32000, block_size=64)), GPT(tiny_config("t", 32000, block_size=256))
+    teacher_vocab = 32016 if same_vocab else 32000
+    student, teacher = GPT(tiny_config("s", 32000, block_size=64)), GPT(tiny_config("t", teacher_vocab, block_size=256))
     teacher.requires_grad_(False)
     generator = torch.Generator().manual_seed(0)
-    loss_sum, weight_sum, metrics = forward_and_loss(student, teacher, batch, guidance, generator=generator)
+    loss_sum, weight_sum, metrics = forward_and_loss(student, teacher, batch, guidance, generator=generator,
+                                                     vocab_size=data.manifest["student"]["vocab_size"])  # fmt: skip
     loss_sum.backward()
     valid = (batch["targets"] != -100).sum()
     assert torch.isfinite(loss_sum) and 0 < weight_sum <= valid

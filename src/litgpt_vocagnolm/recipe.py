@@ -286,6 +286,7 @@ def main(
         guidance=guidance,
         seed=seed,
         hparams=hparams,
+        vocab_size=data.manifest["student"]["vocab_size"] if isinstance(data, VocAgnoData) else None,
     )
     save_checkpoint(fabric, state, tokenizer_dir, out_dir / "final" / "lit_model.pth", hparams)
 
@@ -317,6 +318,7 @@ def fit(
     guidance: GuidanceArgs,
     seed: int,
     hparams: dict,
+    vocab_size: int | None,
 ) -> None:
     model = state["model"]
     optimizer = state["optimizer"]
@@ -368,7 +370,7 @@ def fit(
         with fabric.no_backward_sync(model, enabled=is_accumulating):
             loss_sum, weight_sum, metrics = forward_and_loss(
                 model, teacher, batch, guidance, all_gather=all_gather, rank=fabric.global_rank, generator=generator,
-                teacher_timer=teacher_timer,
+                vocab_size=vocab_size, teacher_timer=teacher_timer,
             )  # fmt: skip
             fabric.backward(loss_sum)
         step_sums += torch.stack([loss_sum.detach(), weight_sum.detach()])
@@ -444,10 +446,12 @@ def forward_and_loss(
     all_gather=None,
     rank: int = 0,
     generator: torch.Generator | None = None,
+    vocab_size: int | None = None,
     teacher_timer: contextlib.AbstractContextManager = contextlib.nullcontext(),
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch: teacher scores (online, timed by `teacher_timer`, or from the cache), student forward, guided
-    loss. Returns the weighted loss sum, the weight sum and detached metrics (see `loss.guided_loss`)."""
+    loss (`vocab_size`: the student tokenizer's, for `kld`). Returns the weighted loss sum, the weight sum and
+    detached metrics (see `loss.guided_loss`)."""
     if isinstance(batch, torch.Tensor):  # a plain LitGPT data module: (B, T + 1) token blocks, `ce` only
         batch = {"input_ids": batch[:, :-1].long(), "targets": batch[:, 1:].long()}
     teacher_loss, teacher_logits = batch.get("teacher_loss"), None  # a cached loss, from `vocagnolm score-teacher`
@@ -474,6 +478,7 @@ def forward_and_loss(
         all_gather=all_gather,
         rank=rank,
         generator=generator,
+        vocab_size=vocab_size,
     )
 
 
@@ -679,7 +684,7 @@ def check_setup(
     if tokenizer_dir is None:
         raise ValueError("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
     data.check_tokenizers(tokenizer_dir, teacher.checkpoint_dir)
-    guidance.check_tokenizers(same_vocabulary=data.same_vocabulary())
+    guidance.check_tokenizers(same_vocabulary=data.same_vocabulary(tokenizer_dir, teacher.checkpoint_dir))
     if teacher.checkpoint_dir is not None:
         teacher_config = Config.from_file(teacher.checkpoint_dir / "model_config.yaml")
         vocab_size = load_tokenizer(teacher.checkpoint_dir).get_vocab_size(with_added_tokens=True)
