@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Literal, NamedTuple, get_args
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -449,6 +450,13 @@ def teacher_guided_weights(
     """
     return teacher_guided_selection(ls, lt, ranges, valid, top_k=top_k, aggregation=aggregation, unmapped=unmapped,
                                     scope=scope, all_gather=all_gather, rank=rank).weights  # fmt: skip
+
+
+def selection_generator(seed: int, rank: int, iter_num: int, device: torch.device) -> torch.Generator:
+    """`random`'s generator for one micro-batch, seeded by (seed, rank, iteration): each rank draws its own scores,
+    and a resumed run draws the same ones again without saving any state."""
+    state = np.random.SeedSequence([seed, rank, iter_num]).generate_state(1, np.uint64)[0]  # the three, hashed
+    return torch.Generator(device=device).manual_seed(int(state))
 
 
 @torch.no_grad()

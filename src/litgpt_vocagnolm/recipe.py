@@ -48,7 +48,13 @@ from litgpt.utils import (
 from litgpt_vocagnolm.alignment import vocab_overlap
 from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, load_weights
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
-from litgpt_vocagnolm.loss import GuidanceArgs, bits_per_byte, guided_loss, per_token_cross_entropy
+from litgpt_vocagnolm.loss import (
+    GuidanceArgs,
+    bits_per_byte,
+    guided_loss,
+    per_token_cross_entropy,
+    selection_generator,
+)
 from litgpt_vocagnolm.model import GPT
 from litgpt_vocagnolm.models import register
 from litgpt_vocagnolm.teacher import TeacherArgs, load_teacher, teacher_token_loss
@@ -365,8 +371,7 @@ def fit(
         state["iter_num"] += 1
         iter_t0 = time.perf_counter()
         is_accumulating = state["iter_num"] % accumulation != 0
-        # Seeded by position, so `random` selection is reproducible and survives a resume without extra state.
-        generator = torch.Generator(device=fabric.device).manual_seed(seed * 1_000_003 + state["iter_num"])
+        generator = selection_generator(seed, fabric.global_rank, state["iter_num"], fabric.device)
         with fabric.no_backward_sync(model, enabled=is_accumulating):
             loss_sum, weight_sum, metrics = forward_and_loss(
                 model, teacher, batch, guidance, all_gather=all_gather, rank=fabric.global_rank, generator=generator,
