@@ -663,17 +663,8 @@ def guided_loss(
             per_token = ls + args.distill_weight * distill
             metrics["distill_loss"] = distill.detach().sum() / n_valid
     else:
-        cross_rank = dict(scope=args.scope, all_gather=all_gather, rank=rank)
-        if method == "random":
-            mapped, reference, excess = ranges[..., 1] > ranges[..., 0], None, None
-            if teacher_loss is not None:  # what the teacher would have ranked by, for the metrics
-                reference, mapped = aggregate_teacher_loss(teacher_loss, ranges, args.aggregation)
-                excess = ls.detach().float() - reference
-            selection = random_selection(valid, mapped, args.top_k, args.unmapped, generator, **cross_rank)
-            selection = selection._replace(reference=reference, excess=excess)
-        else:
-            selection = teacher_guided_selection(ls.detach(), teacher_loss, ranges, valid, top_k=args.top_k,
-                                                 aggregation=args.aggregation, unmapped=args.unmapped, **cross_rank)  # fmt: skip
+        selection = method_selection(args, ls.detach(), valid, teacher_loss, ranges, all_gather=all_gather, rank=rank,
+                                     generator=generator)  # fmt: skip
         weights = selection.weights
         metrics.update(selection_metrics(selection, n_valid))
 
@@ -681,6 +672,35 @@ def guided_loss(
     metrics["trained_fraction"] = weight_sum / n_valid
     metrics = {name: value.detach().float() for name, value in metrics.items()}
     return (weights * per_token).sum(), weight_sum, metrics
+
+
+@torch.no_grad()
+def method_selection(
+    args: GuidanceArgs,
+    ls: Tensor,
+    valid: Tensor,
+    teacher_loss: Tensor | None,
+    ranges: Tensor,
+    *,
+    all_gather: AllGather | None = None,
+    rank: int = 0,
+    generator: torch.Generator | None = None,
+) -> Selection:
+    """The tokens a selecting method (vocagnolm, rho1, chunk, random) trains; arguments as in `guided_loss`.
+
+    random draws among the tokens with a teacher loss when `teacher_loss` is given (and reports the excess it would
+    have ranked by), else among those with a non-empty range.
+    """
+    cross_rank = dict(scope=args.scope, all_gather=all_gather, rank=rank)
+    if args.method != "random":
+        return teacher_guided_selection(ls, teacher_loss, ranges, valid, top_k=args.top_k, aggregation=args.aggregation,
+                                        unmapped=args.unmapped, **cross_rank)  # fmt: skip
+    mapped, reference, excess = ranges[..., 1] > ranges[..., 0], None, None
+    if teacher_loss is not None:  # what the teacher would have ranked by, for the metrics
+        reference, mapped = aggregate_teacher_loss(teacher_loss, ranges, args.aggregation)
+        excess = ls.float() - reference
+    selection = random_selection(valid, mapped, args.top_k, args.unmapped, generator, **cross_rank)
+    return selection._replace(reference=reference, excess=excess)
 
 
 @torch.no_grad()
