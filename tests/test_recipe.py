@@ -107,17 +107,13 @@ def test_guided_training_end_to_end_with_qwen_teacher(tmp_path, tinyllama_qwen_d
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["rho1", "kld"])
-def test_same_vocabulary_baselines_run_with_llemma(tmp_path, method, tinyllama_llemma_data, llemma_teacher):
-    """Table 1's Rho-1 and KLD rows: Llemma's vocabulary holds TinyLlama's with the same ids (and 16 more tokens)."""
-    config = recipe_config(tmp_path, tinyllama_llemma_data, llemma_teacher, guidance={"method": method})
+def test_kld_with_llemma_trains_over_the_student_vocabulary(tmp_path, tinyllama_llemma_data, llemma_teacher):
+    """Table 1's KLD row: Llemma's vocabulary holds TinyLlama's with the same ids and 16 more tokens, so the method is
+    accepted, and the recipe passes the student's vocabulary size down to the loss (rho1 passes the same check)."""
+    config = recipe_config(tmp_path, tinyllama_llemma_data, llemma_teacher, guidance={"method": "kld"})
     litgpt_pretrain(config, "--train.max_tokens", str(3 * 4 * 64), "--train.save_interval", "null")
     rows = metrics(tmp_path / "out")
-    assert len(rows) == 3 and all(math.isfinite(row["loss"]) for row in rows)
-    if method == "kld":
-        assert all(row["distill_loss"] > 0 for row in rows)
-    else:  # ceil(0.4 * mapped) of the mapped tokens of each micro-batch, as vocagnolm
-        assert all(0.4 <= row["selected_fraction"] <= 0.4 + 2 / (row["mapped_fraction"] * 2 * 64) for row in rows)
+    assert len(rows) == 3 and all(math.isfinite(row["loss"]) and row["distill_loss"] > 0 for row in rows)
     assert (tmp_path / "out" / "final" / "lit_model.pth").is_file()
 
 
@@ -311,6 +307,19 @@ def test_bad_configuration_fails_before_any_model(tmp_path, tinyllama_mistral_da
 
     message = _setup_error(tmp_path, tinyllama_mistral_data, None)
     assert "--teacher.checkpoint_dir" in message
+
+
+def test_same_vocabulary_methods_pass_the_checks_with_llemma(tinyllama_llemma_data, llemma_teacher):
+    from litgpt.args import TrainArgs
+
+    from litgpt_vocagnolm.data import VocAgnoData
+    from litgpt_vocagnolm.recipe import check_setup
+
+    train = TrainArgs(max_tokens=1000, max_norm=1.0)
+    for method in ("rho1", "kld"):
+        data = VocAgnoData(path=tinyllama_llemma_data)
+        check_setup(data, GuidanceArgs(method=method), TeacherArgs(checkpoint_dir=llemma_teacher), TINYLLAMA, None,
+                    False, train)  # fmt: skip
 
 
 def test_teacher_vocabulary_larger_than_padded_size_fails(tmp_path, tinyllama_qwen_data):
