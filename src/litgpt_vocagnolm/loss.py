@@ -635,6 +635,8 @@ def guided_loss(
         raise ValueError(f"guidance.method={method!r} needs ranges (B, T, 2) from the alignment")
     if method in ("kld", "uld") and (logits is None or teacher_logits is None):
         raise ValueError(f"guidance.method={method!r} needs the student's logits and the teacher's")
+    if method == "kld" and vocab_size is None:
+        raise ValueError("guidance.method='kld' needs vocab_size, the student tokenizer's vocabulary size")
     if method == "rho1" and ranges is None:
         if teacher_loss.shape != ls.shape:
             raise ValueError(
@@ -653,8 +655,6 @@ def guided_loss(
         if method != "ce":
             pair_index = paired_teacher_positions(ranges)
             if method == "kld":  # the paired teacher distribution, position by position, over the student's tokens
-                if vocab_size is None:
-                    raise ValueError("guidance.method='kld' needs vocab_size, the student tokenizer's vocabulary size")
                 index = pair_index.clamp(min=0)[..., None].expand(-1, -1, teacher_logits.shape[-1])
                 paired = torch.gather(teacher_logits, 1, index)  # (B, T, Vt)
                 distill = kld_loss(logits, paired, valid & (pair_index >= 0), vocab_size, args.temperature)
