@@ -520,8 +520,9 @@ def forward_and_loss(
 @contextlib.contextmanager
 def stop_signal() -> Iterator[threading.Event]:
     """An event set when this process gets SIGUSR1, which `#SBATCH --signal=SIGUSR1@120` sends every process of the
-    job's steps before its time limit. Loader workers forked meanwhile inherit the handler: the signal sets their own
-    copy of the event instead of killing them (SIGUSR1's default)."""
+    job's steps before its time limit. Loader workers forked meanwhile (fork: the default start method on Linux up to
+    Python 3.13) inherit the handler: the signal sets their own copy of the event instead of killing them (SIGUSR1's
+    default)."""
     requested = threading.Event()
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: requested.set())
     try:
