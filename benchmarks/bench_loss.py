@@ -128,7 +128,8 @@ def main() -> None:
     def distill(args: GuidanceArgs, teacher_logits: torch.Tensor):
         def run():
             logits.grad = None
-            loss_sum, weight_sum, _ = guided(args, logits, targets, teacher_logits=teacher_logits, ranges=pairs)
+            loss_sum, weight_sum, _ = guided(args, logits, targets, teacher_logits=teacher_logits, ranges=pairs,
+                                             vocab_size=V)  # fmt: skip
             (loss_sum / weight_sum).backward()
 
         return run

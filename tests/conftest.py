@@ -15,6 +15,7 @@ from litgpt_vocagnolm.models import llama_config
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZERS = ROOT / "tests" / "fixtures" / "tokenizers"
 TINYLLAMA, QWEN, MISTRAL = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5", TOKENIZERS / "mistral-7b-v0.1"
+LLEMMA = TOKENIZERS / "llemma-7b"  # TinyLlama's 32,000 tokens with the same ids, then 16 infill tokens
 
 
 def tiny_config(name: str, vocab_size: int, n_layer: int = 1, n_embd: int = 32, block_size: int = 256) -> Config:
@@ -62,6 +63,16 @@ def tinyllama_mistral_data(tmp_path_factory, gsm8k_sample) -> Path:
 @pytest.fixture(scope="session")
 def tinyllama_qwen_data(tmp_path_factory, gsm8k_sample) -> Path:
     return prepare_pair(tmp_path_factory.mktemp("data") / "tl-qwen", gsm8k_sample, TINYLLAMA, QWEN)
+
+
+@pytest.fixture(scope="session")
+def tinyllama_llemma_data(tmp_path_factory, gsm8k_sample) -> Path:
+    return prepare_pair(tmp_path_factory.mktemp("data") / "tl-llemma", gsm8k_sample, TINYLLAMA, LLEMMA)
+
+
+@pytest.fixture(scope="session")
+def llemma_teacher(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "teacher-llemma", tiny_config("t", 32016), LLEMMA, seed=1)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 from collections import Counter
 from pathlib import Path
@@ -21,7 +22,7 @@ from litgpt_vocagnolm.documents import Stats, find_input_files, plan_units
 from litgpt_vocagnolm.files import file_sha256
 from litgpt_vocagnolm.packing import BlockDtypes, aligned_stream, pack_blocks
 from litgpt_vocagnolm.prepare import prepare
-from litgpt_vocagnolm.tokenizer_files import document_specials, load_tokenizer
+from litgpt_vocagnolm.tokenizer_files import document_specials, load_tokenizer, same_vocabulary
 
 REPO = Path(__file__).parents[1]
 TOKENIZERS = REPO / "tests" / "fixtures" / "tokenizers"
@@ -374,12 +375,54 @@ def test_val_input_and_joined_fields(tmp_path):
         texts = [student.decode(ids[1:]) for ids, _ in documents_of(list(iter_blocks(output, split)))]
         assert texts == [f"{r['question']}\n\n{r['answer']}" for r in expected]
     module = VocAgnoData(output)
-    assert module.same_vocabulary()
+    assert module.same_vocabulary(STUDENT, STUDENT)
     # Identical tokenizers map every text token to itself.
     for block in iter_blocks(output, "train"):
         mapped = block["ranges"][:, 1] > block["ranges"][:, 0]
         assert (block["ranges"][mapped, 1] - block["ranges"][mapped, 0] == 1).all()
         assert np.array_equal(block["teacher_ids"][block["ranges"][mapped, 0]], block["student_ids"][mapped])
+
+
+def test_llemma_extends_tinyllama_and_aligns_one_to_one(tinyllama_llemma_data, tmp_path):
+    """Table 1's same-vocabulary teacher: Llemma's 32,016 tokens are TinyLlama's 32,000 with the same ids, then 16."""
+    student, llemma = load_tokenizer(STUDENT), load_tokenizer(TOKENIZERS / "llemma-7b")
+    assert [llemma.id_to_token(i) for i in range(32000)] == [student.id_to_token(i) for i in range(32000)]
+    assert llemma.get_vocab_size(with_added_tokens=True) == 32016
+    assert same_vocabulary(student, llemma) and same_vocabulary(student, student)
+    assert not same_vocabulary(llemma, student)  # the other way round, 16 student tokens are missing
+    assert not same_vocabulary(student, load_tokenizer(TOKENIZERS / "mistral-7b-v0.1"))  # 32,000 other tokens
+
+    module = VocAgnoData(tinyllama_llemma_data)
+    assert module.manifest["same_vocabulary"] is True and module.same_vocabulary(STUDENT, TOKENIZERS / "llemma-7b")
+    # Both tokenize the math text alike, so a student token maps to the one teacher token with its id; BOS, a special
+    # token with an empty span, is unmapped. Tokens that share one character (the "▁" Metaspace puts before a
+    # document's first digit, the byte pieces of a character) each map to that character's tokens, as the alignment
+    # works on characters: here 2 of 42,097.
+    one_to_one = text_tokens = 0
+    for block in iter_blocks(tinyllama_llemma_data, "train"):
+        ids, (starts, ends) = block["student_ids"][: block["num_tokens"]], block["ranges"][: block["num_tokens"]].T
+        text = ids != 1
+        assert (ends[~text] == starts[~text]).all()
+        assert all(i in block["teacher_ids"][a:e] for i, a, e in zip(ids[text], starts[text], ends[text]))
+        single = text & (ends - starts == 1)
+        assert np.array_equal(block["teacher_ids"][starts[single]], ids[single])
+        one_to_one, text_tokens = one_to_one + single.sum(), text_tokens + text.sum()
+    assert text_tokens - one_to_one <= 1e-4 * text_tokens
+    # Only Code Llama's infill strings typed in a text tokenize otherwise: the student's pieces map to the one token.
+    text = "x <PRE> y"
+    (student_ids, student_offsets), (teacher_ids, teacher_offsets) = encode(student, text), encode(llemma, text)
+    ranges = align(student_offsets, teacher_offsets)
+    pieces = [i for i, t in enumerate(student_ids) if student.id_to_token(t) in ("▁<", "PRE", ">")]
+    assert len(pieces) == 3 and {tuple(ranges[i]) for i in pieces} == {(1, 2)}
+    assert llemma.id_to_token(teacher_ids[1]) == "▁<PRE>"
+
+    # Data prepared before Llemma was accepted recorded False; training derives the relation from the tokenizers.
+    old = tmp_path / "old"
+    shutil.copytree(tinyllama_llemma_data, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    (old / "manifest.json").write_text(json.dumps({**manifest, "same_vocabulary": False}))
+    assert VocAgnoData(old).same_vocabulary(STUDENT, TOKENIZERS / "llemma-7b")
+    assert not VocAgnoData(old).same_vocabulary(STUDENT, None)  # no teacher tokenizer: the record stands
 
 
 def test_bad_input_fails_before_work(tmp_path):
@@ -426,7 +469,7 @@ def test_tokenizer_mismatch_names_both(prepared):
     for path in (STUDENT / "tokenizer.json", other / "tokenizer.json"):
         assert str(path.resolve()) in message or str(path) in message
         assert file_sha256(path) in message
-    assert not module.same_vocabulary()
+    assert not module.same_vocabulary(STUDENT, TEACHER)
 
 
 def test_connect_refuses_another_sequence_length(prepared):

@@ -74,11 +74,16 @@ def test_plot_and_markdown_table_are_written_and_printed(quick_run):
     assert image.shape[:2] == (540, 840)  # 7 x 4.5 inches at 120 dpi
     assert image[..., :3].std() > 0.05  # not a blank canvas
 
-    table = (out_dir / "results.md").read_text().strip().splitlines()
+    written = (out_dir / "results.md").read_text().strip()
+    table = [line for line in written.splitlines() if line.startswith("|")]
     assert table[0].startswith("| method | seeds | held-out bits/byte")
+    assert "| trained tokens touching noise |" in table[0]
     assert len({line.count("|") for line in table}) == 1  # every row has every column
     assert [line.split("|")[1].strip() for line in table[2:]] == ["teacher (own tokenizer, clean text)", *METHOD_NAMES]
     assert "\n".join(table) in printed
+    summary = written.splitlines()[-1]
+    assert summary.startswith("Noise: ") and "of the students' training tokens touch noise" in summary
+    assert summary in printed
     assert re.search(r"Vocabulary overlap \d+\.\d% of the teacher's", printed)
     assert "vocagnolm vs ce, teacher-guided selection vs naive training" in printed
 
@@ -103,17 +108,65 @@ def test_tokenizers_are_two_families_that_round_trip(quick_run):
 def test_noise_covers_its_share_and_keeps_length():
     rng = np.random.default_rng(0)
     text = "." * 200_000  # "." is no noise letter, and shuffling dots leaves dots: only letter stretches show
-    noisy = add_noise(text, 0.3, rng)
-    assert len(noisy) == len(text)
-    letters = sum(c != "." for c in noisy) / len(text)
-    assert abs(letters - 0.15) < 0.01  # half the noisy stretches are letters
+    noisy, mask = add_noise(text, 0.3, rng)
+    assert len(noisy) == len(text) == len(mask)
+    letters = [c != "." for c in noisy]
+    assert abs(sum(letters) / len(text) - 0.15) < 0.01  # half the noisy stretches are letters
+    assert abs(mask.mean() - 0.3) < 0.01
+    assert not any(np.array(letters) & ~mask)  # every changed character lies in a noisy stretch
     assert all(c == "." or c.isalnum() and c.isascii() for c in noisy)
     # A shuffle keeps the characters; clean text stays clean.
     words = "the quick brown fox jumps over the lazy dog " * 2000
-    shuffled = add_noise(words, 0.3, np.random.default_rng(1))
-    assert add_noise(words, 0.0, rng) == words
+    shuffled, mask = add_noise(words, 0.3, np.random.default_rng(1))
+    assert add_noise(words, 0.0, rng)[0] == words and not add_noise(words, 0.0, rng)[1].any()
     assert shuffled != words and len(shuffled) == len(words)
-    assert add_noise(words, 0.3, np.random.default_rng(1)) == shuffled  # seeded
+    assert all(a == b for a, b, noise in zip(shuffled, words, mask) if not noise)  # outside the noise, the text
+    assert add_noise(words, 0.3, np.random.default_rng(1))[0] == shuffled  # seeded
+
+
+def test_noise_in_the_trained_tokens(quick_run):
+    """The noise counts: the demo's blocks and which of their tokens touch noise, against the prepared data and a
+    per-token loop over the tokenizer's offsets; methods that train every token count the share of all tokens."""
+    from litgpt_vocagnolm.data import decode_block, iter_blocks
+    from litgpt_vocagnolm.demo import DATA, noise_sample, score_blocks, trained_noise_share
+    from litgpt_vocagnolm.loss import GuidanceArgs
+
+    out_dir, _ = quick_run
+    student_dir, teacher_dir = out_dir / "tokenizers" / "student", out_dir / "tokenizers" / "teacher"
+    train, _ = split_heldout(read_corpus(DATA, QUICK.documents), QUICK.heldout_share)
+    rng = np.random.default_rng(0)
+    noisy = [add_noise(text, 0.3, rng) for text in train[1::2]]  # as the demo noises the students' half
+    written = [json.loads(line)["text"] for line in (out_dir / "corpus" / "students.jsonl").read_text().splitlines()]
+    assert [text for text, _ in noisy[: len(written)]] == written
+
+    blocks, touched = noise_sample(noisy, student_dir, teacher_dir, QUICK, 2 * QUICK.max_seq_length)
+    block_tokens = QUICK.max_seq_length + 1
+    assert touched.shape == (QUICK.noise_batches * QUICK.micro_batch_size, block_tokens)
+    stored = list(iter_blocks(out_dir / "data" / "students", "train"))  # one work unit: in document order
+    for ours, theirs in zip(blocks, stored):
+        ours = decode_block(ours, block_tokens)
+        assert all(np.array_equal(ours[key], theirs[key]) for key in theirs)
+    tokenizer, expected = load_tokenizer(student_dir), []
+    for text, mask in noisy[:20]:
+        expected.append(False)  # BOS
+        expected += [bool(mask[a:b].any()) for a, b in tokenizer.encode(text, add_special_tokens=False).offsets]
+    assert touched.flatten().tolist() == expected[: touched.numel()]
+    assert 0.1 < touched.float().mean() < 0.9
+
+    noise_all = touched[:, 1:].float().mean().item()
+    blocks = score_blocks(out_dir / "runs" / "teacher" / "final", blocks)
+    run = out_dir / "runs" / "vocagnolm-seed1" / "final"
+    everything = trained_noise_share(run, GuidanceArgs(top_k=1.0), blocks, touched, QUICK, seed=1)
+    assert everything == pytest.approx(noise_all)  # top-k 1 trains every token
+    some = trained_noise_share(run, GuidanceArgs(top_k=0.4), blocks, touched, QUICK, seed=1)
+    assert 0 <= some <= 1 and some != pytest.approx(noise_all)
+
+    with open(out_dir / "results.csv", newline="") as f:
+        rows = {row["method"]: row for row in csv.DictReader(f)}
+    assert all(float(row["noise_all"]) == pytest.approx(noise_all) for row in rows.values())
+    for method in ("ce", "uld"):
+        assert float(rows[method]["noise_trained"]) == pytest.approx(noise_all)
+    assert float(rows["vocagnolm"]["noise_trained"]) != pytest.approx(noise_all)
 
 
 def test_heldout_split_is_a_stable_disjoint_share():

@@ -408,25 +408,39 @@ def test_random_weights_are_the_right_count_uniformly_drawn():
     assert per_row.sum(-1).tolist() == [math.ceil(0.4 * n) for n in candidate.sum(-1).tolist()]
 
 
-def reference_kl(student, teacher, temperature):
-    log_q = torch.log_softmax(student.double() / temperature, -1)
-    p = torch.softmax(teacher.double() / temperature, -1)
-    return (p * (p.log() - log_q)).sum(-1) * temperature**2
+def reference_kl(student: list[float], teacher: list[float], vocab_size: int, temperature: float) -> float:
+    """KL(p || q) over ids [0, vocab_size): p the teacher's softmax over those ids alone (its other columns dropped,
+    renormalised), q the student's softmax over all its columns."""
+    p_norm = math.fsum(math.exp(t / temperature) for t in teacher[:vocab_size])
+    q_norm = math.fsum(math.exp(s / temperature) for s in student)
+    kl = 0.0
+    for s, t in zip(student[:vocab_size], teacher[:vocab_size]):
+        p, q = math.exp(t / temperature) / p_norm, math.exp(s / temperature) / q_norm
+        kl += p * math.log(p / q)
+    return kl * temperature**2
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
-def test_kld_loss(temperature):
-    student, targets, _, _ = make_batch(B=2, T=9, V=40)
-    teacher = torch.randn(2, 9, 40, requires_grad=True)
+@pytest.mark.parametrize(("Vs", "Vt", "vocab_size"), [(40, 40, 40), (32, 48, 32), (40, 48, 32)])
+def test_kld_loss_compares_over_the_student_vocabulary(temperature, Vs, Vt, vocab_size):
+    """Equal vocabularies; a teacher with more tokens (Llemma's 32,016 over TinyLlama's 32,000); and a student head
+    padded beyond its tokenizer as well."""
+    student, targets, _, _ = make_batch(B=2, T=9, V=Vs)
+    teacher = torch.randn(2, 9, Vt, requires_grad=True)
     valid = targets != -100
-    kl = kld_loss(student, teacher, valid, temperature, chunk_size=4)
-    expected = torch.where(valid, reference_kl(student, teacher, temperature), 0.0)
-    assert torch.allclose(kl.double(), expected, atol=1e-5)
-    assert torch.allclose(kld_loss(teacher, teacher, valid), torch.zeros(2, 9), atol=1e-5)
+    kl = kld_loss(student, teacher, valid, vocab_size, temperature, chunk_size=4)
+    for b in range(2):
+        for i in range(9):
+            expected = reference_kl(student[b, i].tolist(), teacher[b, i].tolist(), vocab_size, temperature)
+            assert kl[b, i].item() == pytest.approx(expected if valid[b, i] else 0.0, abs=1e-5)
     kl.sum().backward()
     assert teacher.grad is None and student.grad is not None
-    with pytest.raises(ValueError, match="slice both logits"):
-        kld_loss(student, teacher[..., :30], valid)
+    # The teacher's extra columns do not count: the same logits over the student's tokens give KL 0.
+    same = torch.cat([student.detach()[..., :vocab_size], torch.randn(2, 9, Vt - vocab_size)], -1)
+    if Vs == vocab_size:
+        assert torch.allclose(kld_loss(student, same, valid, vocab_size), torch.zeros(2, 9), atol=1e-5)
+    with pytest.raises(ValueError, match="the teacher's vocabulary must hold the student's"):
+        kld_loss(student, teacher[..., : vocab_size - 1], valid, vocab_size)
 
 
 def reference_uld(student_row: torch.Tensor, teacher_row: torch.Tensor) -> float:
@@ -457,18 +471,19 @@ def test_uld_loss_matches_reference(Vs, Vt):
 def test_guided_loss_adds_the_distillation_term_to_every_valid_token(method):
     logits, targets, _, ranges = make_batch(B=2, T=8, V=32, M=10)
     valid = targets != -100
-    teacher_logits = torch.randn(2, 10, 32 if method == "kld" else 64)
+    teacher_logits = torch.randn(2, 10, 48 if method == "kld" else 64)  # kld: the student's 32 tokens and 16 more
     pair_index = paired_teacher_positions(ranges)
     assert (pair_index >= 0).any() and (pair_index == -1).any()
     if method == "kld":  # each student position against the teacher's paired position; unpaired: KL 0
-        paired = torch.stack([teacher_logits[b, pair_index[b].clamp(min=0)] for b in range(2)])
-        paired = torch.where((pair_index >= 0)[..., None], paired, logits.detach())
-        distill = kld_loss(logits, paired, valid, 1.5)
+        distill = torch.zeros(2, 8)
+        for b, i in zip(*torch.nonzero(valid & (pair_index >= 0), as_tuple=True)):
+            teacher_row = teacher_logits[b, pair_index[b, i]].tolist()
+            distill[b, i] = reference_kl(logits[b, i].tolist(), teacher_row, 32, 1.5)
     else:
         distill = uld_loss(logits, teacher_logits, pair_index, valid)
     args = GuidanceArgs(method=method, temperature=1.5 if method == "kld" else 1.0, distill_weight=0.5)
     loss_sum, weight_sum, metrics = guided_loss_of_logits(
-        args, logits, targets, teacher_logits=teacher_logits, ranges=ranges
+        args, logits, targets, teacher_logits=teacher_logits, ranges=ranges, vocab_size=32
     )
     ce = F.cross_entropy(logits.double().transpose(1, 2), targets, reduction="none")
     assert weight_sum == valid.sum()

@@ -7,7 +7,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from litgpt_vocagnolm.loss import GuidanceArgs, aggregate_teacher_loss, teacher_guided_weights
+from litgpt_vocagnolm.loss import (
+    GuidanceArgs,
+    aggregate_teacher_loss,
+    random_selection,
+    selection_generator,
+    teacher_guided_weights,
+)
 from test_loss import guided_loss_of_logits
 
 WORLD = 2
@@ -113,3 +119,50 @@ def test_global_scope_across_two_processes_equals_the_concatenated_batch(tmp_pat
     mapped = aggregate_teacher_loss(whole["lt"], whole["ranges"])[1]
     candidates = ((whole["targets"] != -100) & mapped).sum().item()
     assert sum(results["random weight sum"] for results in per_rank) == math.ceil(0.4 * candidates)
+
+
+def random_worker(rank: int, port: int, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    try:
+        x = shard(0)  # the same micro-batch on both ranks: only the generator can make their draws differ
+        valid, mapped = x["targets"] != -100, aggregate_teacher_loss(x["lt"], x["ranges"])[1]
+        results = {}
+        for scope in ("batch", "global"):
+            for iter_num in (1, 2):
+                cross_rank = dict(all_gather=all_gather, rank=rank)
+                generator = selection_generator(7, rank, iter_num, torch.device("cpu"))
+                selected = random_selection(valid, mapped, 0.4, "include", generator, scope=scope, **cross_rank).selected
+                counts = []
+                for method in ("random", "vocagnolm"):
+                    generator = selection_generator(7, rank, iter_num, torch.device("cpu"))
+                    _, weight_sum, _ = guided_loss_of_logits(
+                        GuidanceArgs(method=method, scope=scope), x["logits"], x["targets"], teacher_loss=x["lt"],
+                        ranges=x["ranges"], generator=generator, **cross_rank,
+                    )
+                    counts.append(weight_sum)
+                results[scope, iter_num] = (selected, *counts)
+        torch.save(results, f"{out_dir}/random-rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_random_draws_differ_across_ranks_and_steps_and_select_as_many_as_vocagnolm(tmp_path):
+    """`recipe.fit` seeds `random`'s generator per rank and step: two ranks holding the same micro-batch select
+    different tokens, each step others, a rerun (a resume) the same ones, and as many as vocagnolm."""
+    mp.spawn(random_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    per_rank = [torch.load(tmp_path / f"random-rank{rank}.pt") for rank in range(WORLD)]
+    x = shard(0)
+    valid, mapped = x["targets"] != -100, aggregate_teacher_loss(x["lt"], x["ranges"])[1]
+    for scope in ("batch", "global"):
+        for iter_num in (1, 2):
+            (selected_0, random_0, vocagnolm_0), (selected_1, random_1, vocagnolm_1) = (
+                results[scope, iter_num] for results in per_rank
+            )
+            assert not torch.equal(selected_0, selected_1)
+            assert not torch.equal(selected_0, per_rank[0][scope, 3 - iter_num][0])
+            if scope == "batch":  # ceil(0.4 * mapped) on each rank, and a rerun draws the same
+                assert random_0 == vocagnolm_0 == math.ceil(0.4 * (valid & mapped).sum()) + (valid & ~mapped).sum()
+                assert random_1 == vocagnolm_1
+                generator = selection_generator(7, 1, iter_num, torch.device("cpu"))
+                assert torch.equal(random_selection(valid, mapped, 0.4, "include", generator).selected, selected_1)
+            assert random_0 + random_1 == vocagnolm_0 + vocagnolm_1

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import MISTRAL, QWEN, ROOT, TINYLLAMA, make_checkpoint, student_config_yaml, tiny_config
+from conftest import LLEMMA, MISTRAL, QWEN, ROOT, TINYLLAMA, make_checkpoint, student_config_yaml, tiny_config
 from jsonargparse import CLI, capture_parser
 
 from litgpt_vocagnolm.loss import GuidanceArgs
 from litgpt_vocagnolm.recipe import setup
 from litgpt_vocagnolm.teacher import TeacherArgs
+from test_loss_distributed import free_port
 
 BIN = Path(sys.executable).parent
 TESTS = Path(__file__).resolve().parent
@@ -106,6 +107,17 @@ def test_guided_training_end_to_end_with_qwen_teacher(tmp_path, tinyllama_qwen_d
 
 
 @pytest.mark.slow
+def test_kld_with_llemma_trains_over_the_student_vocabulary(tmp_path, tinyllama_llemma_data, llemma_teacher):
+    """Table 1's KLD row: Llemma's vocabulary holds TinyLlama's with the same ids and 16 more tokens, so the method is
+    accepted, and the recipe passes the student's vocabulary size down to the loss (rho1 passes the same check)."""
+    config = recipe_config(tmp_path, tinyllama_llemma_data, llemma_teacher, guidance={"method": "kld"})
+    litgpt_pretrain(config, "--train.max_tokens", str(3 * 4 * 64), "--train.save_interval", "null")
+    rows = metrics(tmp_path / "out")
+    assert len(rows) == 3 and all(math.isfinite(row["loss"]) and row["distill_loss"] > 0 for row in rows)
+    assert (tmp_path / "out" / "final" / "lit_model.pth").is_file()
+
+
+@pytest.mark.slow
 def test_two_process_fsdp_matches_one_process(tmp_path, tinyllama_mistral_data, mistral_teacher):
     """FSDP2 (ModelParallelStrategy, gloo) on 2 CPU processes = 1 process accumulating the same 2 micro-batches.
 
@@ -170,6 +182,109 @@ def test_kill_and_resume_past_a_damaged_checkpoint_equals_uninterrupted_run(
         torch.testing.assert_close(resumed["model"][name], tensor, rtol=0, atol=1e-6, msg=name)
 
 
+SLURM_JOB = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "vocagnolm", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+             "SLURM_NODELIST": "localhost"}  # fmt: skip
+
+
+def slurm_task(rank: int, tasks: int, bin_dir: Path, port: int) -> dict[str, str]:
+    """The environment srun gives task `rank` of a one-node job, with a stub `scontrol` (see `stub_scontrol`) first on
+    PATH."""
+    slurm = {"SLURM_NTASKS": str(tasks), "SLURM_NTASKS_PER_NODE": str(tasks), "SLURM_PROCID": str(rank),
+             "SLURM_LOCALID": str(rank), "MASTER_PORT": str(port)}  # fmt: skip
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    python_path = os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, **SLURM_JOB, **slurm, "PATH": path, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
+
+
+def stub_scontrol(bin_dir: Path) -> Path:
+    """A `scontrol` that appends its arguments to bin_dir/scontrol.calls; returns that file."""
+    bin_dir.mkdir()
+    calls = bin_dir / "scontrol.calls"
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    return calls
+
+
+def start_and_signal(command: list[str], envs: list[dict], signalled: int) -> list[tuple[int, str]]:
+    """Starts one process per environment (as srun starts tasks), each in its own process group; once training has
+    started, sends SIGUSR1 to every process of task `signalled`'s group (its loader workers too, as Slurm signals every
+    process of a step). Returns each task's (exit status, output)."""
+    processes = [
+        subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)  # fmt: skip
+        for env in envs
+    ]
+    lines = []
+    for line in processes[0].stdout:  # rank 0 prints
+        lines.append(line)
+        if line.startswith("Epoch 1 | iter"):  # a step is done: the loader's workers run
+            os.killpg(processes[signalled].pid, signal.SIGUSR1)
+            break
+    outputs = [process.communicate(timeout=600)[0] for process in processes]
+    return [(process.returncode, out) for process, out in zip(processes, ["".join(lines) + outputs[0], *outputs[1:]])]
+
+
+@pytest.mark.slow
+def test_sigusr1_saves_requeues_exits_and_resume_finishes_as_uninterrupted(
+    tmp_path, tinyllama_mistral_data, mistral_teacher
+):
+    """Slurm's warning before the time limit (`--signal=SIGUSR1@120`): the recipe ends its step, saves it, asks
+    `scontrol requeue` for the job and exits 75; the requeued job (`--resume auto`) ends where an uninterrupted run
+    does."""
+    steps = 12
+    args = ["--train.save_interval", "null", "--train.max_tokens", str(steps * 4 * 64)]
+    data = {"class_path": "litgpt_vocagnolm.data.VocAgnoData",
+            "init_args": {"path": str(tinyllama_mistral_data), "num_workers": 1}}  # fmt: skip
+    configs = {}
+    for run in ("whole", "job"):
+        (tmp_path / run).mkdir()
+        configs[run] = recipe_config(tmp_path / run, tinyllama_mistral_data, mistral_teacher, data=data)
+    litgpt_pretrain(configs["whole"], *args)
+
+    calls = stub_scontrol(tmp_path / "bin")
+    env = slurm_task(0, 1, tmp_path / "bin", port=free_port())
+    command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(configs["job"]), *args]
+    ((status, out),) = start_and_signal(command, [env], signalled=0)
+    assert status == os.EX_TEMPFAIL, out[-5000:]
+    stopped = int(re.search(r"Stopped after step (\d+) on SIGUSR1", out).group(1))
+    assert 1 <= stopped < steps
+    assert "Requeued Slurm job 4242" in out and calls.read_text() == "requeue 4242\n"
+    job = tmp_path / "job" / "out"
+    assert [p.name for p in job.glob("step-*")] == [f"step-{stopped:08d}"] and not (job / "final").exists()
+    saved = torch.load(job / f"step-{stopped:08d}" / "lit_model.pth", weights_only=True)
+    assert (saved["step_count"], saved["iter_num"]) == (stopped, 2 * stopped)
+
+    out = litgpt_pretrain(configs["job"], *args, "--resume", "auto", env=env)  # the requeued job
+    assert f"Resuming training from {job / f'step-{stopped:08d}' / 'lit_model.pth'}" in out.stdout
+    assert calls.read_text() == "requeue 4242\n"  # it finished: no requeue
+    resumed = torch.load(job / "final" / "lit_model.pth", weights_only=True)
+    reference = torch.load(tmp_path / "whole" / "out" / "final" / "lit_model.pth", weights_only=True)
+    assert (resumed["step_count"], resumed["iter_num"]) == (reference["step_count"], reference["iter_num"]) == (steps, 2 * steps)
+    for name, tensor in reference["model"].items():
+        torch.testing.assert_close(resumed["model"][name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_sigusr1_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, tinyllama_mistral_data, mistral_teacher):
+    """Two tasks as srun starts them (FSDP2 over gloo); only rank 1 gets the signal: both end the same step, one
+    checkpoint is saved, rank 0 alone requeues, both exit 75 (a rank that stopped alone would hang the other)."""
+    calls = stub_scontrol(tmp_path / "bin")
+    port = free_port()
+    config = recipe_config(tmp_path, tinyllama_mistral_data, mistral_teacher, devices=2,
+                           data={"class_path": "block_list_data.BlockList",
+                                 "init_args": {"path": str(tinyllama_mistral_data)}})  # fmt: skip
+    command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config),
+               "--train.micro_batch_size", "1", "--train.global_batch_size", "2", "--train.save_interval", "null",
+               "--train.max_tokens", str(24 * 2 * 64)]  # fmt: skip
+    envs = [slurm_task(rank, 2, tmp_path / "bin", port) for rank in range(2)]
+    (status_0, out_0), (status_1, out_1) = start_and_signal(command, envs, signalled=1)
+    assert status_0 == status_1 == os.EX_TEMPFAIL, out_0[-3000:] + out_1[-3000:]
+    stopped = int(re.search(r"Stopped after step (\d+) on SIGUSR1", out_0).group(1))
+    assert 1 <= stopped < 24
+    assert [p.name for p in (tmp_path / "out").glob("step-*")] == [f"step-{stopped:08d}"]
+    assert calls.read_text() == "requeue 4242\n"
+
+
 def _setup_error(tmp_path, data, teacher, **kwargs) -> str:
     from litgpt.args import TrainArgs
 
@@ -204,6 +319,19 @@ def test_bad_configuration_fails_before_any_model(tmp_path, tinyllama_mistral_da
 
     message = _setup_error(tmp_path, tinyllama_mistral_data, None)
     assert "--teacher.checkpoint_dir" in message
+
+
+def test_same_vocabulary_methods_pass_the_checks_with_llemma(tinyllama_llemma_data, llemma_teacher):
+    from litgpt.args import TrainArgs
+
+    from litgpt_vocagnolm.data import VocAgnoData
+    from litgpt_vocagnolm.recipe import check_setup
+
+    train = TrainArgs(max_tokens=1000, max_norm=1.0)
+    for method in ("rho1", "kld"):
+        data = VocAgnoData(path=tinyllama_llemma_data)
+        check_setup(data, GuidanceArgs(method=method), TeacherArgs(checkpoint_dir=llemma_teacher), TINYLLAMA, None,
+                    False, train)  # fmt: skip
 
 
 def test_teacher_vocabulary_larger_than_padded_size_fails(tmp_path, tinyllama_qwen_data):
@@ -289,31 +417,63 @@ def test_slurm_environment_is_detected(monkeypatch):
     assert "srun litgpt pretrain --recipe vocagnolm" in sbatch and "--devices 8 --num_nodes 4 --resume auto" in sbatch
 
 
-@pytest.fixture(scope="module")
-def same_vocab_data(tmp_path_factory, gsm8k_sample) -> Path:
-    from conftest import prepare_pair
-
-    return prepare_pair(tmp_path_factory.mktemp("data") / "tl-tl", gsm8k_sample, TINYLLAMA, TINYLLAMA)
+@pytest.mark.parametrize(
+    "script, args, srun",
+    [
+        ("vocagnolm.sbatch", ["recipes/x.yaml", "--train.max_tokens", "1e9"],
+         "litgpt pretrain --recipe vocagnolm --config recipes/x.yaml --devices 8 --num_nodes 4 --resume auto"
+         " --train.max_tokens 1e9"),
+        ("score-teacher.sbatch", ["data/x", "checkpoints/y"],
+         "vocagnolm score-teacher --data data/x --teacher checkpoints/y --devices 8 --num_nodes 4 --precision bf16-true"),
+    ],
+)  # fmt: skip
+def test_sbatch_scripts_make_their_log_directory_then_submit_themselves(tmp_path, script, args, srun):
+    """Slurm opens `--output=logs/...` before the script runs: run with bash, a script makes logs/ and submits itself;
+    as the job, it runs srun. Requeued runs append to the log."""
+    path = ROOT / "recipes" / "slurm" / script
+    text = path.read_text()
+    assert "#SBATCH --output=logs/%x-%j.out" in text and "#SBATCH --open-mode=append" in text
+    assert "#SBATCH --requeue" in text
+    if script == "vocagnolm.sbatch":
+        assert "#SBATCH --signal=SIGUSR1@120" in text
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sbatch", "srun"):
+        (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{tmp_path / "calls"}"\n')
+        (bin_dir / tool).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    work = tmp_path / "repo"
+    work.mkdir()
+    for job_env in ({}, {"SLURM_JOB_ID": "7"}):
+        run = subprocess.run(["bash", str(path), *args], cwd=work, env={**env, **job_env}, capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+        assert run.returncode == 0, run.stderr
+    assert (work / "logs").is_dir()
+    assert (tmp_path / "calls").read_text().splitlines() == [f"sbatch {path} {' '.join(args)}", f"srun {srun}"]
 
 
 @pytest.mark.parametrize("method", ["ce", "vocagnolm", "chunk", "random", "uld", "rho1", "kld"])
-def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_data, same_vocab_data):
-    """One micro-batch of real prepared data per method: finite loss, gradients on the student only."""
+def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_data, tinyllama_llemma_data):
+    """One micro-batch of real prepared data per method: finite loss, gradients on the student only. rho1 and kld
+    with Table 1's same-vocabulary teacher, Llemma (32,016 tokens: TinyLlama's 32,000 and 16 more)."""
     from litgpt_vocagnolm.data import VocAgnoData
     from litgpt_vocagnolm.model import GPT
     from litgpt_vocagnolm.recipe import forward_and_loss
 
     same_vocab = method in ("rho1", "kld")
     guidance = GuidanceArgs(method=method, num_chunks=4)
-    data = VocAgnoData(path=same_vocab_data if same_vocab else tinyllama_mistral_data, num_workers=0)
+    data = VocAgnoData(path=tinyllama_llemma_data if same_vocab else tinyllama_mistral_data, num_workers=0)
     data.connect(batch_size=2, max_seq_length=64, num_chunks=guidance.num_chunks if method == "chunk" else None)
-    guidance.check_tokenizers(same_vocabulary=data.same_vocabulary())
+    guidance.check_tokenizers(same_vocabulary=data.same_vocabulary(TINYLLAMA, LLEMMA if same_vocab else MISTRAL))
     batch = next(iter(data.train_dataloader()))
     torch.manual_seed(0)
-    student, teacher = GPT(tiny_config("s", 32000, block_size=64)), GPT(tiny_config("t", 32000, block_size=256))
+    teacher_vocab = 32016 if same_vocab else 32000
+    student, teacher = GPT(tiny_config("s", 32000, block_size=64)), GPT(tiny_config("t", teacher_vocab, block_size=256))
     teacher.requires_grad_(False)
     generator = torch.Generator().manual_seed(0)
-    loss_sum, weight_sum, metrics = forward_and_loss(student, teacher, batch, guidance, generator=generator)
+    loss_sum, weight_sum, metrics = forward_and_loss(student, teacher, batch, guidance, generator=generator,
+                                                     vocab_size=data.manifest["student"]["vocab_size"])  # fmt: skip
     loss_sum.backward()
     valid = (batch["targets"] != -100).sum()
     assert torch.isfinite(loss_sum) and 0 < weight_sum <= valid

@@ -22,7 +22,7 @@ from litgpt.data import DataModule
 from litgpt_vocagnolm.alignment import chunk_align
 from litgpt_vocagnolm.files import file_sha256
 from litgpt_vocagnolm.teacher_cache import TeacherLossCache
-from litgpt_vocagnolm.tokenizer_files import find_tokenizer_file, tokenizer_sha256
+from litgpt_vocagnolm.tokenizer_files import find_tokenizer_file, load_tokenizer, same_vocabulary, tokenizer_sha256
 
 # LitData asks PyPI for a newer version of itself whenever a dataset is written or opened (30 s timeout): a network
 # call in every run and loader worker, which stalls firewalled cluster nodes. Nothing here should reach the network.
@@ -217,9 +217,18 @@ class VocAgnoData(DataModule):
                     f"Prepare the data again with this {side}, or train with the {side} it was prepared for."
                 )
 
-    def same_vocabulary(self) -> bool:
-        """Whether student and teacher share one vocabulary (what `rho1` and `kld` need)."""
-        return self.manifest["same_vocabulary"]
+    def same_vocabulary(self, student_dir: Path, teacher_dir: Optional[Path]) -> bool:
+        """Whether every student token has the same id in the teacher's vocabulary (what `rho1` and `kld` need).
+
+        Derived from the tokenizer files in these dirs (call `check_tokenizers` first: they are then the data's), not
+        read from the manifest: data prepared before a larger teacher vocabulary was accepted recorded False for
+        TinyLlama with Llemma, and rewriting a manifest would orphan the loss caches scored on it (keyed on its
+        sha256). Without a teacher dir (a loss cache alone) the manifest's record stands; an old True (identical
+        vocabularies) still holds.
+        """
+        if teacher_dir is None:
+            return self.manifest["same_vocabulary"]
+        return same_vocabulary(load_tokenizer(student_dir), load_tokenizer(teacher_dir))
 
     def _loader(self, split: str, shuffle: bool) -> StreamingDataLoader:
         dataset = open_split(self.path, split, self.manifest, shuffle, self.seed, self.teacher_cache)

@@ -18,8 +18,9 @@ A recipe, read top to bottom: settings, corpus, tokenizers, prepared data, teach
    `vocagnolm`, and the Table 3 ablations (mean aggregation; unmapped tokens excluded). The selecting methods read the
    teacher's per-token losses from a cache scored once (`vocagnolm score-teacher`); `uld` needs the teacher's logits,
    so it runs the teacher on every batch.
-6. Evaluation: held-out bits per byte during training (comparable across tokenizers, so the teacher's too); the
-   table, the plot and the claims the runs support, printed and written to out_dir.
+6. Evaluation: held-out bits per byte during training (comparable across tokenizers, so the teacher's too); the share
+   of training tokens that touch noise, of all of them and of those each method trains (as its final student selects
+   them); the table, the plot and the claims the runs support, printed and written to out_dir.
 
 Why noise: on clean text every token is worth learning, and a student trained on 40% of them falls behind one trained
 on all of them. Selection pays off when some training tokens are not worth learning and the teacher can tell which.
@@ -47,15 +48,19 @@ from litgpt.args import EvalArgs, TrainArgs
 from litgpt.config import Config
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from litgpt_vocagnolm.alignment import vocab_overlap
-from litgpt_vocagnolm.data import VocAgnoData, load_manifest
-from litgpt_vocagnolm.loss import GuidanceArgs
+from litgpt_vocagnolm.alignment import encode, vocab_overlap
+from litgpt_vocagnolm.checkpoints import load_weights
+from litgpt_vocagnolm.data import VocAgnoData, collate_blocks, load_manifest
+from litgpt_vocagnolm.documents import Stats
+from litgpt_vocagnolm.loss import GuidanceArgs, method_selection, selection_generator
+from litgpt_vocagnolm.model import GPT
 from litgpt_vocagnolm.models import llama_config
+from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
 from litgpt_vocagnolm.recipe import setup
 from litgpt_vocagnolm.prepare import prepare
 from litgpt_vocagnolm.score_teacher import score_teacher
-from litgpt_vocagnolm.teacher import TeacherArgs
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
+from litgpt_vocagnolm.tokenizer_files import cached_tokenizer, find_tokenizer_file, load_tokenizer, tokenizer_info
 
 DATA = Path(__file__).resolve().parents[2] / "data"  # the repository's data/ folder, in a clone
 CORPUS = (  # (file, the fields that make one document)
@@ -102,12 +107,15 @@ class DemoSizes:
     """Held-out evaluations per run: the points of each curve."""
     eval_batches: int = 1000
     """Held-out batches per evaluation at most: more than the held-out set holds, so all of it, the same for all."""
+    noise_batches: int = 4
+    """Micro-batches of the students' first training blocks on which the tokens touching noise are counted, of all
+    tokens and of those each method trains."""
 
 
 QUICK = DemoSizes(
     documents=400, heldout_share=0.1, student_vocab_size=600, teacher_vocab_size=1000, max_seq_length=32,
     micro_batch_size=4, student_layers=1, student_width=32, teacher_layers=1, teacher_width=64,
-    teacher_tokens=4096, student_tokens=2048, evaluations=2, eval_batches=4,
+    teacher_tokens=4096, student_tokens=2048, evaluations=2, eval_batches=4, noise_batches=2,
 )  # fmt: skip
 """A few steps of everything: what `--quick` and the tests run."""
 
@@ -141,7 +149,7 @@ def demo(
     """The whole method in miniature on a CPU: a teacher with one tokenizer guides students with another.
 
     Writes out_dir/results.csv (one row per method), results.md and bpb.png (held-out bits per byte against training
-    tokens), and prints the table and what the runs show.
+    tokens), and prints the table, the noise shares and what the runs show.
 
     Arguments:
         out_dir: Where everything goes (corpus, tokenizers, prepared data, runs, results); the demo's folders in it
@@ -167,6 +175,12 @@ def demo(
         raise ValueError("Give at least one method, one seed and one worker.")
     if not 0 <= noise < 1:
         raise ValueError(f"--noise is a share of characters in [0, 1), got {noise}.")
+    sample_tokens = sizes.noise_batches * sizes.micro_batch_size * (sizes.max_seq_length + 1)
+    if not 0 < sample_tokens <= sizes.student_tokens:
+        raise ValueError(
+            f"--sizes.noise_batches {sizes.noise_batches} counts noise on {sample_tokens:,} training tokens: it must"
+            f" be at least 1 and fit the students' budget of {sizes.student_tokens:,} tokens."
+        )
     missing = [file for file, _ in CORPUS if not (data_dir / file).is_file()]
     if missing:
         raise FileNotFoundError(
@@ -197,9 +211,9 @@ def demo(
     # 3. Prepared data (`vocagnolm prepare`): the documents each budget reads, once. The students' get noise.
     stage("Prepared data (`vocagnolm prepare`)")
     rng = np.random.default_rng(0)
-    noisy_texts = (add_noise(text, noise, rng) for text in student_texts)
+    noisy = [add_noise(text, noise, rng) for text in student_texts]  # (text, its noisy characters) per document
     teacher_texts = documents_for(teacher_texts, teacher_tokenizer, sizes.teacher_tokens)
-    noisy_texts = documents_for(noisy_texts, student_tokenizer, sizes.student_tokens)
+    noisy_texts = documents_for([text for text, _ in noisy], student_tokenizer, sizes.student_tokens)
     corpus = out_dir / "corpus"
     write_texts(corpus / "teacher.jsonl", teacher_texts)
     write_texts(corpus / "students.jsonl", noisy_texts)
@@ -256,16 +270,27 @@ def demo(
             print(summarize_run(f"{method} (seed {seed})", results[method][-1]))
     results = {m: sorted(results[m], key=lambda run: run["seed"]) for m in methods}
 
-    # 6. Evaluation (held-out bits per byte, logged by the runs): table, plot, claims.
-    rows = [method_row(method, results[method]) for method in methods]
+    # 6. Evaluation: held-out bits per byte (logged by the runs); noise in the tokens each method trains; table, plot,
+    # claims.
+    stage("Noise: the share of training tokens that touch it, of all and of those each method trains")
+    blocks, touched = noise_sample(noisy[: len(noisy_texts)], student_tokenizer, teacher_tokenizer, sizes, window)
+    blocks = score_blocks(teacher_dir, blocks)
+    noise_all = touched[:, 1:].float().mean().item()  # the targets of full blocks
+    for method in methods:
+        guidance = GuidanceArgs(**{**METHODS[method], "top_k": top_k})
+        for run in results[method]:
+            run_dir = out_dir / "runs" / f"{method}-seed{run['seed']}" / "final"
+            run["noise_trained"] = trained_noise_share(run_dir, guidance, blocks, touched, sizes, run["seed"])
+    rows = [method_row(method, results[method], noise_all) for method in methods]
     write_csv(out_dir / "results.csv", rows)
     table = markdown_table(rows, teacher)
-    (out_dir / "results.md").write_text(table + "\n", encoding="utf-8")
+    summary = noise_summary(rows, touched[:, 1:].numel())
+    (out_dir / "results.md").write_text(f"{table}\n\n{summary}\n", encoding="utf-8")
     plot(out_dir / "bpb.png", results, teacher, noise, top_k)
     stage(f"Results: held-out bits per byte after {rows[0]['tokens']:,} training tokens")
     print(table)
     stage("What these runs show")
-    print("\n".join(claims(results, teacher)))
+    print("\n".join([summary, *claims(results, teacher)]))
     print(f"Wrote {out_dir / 'results.csv'}, {out_dir / 'results.md'} and {out_dir / 'bpb.png'}.")
 
 
@@ -292,8 +317,9 @@ def split_heldout(documents: list[str], share: float) -> tuple[list[str], list[s
     return [d for d, h in zip(documents, heldout) if not h], [d for d, h in zip(documents, heldout) if h]
 
 
-def add_noise(text: str, share: float, rng: np.random.Generator, span: float = 8.0) -> str:
-    """`text` with about `share` of its characters replaced by noise, in spans of `span` characters on average.
+def add_noise(text: str, share: float, rng: np.random.Generator, span: float = 8.0) -> tuple[str, np.ndarray]:
+    """`text` with about `share` of its characters replaced by noise, in spans of `span` characters on average, and
+    which characters lie in noisy stretches: (noisy text, (len(text),) bool).
 
     Clean and noisy stretches alternate, both of geometric length (noise: mean `span`; clean: mean
     `span * (1 - share) / share`, so that noise covers `share` in expectation). A noisy stretch is, by a coin flip,
@@ -301,7 +327,7 @@ def add_noise(text: str, share: float, rng: np.random.Generator, span: float = 8
     Vectorized: per-stretch calls into numpy would take ~6 s for the corpus.
     """
     if share == 0 or not text:
-        return text
+        return text, np.zeros(len(text), dtype=bool)
     chars = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).copy()  # (n,) code points
     n = len(chars)
     # Stretch lengths, clean and noisy in turn, until they cover the text: (2k,) -> the stretch of each character.
@@ -318,7 +344,7 @@ def add_noise(text: str, share: float, rng: np.random.Generator, span: float = 8
     mixed = np.flatnonzero(noisy & shuffled[stretch])
     order = np.lexsort((rng.random(len(mixed)), stretch[mixed]))  # a random order within each stretch
     chars[mixed] = chars[mixed][order]
-    return chars.tobytes().decode("utf-32-le")
+    return chars.tobytes().decode("utf-32-le"), noisy
 
 
 def documents_for(texts: Iterable[str], tokenizer_dir: Path, tokens: int) -> list[str]:
@@ -545,12 +571,91 @@ def summarize_run(name: str, run: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 6. Table, plot, claims
+# 6. Noise in the trained tokens; table, plot, claims
 
 
-def method_row(method: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def noise_sample(
+    documents: list[tuple[str, np.ndarray]], student_dir: Path, teacher_dir: Path, sizes: DemoSizes, window: int
+) -> tuple[list[dict[str, Any]], torch.Tensor]:
+    """The students' first `noise_batches` micro-batches of training blocks, packed from their first documents as
+    `vocagnolm prepare` packs them (`packing.pack_blocks`, the same tokenizers and teacher window), and which student
+    tokens of them touch noise: a token does when a character of its span lies in a noisy stretch (added tokens never).
+
+    documents: (text, noisy characters) per document, from `add_noise`. Returns the blocks as stored and
+    (blocks, max_seq_length + 1) bool.
+    """
+    student, teacher = (tokenizer_info(find_tokenizer_file(d)) for d in (student_dir, teacher_dir))
+    block_tokens, wanted = sizes.max_seq_length + 1, sizes.noise_batches * sizes.micro_batch_size
+    added = (int(student.bos_id is not None), int(student.eos_id is not None))  # BOS, EOS per document
+    texts, touched = [], []
+    for text, noisy in documents:
+        _, offsets = encode(cached_tokenizer(student.path), text)  # (N, 2) character spans
+        before = np.concatenate([[0], np.cumsum(noisy)])  # (L + 1,) noisy characters before each character
+        spans = before[offsets[:, 1]] > before[offsets[:, 0]]  # (N,)
+        touched.append(np.concatenate([np.zeros(added[0], bool), spans, np.zeros(added[1], bool)]))
+        texts.append(text)
+        if sum(map(len, touched)) >= wanted * block_tokens:
+            break
+    dtypes = BlockDtypes.fitting(student.vocab_size, teacher.vocab_size, window)
+    streams = aligned_streams(texts, student, teacher, Stats())
+    blocks = list(itertools.islice(pack_blocks(streams, block_tokens, window, dtypes, Stats()), wanted))
+    touched = np.concatenate(touched)[: wanted * block_tokens].reshape(wanted, block_tokens)  # the blocks' cut
+    return blocks, torch.from_numpy(touched)
+
+
+@torch.no_grad()
+def score_blocks(teacher_dir: Path, blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The blocks with their windows' teacher losses (`teacher_token_loss`, what `vocagnolm score-teacher` caches)."""
+    teacher = load_model(teacher_dir)
+    scored = []
+    for block in blocks:
+        ids = torch.from_numpy(block["teacher_ids"].astype(np.int64))[None]  # (1, M)
+        loss = teacher_token_loss(teacher, ids, torch.ones_like(ids, dtype=torch.bool))  # (1, M), NaN first
+        scored.append({**block, "teacher_loss": loss[0].numpy()})
+    return scored
+
+
+@torch.no_grad()
+def trained_noise_share(
+    student_dir: Path, guidance: GuidanceArgs, blocks: list[dict[str, Any]], touched: torch.Tensor, sizes: DemoSizes,
+    seed: int,
+) -> float:
+    """Share of the tokens a method trains that touch noise, with its final student (in `student_dir`) selecting them
+    in `blocks` (scored by `score_blocks`), micro-batch by micro-batch as training ranks them; `random` draws as its
+    run did, without the teacher's losses. `ce` and `uld` train every token.
+
+    A selection depends on the student, which changes as it trains: this is the last step's, not the run's average.
+    """
+    model = load_model(student_dir)
+    block_tokens, num_chunks = sizes.max_seq_length + 1, guidance.num_chunks if guidance.method == "chunk" else None
+    counts = torch.zeros(2)  # (trained tokens touching noise, trained tokens)
+    for k, start in enumerate(range(0, len(blocks), sizes.micro_batch_size)):
+        rows = slice(start, start + sizes.micro_batch_size)
+        batch = collate_blocks(blocks[rows], block_tokens, num_chunks)
+        trained = batch["targets"] != -100  # (B, T)
+        if guidance.method not in ("ce", "uld"):
+            ls = model(batch["input_ids"], targets=batch["targets"])  # (B, T)
+            teacher_loss = None if guidance.method in TEACHER_FREE else batch["teacher_loss"]
+            generator = selection_generator(seed, 0, k + 1, torch.device("cpu"))
+            selection = method_selection(guidance, ls, trained, teacher_loss, batch["ranges"], generator=generator)
+            trained = selection.weights > 0
+        counts += torch.stack([(trained & touched[rows, 1:]).sum(), trained.sum()])
+    return (counts[0] / counts[1]).item()
+
+
+def load_model(checkpoint_dir: Path) -> GPT:
+    """A demo run's checkpoint, in eval mode."""
+    model = GPT(Config.from_file(checkpoint_dir / "model_config.yaml"))
+    load_weights(model, checkpoint_dir / "lit_model.pth")
+    return model.eval()
+
+
+
+def method_row(method: str, runs: list[dict[str, Any]], noise_all: float) -> dict[str, Any]:
     """One method's results, averaged over its seeds: final held-out bits per byte (with the seeds' range), held-out
-    loss and training loss (nats per student token), throughput, and the held-out curve as `bpb@<tokens>` columns."""
+    loss and training loss (nats per student token), throughput, the share of training tokens touching noise (of all:
+    `noise_all`, the same for every method; of those the method trains: `noise_trained`, see `trained_noise_share`),
+    and the held-out curve as `bpb@<tokens>` columns."""
     finals = [run["bpb"][-1] for run in runs]
     row = {
         "method": method,
@@ -563,6 +668,8 @@ def method_row(method: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "train_loss": float(np.mean([run["train_loss"] for run in runs])),
         "train_ce": float(np.mean([run["student_loss"] for run in runs])),
         "tokens_per_sec": float(np.mean([run["tokens_per_sec"] for run in runs])),
+        "noise_all": noise_all,
+        "noise_trained": float(np.mean([run["noise_trained"] for run in runs])),
     }
     for i, tokens in enumerate(runs[0]["tokens"]):
         row[f"bpb@{tokens}"] = float(np.mean([run["bpb"][i] for run in runs]))
@@ -577,23 +684,34 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def markdown_table(rows: list[dict[str, Any]], teacher: dict[str, Any]) -> str:
-    """Held-out bits per byte (the seeds' range where there are several), losses and throughput per method, under the
-    teacher's held-out bits per byte (comparable across tokenizers)."""
+    """Held-out bits per byte (the seeds' range where there are several), losses, the share of trained tokens that
+    touch noise and throughput per method, under the teacher's held-out bits per byte (comparable across
+    tokenizers)."""
     header = ("method", "seeds", "held-out bits/byte", "held-out loss", "training objective",
-              "training CE, all tokens", "tokens/s")  # fmt: skip
+              "training CE, all tokens", "trained tokens touching noise", "tokens/s")  # fmt: skip
     bpb, speed = teacher["bpb"][-1], teacher["tokens_per_sec"]
     lines = [
         "| " + " | ".join(header) + " |",
         "|---|" + "---:|" * (len(header) - 1),
-        f"| teacher (own tokenizer, clean text) | 1 | {bpb:.3f} | | | | {speed:,.0f} |",
+        f"| teacher (own tokenizer, clean text) | 1 | {bpb:.3f} | | | | | {speed:,.0f} |",
     ]
     for row in rows:
         spread = f" ({row['heldout_bpb_min']:.3f}-{row['heldout_bpb_max']:.3f})" if row["seeds"] > 1 else ""
         lines.append(
             f"| {row['method']} | {row['seeds']} | {row['heldout_bpb']:.3f}{spread} | {row['heldout_loss']:.3f}"
-            f" | {row['train_loss']:.3f} | {row['train_ce']:.3f} | {row['tokens_per_sec']:,.0f} |"
+            f" | {row['train_loss']:.3f} | {row['train_ce']:.3f} | {row['noise_trained']:.1%}"
+            f" | {row['tokens_per_sec']:,.0f} |"
         )
     return "\n".join(lines)
+
+
+def noise_summary(rows: list[dict[str, Any]], sample_tokens: int) -> str:
+    """The measured noise shares in one sentence."""
+    trained = ", ".join(f"{row['method']} {row['noise_trained']:.1%}" for row in rows)
+    return (
+        f"Noise: {rows[0]['noise_all']:.1%} of the students' training tokens touch noise (counted on the first"
+        f" {sample_tokens:,}); of the tokens each method trains, as its final student selects them: {trained}."
+    )
 
 
 def plot(

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Literal, NamedTuple, get_args
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -34,7 +35,9 @@ class GuidanceArgs:
     method: Method = "vocagnolm"
     """vocagnolm: train the top-k mapped tokens by excess loss (student minus aligned teacher loss);
     ce: naive continual pretraining; rho1: vocagnolm for a same-vocabulary teacher, token i paired with token i;
-    kld: CE + forward KL to the teacher's distribution (same vocabulary); uld: CE + Universal Logit Distillation
+    kld: CE + forward KL to the teacher's distribution over the student's vocabulary; rho1 and kld need a teacher
+    that has every student token with the same id (the same tokenizer, or an extension such as Llemma's of
+    TinyLlama's); uld: CE + Universal Logit Distillation
     (sorted-probability L1, any vocabulary); chunk: vocagnolm through chunk-level alignment ranges;
     random: as many mapped tokens as vocagnolm trains, drawn uniformly (the control)"""
     top_k: float = 0.4
@@ -81,12 +84,14 @@ class GuidanceArgs:
         return self.method in ("rho1", "kld")
 
     def check_tokenizers(self, same_vocabulary: bool) -> None:
-        """Refuses a same-vocabulary method for a teacher whose vocabulary differs from the student's."""
+        """Refuses a same-vocabulary method unless every student token has the same id in the teacher's vocabulary."""
         if self.same_vocab_only and not same_vocabulary:
             raise ValueError(
-                f"guidance.method={self.method!r} needs a teacher with the student's vocabulary, but the tokenizers"
-                " differ. Use --guidance.method vocagnolm (or uld) for a teacher with another vocabulary, or pick a"
-                " teacher that shares the student's tokenizer."
+                f"guidance.method={self.method!r} needs a teacher with the student's vocabulary (every student token"
+                " with the same id in the teacher's; more teacher tokens are fine, as Llemma's 32,016 hold"
+                " TinyLlama's 32,000), but these tokenizers differ. Use --guidance.method vocagnolm (or uld) for a"
+                " teacher with another vocabulary. With --teacher.cache alone the relation is the one `vocagnolm"
+                " prepare` recorded: pass --teacher.checkpoint_dir to derive it from the teacher's tokenizer."
             )
 
 
@@ -448,6 +453,13 @@ def teacher_guided_weights(
                                     scope=scope, all_gather=all_gather, rank=rank).weights  # fmt: skip
 
 
+def selection_generator(seed: int, rank: int, iter_num: int, device: torch.device) -> torch.Generator:
+    """`random`'s generator for one micro-batch, seeded by (seed, rank, iteration): each rank draws its own scores,
+    and a resumed run draws the same ones again without saving any state."""
+    state = np.random.SeedSequence([seed, rank, iter_num]).generate_state(1, np.uint64)[0]  # the three, hashed
+    return torch.Generator(device=device).manual_seed(int(state))
+
+
 @torch.no_grad()
 def random_selection(
     valid: Tensor,
@@ -483,36 +495,47 @@ def paired_teacher_positions(ranges: Tensor) -> Tensor:
 
 
 def kld_loss(
-    student_logits: Tensor, teacher_logits: Tensor, valid: Tensor, temperature: float = 1.0, chunk_size: int = 128
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    valid: Tensor,
+    vocab_size: int,
+    temperature: float = 1.0,
+    chunk_size: int = 128,
 ) -> Tensor:
-    """Forward KL(teacher || student) of each position's next-token distributions, same vocabulary.
+    """Forward KL(teacher || student) of each position's next-token distributions over the student's vocabulary.
 
-    Both distributions are softened by `temperature` and the result scaled by temperature**2 (Hinton et al., 2015),
-    so the gradient's size does not change with the temperature. Computed in float32, `chunk_size` rows at a time;
-    autograd keeps the student's float32 log-probabilities (B * T * V * 4 bytes), a cost only this baseline pays.
+    Every student token has the same id in the teacher's vocabulary (ids [0, vocab_size)); the teacher's other columns
+    (tokens the student lacks, such as Llemma's 16 infill tokens after TinyLlama's 32,000, and padding rows) are
+    dropped and its distribution renormalised over the student's tokens. The student's distribution is its softmax
+    over all its rows, as its cross-entropy sees it, so mass on its padding rows (which the teacher gives 0) counts.
+    Both are softened by `temperature` and the result scaled by temperature**2 (Hinton et al., 2015), so the
+    gradient's size does not change with the temperature. Computed in float32, `chunk_size` rows at a time; autograd
+    keeps the student's float32 log-probabilities (B * T * Vs * 4 bytes), a cost only this baseline pays.
 
     Args:
-        student_logits: (B, T, V).
-        teacher_logits: (B, T, V), no gradient flows into it.
+        student_logits: (B, T, Vs), Vs >= vocab_size.
+        teacher_logits: (B, T, Vt), Vt >= vocab_size; no gradient flows into it.
         valid: (B, T) bool.
+        vocab_size: the student tokenizer's vocabulary size (with added tokens).
 
     Returns: (B, T) float32, 0 where not valid.
     """
-    if student_logits.shape != teacher_logits.shape or student_logits.shape[:2] != valid.shape:
+    (B, T, Vs), Vt = student_logits.shape, teacher_logits.shape[-1]
+    if teacher_logits.shape[:2] != (B, T) or valid.shape != (B, T) or not 0 < vocab_size <= min(Vs, Vt):
         raise ValueError(
-            f"kld needs student and teacher logits of one shape (B, T, V) and valid (B, T), got"
-            f" {tuple(student_logits.shape)}, {tuple(teacher_logits.shape)}, {tuple(valid.shape)}; if the vocabularies"
-            " match but the padded sizes differ, slice both logits to the tokenizer's vocab_size"
+            f"kld needs student logits (B, T, Vs), teacher logits (B, T, Vt) and valid (B, T) with vocab_size <="
+            f" min(Vs, Vt), got {tuple(student_logits.shape)}, {tuple(teacher_logits.shape)}, {tuple(valid.shape)},"
+            f" vocab_size {vocab_size}: the teacher's vocabulary must hold the student's"
         )
-    student = student_logits.reshape(-1, student_logits.shape[-1])
-    teacher = teacher_logits.detach().reshape(-1, teacher_logits.shape[-1])
+    student = student_logits.reshape(B * T, Vs)
+    teacher = teacher_logits.detach().reshape(B * T, Vt)
     chunks = []
-    for start in range(0, student.shape[0], chunk_size):
+    for start in range(0, B * T, chunk_size):
         rows = slice(start, start + chunk_size)
-        log_q = torch.log_softmax(student[rows].float() / temperature, dim=-1)
-        log_p = torch.log_softmax(teacher[rows].float() / temperature, dim=-1)
+        log_q = torch.log_softmax(student[rows].float() / temperature, dim=-1)[:, :vocab_size]
+        log_p = torch.log_softmax(teacher[rows, :vocab_size].float() / temperature, dim=-1)
         chunks.append(F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1))
-    kl = torch.cat(chunks).view(valid.shape) * temperature**2
+    kl = torch.cat(chunks).view(B, T) * temperature**2
     return torch.where(valid, kl, 0.0)
 
 
@@ -577,6 +600,7 @@ def guided_loss(
     all_gather: AllGather | None = None,
     rank: int = 0,
     generator: torch.Generator | None = None,
+    vocab_size: int | None = None,
 ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
     """One micro-batch's loss for `args.method`: (weighted loss SUM, weight SUM, metrics).
 
@@ -594,9 +618,10 @@ def guided_loss(
         ranges: (B, T, 2) teacher tokens [a, e) of each student token; vocagnolm, chunk (chunk-alignment ranges),
             random, kld and uld (pairing); rho1 defaults to 1:1 (token i -> [i, i + 1)).
         logits: kld, uld: (B, T, V) student logits, with their gradient.
-        teacher_logits: kld, uld: (B, M, Vt) teacher logits over its window (kld: the student's vocabulary).
+        teacher_logits: kld, uld: (B, M, Vt) teacher logits over its window.
         all_gather, rank: scope="global" (see `select_top_k`).
         generator: random's generator, on `ls`'s device.
+        vocab_size: kld: the student tokenizer's vocabulary size; ids below it are compared (see `kld_loss`).
 
     Returns: loss_sum (float32 scalar, with gradient), weight_sum (float32 scalar, no gradient), metrics (detached
         float32 scalars, no host sync): student_loss (mean CE over valid tokens), trained_fraction (weight sum /
@@ -611,6 +636,8 @@ def guided_loss(
         raise ValueError(f"guidance.method={method!r} needs ranges (B, T, 2) from the alignment")
     if method in ("kld", "uld") and (logits is None or teacher_logits is None):
         raise ValueError(f"guidance.method={method!r} needs the student's logits and the teacher's")
+    if method == "kld" and vocab_size is None:
+        raise ValueError("guidance.method='kld' needs vocab_size, the student tokenizer's vocabulary size")
     if method == "rho1" and ranges is None:
         if teacher_loss.shape != ls.shape:
             raise ValueError(
@@ -628,27 +655,17 @@ def guided_loss(
         weights = valid.float()
         if method != "ce":
             pair_index = paired_teacher_positions(ranges)
-            if method == "kld":  # one vocabulary: the paired teacher distribution, position by position
-                index = pair_index.clamp(min=0)[..., None].expand(-1, -1, logits.shape[-1])
-                paired = torch.gather(teacher_logits, 1, index)  # (B, T, V)
-                paired = torch.where((pair_index >= 0)[..., None], paired, logits.detach())  # unpaired: KL = 0
-                distill = kld_loss(logits, paired, valid, args.temperature)
+            if method == "kld":  # the paired teacher distribution, position by position, over the student's tokens
+                index = pair_index.clamp(min=0)[..., None].expand(-1, -1, teacher_logits.shape[-1])
+                paired = torch.gather(teacher_logits, 1, index)  # (B, T, Vt)
+                distill = kld_loss(logits, paired, valid & (pair_index >= 0), vocab_size, args.temperature)
             else:
                 distill = uld_loss(logits, teacher_logits, pair_index, valid)
             per_token = ls + args.distill_weight * distill
             metrics["distill_loss"] = distill.detach().sum() / n_valid
     else:
-        cross_rank = dict(scope=args.scope, all_gather=all_gather, rank=rank)
-        if method == "random":
-            mapped, reference, excess = ranges[..., 1] > ranges[..., 0], None, None
-            if teacher_loss is not None:  # what the teacher would have ranked by, for the metrics
-                reference, mapped = aggregate_teacher_loss(teacher_loss, ranges, args.aggregation)
-                excess = ls.detach().float() - reference
-            selection = random_selection(valid, mapped, args.top_k, args.unmapped, generator, **cross_rank)
-            selection = selection._replace(reference=reference, excess=excess)
-        else:
-            selection = teacher_guided_selection(ls.detach(), teacher_loss, ranges, valid, top_k=args.top_k,
-                                                 aggregation=args.aggregation, unmapped=args.unmapped, **cross_rank)  # fmt: skip
+        selection = method_selection(args, ls.detach(), valid, teacher_loss, ranges, all_gather=all_gather, rank=rank,
+                                     generator=generator)  # fmt: skip
         weights = selection.weights
         metrics.update(selection_metrics(selection, n_valid))
 
@@ -656,6 +673,35 @@ def guided_loss(
     metrics["trained_fraction"] = weight_sum / n_valid
     metrics = {name: value.detach().float() for name, value in metrics.items()}
     return (weights * per_token).sum(), weight_sum, metrics
+
+
+@torch.no_grad()
+def method_selection(
+    args: GuidanceArgs,
+    ls: Tensor,
+    valid: Tensor,
+    teacher_loss: Tensor | None,
+    ranges: Tensor,
+    *,
+    all_gather: AllGather | None = None,
+    rank: int = 0,
+    generator: torch.Generator | None = None,
+) -> Selection:
+    """The tokens a selecting method (vocagnolm, rho1, chunk, random) trains; arguments as in `guided_loss`.
+
+    random draws among the tokens with a teacher loss when `teacher_loss` is given (and reports the excess it would
+    have ranked by), else among those with a non-empty range.
+    """
+    cross_rank = dict(scope=args.scope, all_gather=all_gather, rank=rank)
+    if args.method != "random":
+        return teacher_guided_selection(ls, teacher_loss, ranges, valid, top_k=args.top_k, aggregation=args.aggregation,
+                                        unmapped=args.unmapped, **cross_rank)  # fmt: skip
+    mapped, reference, excess = ranges[..., 1] > ranges[..., 0], None, None
+    if teacher_loss is not None:  # what the teacher would have ranked by, for the metrics
+        reference, mapped = aggregate_teacher_loss(teacher_loss, ranges, args.aggregation)
+        excess = ls.float() - reference
+    selection = random_selection(valid, mapped, args.top_k, args.unmapped, generator, **cross_rank)
+    return selection._replace(reference=reference, excess=excess)
 
 
 @torch.no_grad()

@@ -390,7 +390,7 @@ def build_manifest(
         "settings": settings,
         "student": asdict(student),
         "teacher": asdict(teacher),
-        "same_vocabulary": same_vocabulary(student, teacher),
+        "same_vocabulary": same_vocabulary(cached_tokenizer(student.path), cached_tokenizer(teacher.path)),
         "max_seq_length": settings["max_seq_length"],
         "block_size": settings["max_seq_length"] + 1,
         "teacher_max_length": derived["teacher_max_length"],

@@ -11,17 +11,24 @@ Baselines (`ce`, `rho1`, `kld`, `uld`, `chunk`, `random`) are one switch, `--gui
 The loss is a weighted sum over every micro-batch and rank of one optimizer step divided once by the total weight:
 each micro-batch backpropagates its unnormalised sum, and the gradients are divided by the all-reduced weight count
 before clipping (so every trained token weighs the same, however selection spreads over micro-batches and ranks).
+
+SIGUSR1 (what Slurm sends before a job's time limit) ends the run after the current optimizer step on every rank, with
+a checkpoint of that step; under Slurm the job is requeued, and `--resume auto` continues it.
 """
 
 import contextlib
 import math
+import os
 import pprint
 import shutil
+import signal
+import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal, NoReturn
 
 import lightning as L
 import torch
@@ -53,7 +60,13 @@ from litgpt_vocagnolm.checkpoints import (
     read_weights,
 )
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
-from litgpt_vocagnolm.loss import GuidanceArgs, bits_per_byte, guided_loss, per_token_cross_entropy
+from litgpt_vocagnolm.loss import (
+    GuidanceArgs,
+    bits_per_byte,
+    guided_loss,
+    per_token_cross_entropy,
+    selection_generator,
+)
 from litgpt_vocagnolm.model import GPT
 from litgpt_vocagnolm.models import register
 from litgpt_vocagnolm.teacher import TeacherArgs, load_teacher, teacher_token_loss
@@ -173,26 +186,28 @@ def setup(
     if logger_name in ("tensorboard", "wandb", "mlflow"):
         fabric.logger.log_hyperparams(hparams)
 
-    main(
-        fabric=fabric,
-        devices=devices,
-        num_nodes=num_nodes,
-        seed=seed,
-        initial_checkpoint_dir=initial_checkpoint_dir,
-        resume=resume,
-        config=config,
-        data=data,
-        out_dir=out_dir,
-        tokenizer_dir=tokenizer_dir,
-        train=train,
-        eval=eval,
-        optimizer=optimizer,
-        teacher_args=teacher,
-        guidance=guidance,
-        fsdp=fsdp,
-        compile=compile,
-        hparams=hparams,
-    )
+    with stop_signal() as stop:  # Slurm's warning before the time limit: checkpoint, requeue, exit
+        main(
+            fabric=fabric,
+            devices=devices,
+            num_nodes=num_nodes,
+            seed=seed,
+            initial_checkpoint_dir=initial_checkpoint_dir,
+            resume=resume,
+            config=config,
+            data=data,
+            out_dir=out_dir,
+            tokenizer_dir=tokenizer_dir,
+            train=train,
+            eval=eval,
+            optimizer=optimizer,
+            teacher_args=teacher,
+            guidance=guidance,
+            fsdp=fsdp,
+            compile=compile,
+            hparams=hparams,
+            stop=stop,
+        )
 
 
 def main(
@@ -215,6 +230,7 @@ def main(
     fsdp: FSDPArgs,
     compile: bool,
     hparams: dict,
+    stop: threading.Event,
 ) -> None:
     if fabric.global_rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -280,7 +296,7 @@ def main(
     initial_iter = state["iter_num"]
 
     train_t0 = time.perf_counter()
-    fit(
+    finished = fit(
         fabric=fabric,
         devices=devices,
         num_nodes=num_nodes,
@@ -295,7 +311,11 @@ def main(
         guidance=guidance,
         seed=seed,
         hparams=hparams,
+        vocab_size=data.manifest["student"]["vocab_size"] if isinstance(data, VocAgnoData) else None,
+        stop=stop,
     )
+    if not finished:
+        requeue_and_exit(fabric)
     save_checkpoint(fabric, state, tokenizer_dir, out_dir / "final" / "lit_model.pth", hparams)
 
     train_time = time.perf_counter() - train_t0
@@ -330,7 +350,11 @@ def fit(
     guidance: GuidanceArgs,
     seed: int,
     hparams: dict,
-) -> None:
+    vocab_size: int | None,
+    stop: threading.Event,
+) -> bool:
+    """The training loop. Returns False when it stopped early on `stop` (set by SIGUSR1): every rank stops at the end
+    of the same optimizer step, after a checkpoint of it."""
     model = state["model"]
     optimizer = state["optimizer"]
     accumulation = train.gradient_accumulation_iters(devices, num_nodes)
@@ -363,7 +387,11 @@ def fit(
     all_gather = fabric.all_gather if guidance.scope == "global" else None
     train_iterator = CycleIterator(train_dataloader)
     initial_iter = state["iter_num"]
-    step_sums = torch.zeros(2, device=fabric.device)  # (weighted loss sum, weight sum) over the step's micro-batches
+    # (weighted loss sum, weight sum) over the step's micro-batches, and whether this rank was asked to stop: one
+    # all-reduce gives the step's divisor and the ranks' vote, so that all stop after the same step (a rank that stopped
+    # alone would leave the others waiting in FSDP's collectives).
+    step_sums = torch.zeros(3, device=fabric.device)
+    stopping = False
     step_metrics: dict[str, torch.Tensor] = {}
     teacher_timer, step_time = Stopwatch(fabric.device), 0.0
     fabric.barrier()
@@ -379,19 +407,20 @@ def fit(
         state["iter_num"] += 1
         iter_t0 = time.perf_counter()
         is_accumulating = state["iter_num"] % accumulation != 0
-        # Seeded by position, so `random` selection is reproducible and survives a resume without extra state.
-        generator = torch.Generator(device=fabric.device).manual_seed(seed * 1_000_003 + state["iter_num"])
+        generator = selection_generator(seed, fabric.global_rank, state["iter_num"], fabric.device)
         with fabric.no_backward_sync(model, enabled=is_accumulating):
             loss_sum, weight_sum, metrics = forward_and_loss(
                 model, teacher, batch, guidance, all_gather=all_gather, rank=fabric.global_rank, generator=generator,
-                teacher_timer=teacher_timer,
+                vocab_size=vocab_size, teacher_timer=teacher_timer,
             )  # fmt: skip
             fabric.backward(loss_sum)
-        step_sums += torch.stack([loss_sum.detach(), weight_sum.detach()])
+        step_sums[:2] += torch.stack([loss_sum.detach(), weight_sum.detach()])
         for name, value in metrics.items():
             step_metrics[name] = step_metrics.get(name, 0.0) + value / accumulation
 
         if not is_accumulating:
+            if stop.is_set():
+                step_sums[2] = 1.0
             # One all-reduce per step (a host sync when logged): the divisor of the whole step's loss.
             totals = fabric.all_reduce(step_sums, reduce_op="sum")
             # FSDP averages gradients over ranks; undo that and divide by the step's total weight instead.
@@ -400,6 +429,8 @@ def fit(
                 if param.grad is not None:
                     param.grad.mul_(scale)
             fabric.clip_gradients(model, optimizer, max_norm=train.max_norm)
+            # A host sync per optimizer step, next to the one clip_gradients makes to check that the norm is finite.
+            stopping = totals[2].item() > 0
             optimizer.step()
             optimizer.zero_grad()
             state["step_count"] += 1
@@ -434,6 +465,11 @@ def fit(
         if not is_accumulating:
             step_sums.zero_()
             step_metrics = {}
+        if stopping:
+            checkpoint = out_dir / f"step-{state['step_count']:08d}" / "lit_model.pth"
+            save_checkpoint(fabric, state, tokenizer_dir, checkpoint, hparams)
+            fabric.print(f"Stopped after step {state['step_count']} on SIGUSR1: saved {str(checkpoint.parent)!r}.")
+            return False
 
         if val_dataloader is not None and not is_accumulating and state["step_count"] % eval.interval == 0:
             t0 = time.perf_counter()
@@ -449,6 +485,7 @@ def fit(
         val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
         fabric.log_dict(val_metrics, step=state["iter_num"])
         fabric.print(f"Final evaluation | {format_metrics(val_metrics)}")
+    return True
 
 
 def forward_and_loss(
@@ -460,10 +497,12 @@ def forward_and_loss(
     all_gather=None,
     rank: int = 0,
     generator: torch.Generator | None = None,
+    vocab_size: int | None = None,
     teacher_timer: contextlib.AbstractContextManager = contextlib.nullcontext(),
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch: teacher scores (online, timed by `teacher_timer`, or from the cache), student forward, guided
-    loss. Returns the weighted loss sum, the weight sum and detached metrics (see `loss.guided_loss`)."""
+    loss (`vocab_size`: the student tokenizer's, for `kld`). Returns the weighted loss sum, the weight sum and
+    detached metrics (see `loss.guided_loss`)."""
     if isinstance(batch, torch.Tensor):  # a plain LitGPT data module: (B, T + 1) token blocks, `ce` only
         batch = {"input_ids": batch[:, :-1].long(), "targets": batch[:, 1:].long()}
     teacher_loss, teacher_logits = batch.get("teacher_loss"), None  # a cached loss, from `vocagnolm score-teacher`
@@ -490,7 +529,47 @@ def forward_and_loss(
         all_gather=all_gather,
         rank=rank,
         generator=generator,
+        vocab_size=vocab_size,
     )
+
+
+@contextlib.contextmanager
+def stop_signal() -> Iterator[threading.Event]:
+    """An event set when this process gets SIGUSR1, which `#SBATCH --signal=SIGUSR1@120` sends every process of the
+    job's steps before its time limit. Loader workers forked meanwhile (fork: the default start method on Linux up to
+    Python 3.13) inherit the handler: the signal sets their own copy of the event instead of killing them (SIGUSR1's
+    default)."""
+    requested = threading.Event()
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: requested.set())
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def requeue_and_exit(fabric: L.Fabric) -> NoReturn:
+    """After a stop on SIGUSR1: under Slurm rank 0 requeues the job (`scontrol requeue`, as Lightning's SLURM
+    connector does), whose `--resume auto` then continues; every rank exits with EX_TEMPFAIL (75), "run again", so
+    that nothing chained after the run takes it for finished."""
+    for logger in fabric.loggers:
+        logger.finalize("finished")  # flush what this run logged
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job_id = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID")
+    if job_id is None:
+        fabric.print("Not a Slurm job: run the same command with --resume auto to continue.")
+    elif fabric.global_rank == 0:
+        try:
+            result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+            failure = f"exit status {result.returncode}: {result.stderr.strip()}" if result.returncode else None
+        except (OSError, subprocess.TimeoutExpired) as error:
+            failure = str(error)
+        if failure is None:
+            fabric.print(f"Requeued Slurm job {job_id}: it continues from the checkpoint (--resume auto).")
+        else:
+            fabric.print(f"`scontrol requeue {job_id}` failed ({failure}): submit the job again; --resume auto continues.")
+    # Rank 0 requeues before any rank exits: under srun a task that ends first can end the job step.
+    fabric.barrier()
+    raise SystemExit(os.EX_TEMPFAIL)
 
 
 class Stopwatch:
@@ -712,4 +791,4 @@ def check_setup(
             )
         check_checkpoint_dir(teacher.checkpoint_dir, what="--teacher.checkpoint_dir")
     data.check_tokenizers(tokenizer_dir, teacher.checkpoint_dir)
-    guidance.check_tokenizers(same_vocabulary=data.same_vocabulary())
+    guidance.check_tokenizers(same_vocabulary=data.same_vocabulary(tokenizer_dir, teacher.checkpoint_dir))
