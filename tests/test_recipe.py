@@ -331,7 +331,7 @@ def test_same_vocabulary_methods_pass_the_checks_with_llemma(tinyllama_llemma_da
     for method in ("rho1", "kld"):
         data = VocAgnoData(path=tinyllama_llemma_data)
         check_setup(data, GuidanceArgs(method=method), TeacherArgs(checkpoint_dir=llemma_teacher), TINYLLAMA, None,
-                    False, train)  # fmt: skip
+                    False, train, tiny_config("student", 32000), 1)  # fmt: skip
 
 
 def test_teacher_vocabulary_larger_than_padded_size_fails(tmp_path, tinyllama_qwen_data):
