@@ -17,8 +17,8 @@ BIN = Path(sys.executable).parent
 LITGPT = {"console script": [str(BIN / "litgpt")], "python -m": [sys.executable, "-m", "litgpt"]}
 
 
-def run(*args: str, cwd: Path = ROOT, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, timeout=300, **kwargs)
+def run(*args: str, cwd: Path = ROOT, timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 @pytest.mark.parametrize("litgpt", LITGPT.values(), ids=LITGPT)
@@ -64,7 +64,7 @@ def test_python_m_litgpt_runs_the_recipe_in_two_processes(tmp_path, tinyllama_mi
     """Fabric starts the second process as `python -m litgpt.__main__ <the same arguments>`: it must run the recipe."""
     config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"}, devices=2)
     out = run(*LITGPT["python -m"], "pretrain", "--recipe", "vocagnolm", "--config", str(config),
-              "--train.max_tokens", str(3 * 4 * 64), "--train.save_interval", "null")  # fmt: skip
+              "--train.max_tokens", str(3 * 4 * 64), "--train.save_interval", "null", timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     assert "MEMBER: 2/2" in out.stderr  # the child process joined
     assert len(metrics(tmp_path / "out")) == 3
