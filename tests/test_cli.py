@@ -1,4 +1,4 @@
-"""The plugin mechanism, through the real console scripts in subprocesses."""
+"""The plugin mechanism, through the real console scripts and the real interpreter in subprocesses."""
 
 import os
 import shutil
@@ -9,17 +9,21 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from test_recipe import metrics, recipe_config
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+# The two ways LitGPT's command line starts: its console script, and `python -m litgpt`, which runpy runs as __main__.
+LITGPT = {"console script": [str(BIN / "litgpt")], "python -m": [sys.executable, "-m", "litgpt"]}
 
 
-def run(*args: str, cwd: Path = ROOT, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, timeout=300, **kwargs)
+def run(*args: str, cwd: Path = ROOT, timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
-def test_recipe_help_shows_teacher_and_guidance_groups():
-    out = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--help")
+@pytest.mark.parametrize("litgpt", LITGPT.values(), ids=LITGPT)
+def test_recipe_help_shows_teacher_and_guidance_groups(litgpt):
+    out = run(*litgpt, "pretrain", "--recipe", "vocagnolm", "--help")
     assert out.returncode == 0, out.stderr
     for flag in ("--teacher.checkpoint_dir", "--guidance.method", "--guidance.top_k", "--fsdp.activation_checkpointing",
                  "--train.micro_batch_size", "--data", "--config", "--print_config"):  # fmt: skip
@@ -27,16 +31,18 @@ def test_recipe_help_shows_teacher_and_guidance_groups():
     assert "usage: litgpt pretrain --recipe vocagnolm" in out.stdout
 
 
-def test_upstream_pretrain_is_untouched():
-    out = run(str(BIN / "litgpt"), "pretrain", "--help")
+@pytest.mark.parametrize("litgpt", LITGPT.values(), ids=LITGPT)
+def test_upstream_pretrain_is_untouched(litgpt):
+    out = run(*litgpt, "pretrain", "--help")
     assert out.returncode == 0, out.stderr
     assert "--guidance" not in out.stdout and "--teacher" not in out.stdout
     assert "Pretrain a model." in out.stdout and "  model_name  " in out.stdout  # LitGPT's own parser
 
 
+@pytest.mark.parametrize("litgpt", LITGPT.values(), ids=LITGPT)
 @pytest.mark.parametrize("args", [["--recipe", "nope"], ["--recipe=nope"]])
-def test_unknown_recipe_lists_registered_ones(args):
-    out = run(str(BIN / "litgpt"), "pretrain", *args)
+def test_unknown_recipe_lists_registered_ones(litgpt, args):
+    out = run(*litgpt, "pretrain", *args)
     assert out.returncode == 2
     assert "unknown recipe 'nope'" in out.stderr and "vocagnolm" in out.stderr
 
@@ -51,6 +57,18 @@ def test_print_config_and_dotted_overrides_round_trip(tmp_path):
                 "--guidance.unmapped", "exclude", "--print_config")  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert "top_k: 0.25" in again.stdout and "aggregation: mean" in again.stdout and "unmapped: exclude" in again.stdout
+
+
+@pytest.mark.slow
+def test_python_m_litgpt_runs_the_recipe_in_two_processes(tmp_path, tinyllama_mistral_data):
+    """Fabric starts the second process as `python -m litgpt.__main__ <the same arguments>`: it must run the recipe."""
+    config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"}, devices=2)
+    out = run(*LITGPT["python -m"], "pretrain", "--recipe", "vocagnolm", "--config", str(config),
+              "--train.max_tokens", str(3 * 4 * 64), "--train.save_interval", "null", timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    assert "MEMBER: 2/2" in out.stderr  # the child process joined
+    assert len(metrics(tmp_path / "out")) == 3
+    assert (tmp_path / "out" / "final" / "lit_model.pth").is_file()
 
 
 def test_hook_free_module_equivalent():

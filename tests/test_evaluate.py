@@ -29,6 +29,7 @@ from litgpt_vocagnolm.evaluate import (
     load_model,
 )
 from litgpt_vocagnolm.math_tasks import (
+    TABLE_1,
     TASKS,
     build_prompt,
     extract_answer,
@@ -41,7 +42,9 @@ from litgpt_vocagnolm.math_tasks import (
 )
 
 TOKENIZERS = Path(__file__).parent / "fixtures" / "tokenizers"
-TABLE_1 = ["GSM8K", "MATH", "SVAMP", "ASDiv", "MAWPS", "TabMWP", "MathQA", "MMLU-STEM", "SAT"]
+COLUMNS = ["GSM8K", "MATH", "SVAMP", "ASDiv", "MAWPS", "TabMWP", "MathQA", "MMLU-STEM", "SAT"]
+# The harness's scripts/run_eval.sh (commit db77bc6): the DATA_NAMES of its base-model table, the paper's Table 1.
+HARNESS_DATA_NAMES = "gsm8k,minerva_math,svamp,asdiv,mawps,tabmwp,mathqa,mmlu_stem,sat_math"
 
 
 def make_checkpoint(
@@ -91,9 +94,11 @@ def gold_generation(example: dict, task: str) -> str:
     if task == "gsm8k":
         reasoning, answer = example["answer"].split("####")
         return f"{reasoning.strip()}\nThe answer is {answer.strip()}."
-    if task == "math":
+    if task == "minerva_math":  # MATH-500's own answer field, not the reference the harness takes from the solution
+        return f"Final Answer: The final answer is ${example['answer']}$. I hope it is correct."
+    if task == "math":  # as prompts/math.md ends its solutions
         boxed = _last_boxed(example["solution"]) if "\\boxed" in example["solution"] else ""
-        return f"{example['solution']}\nFinal Answer: The final answer is ${boxed}$. I hope it is correct."
+        return f"Let's think step by step\n{example['solution']}\nSo the final answer is $\\boxed{{{boxed}}}$."
     if task == "svamp":
         return f"{example['Equation']} = {example['Answer']}. The answer is {example['Answer']}."
     if task == "asdiv":  # "9 (apples)": the unit annotation is not part of the answer
@@ -108,16 +113,16 @@ def gold_generation(example: dict, task: str) -> str:
     return f"Final Answer: The final answer is ({letter})."
 
 
-MATH_EXAMPLES = load_examples(TASKS["math"])
 # Each miss is explained; together they are all of them.
 EXPECTED_MISSES = {
-    # The harness reads the first "final answer is $...$. I hope" span. These 34 solutions already say
-    # "final answer is $\boxed{..}$", so the span runs from their sentence to the appended Minerva line. And
-    # problem 4060's solution has no \boxed{} on purpose, so the harness's reference is the prose after "boxed".
-    "math": {e["idx"] for e in MATH_EXAMPLES if "final answer is $" in e["solution"]} | {4060},
-    # References drop "(...)" as a unit annotation ("9 (apples)"), which turns 1313's "-(1/3)" into "-". And in
-    # 1977's "6:01:00 p.m.", predictions are normalized twice, references once: "6:01:00p" vs "6:01:00p.".
-    "asdiv": {1313, 1977},
+    # The harness normalizes `math` references once and predictions twice: 6's "x \in [-2,7]" stays "x\in[-2,7]"
+    # as a reference but loses "x\in" as a prediction, 4667's "x - 3z = 0" loses "z=" as a prediction only, and 1991's
+    # "\text { square inches}" leaves "\text{}" in the reference. Normalizing turns 1714's "\frac \pi4" into
+    # "\frac{\}{p}i4", differently each time. Problem 4060's solution has no \boxed{} on purpose, so the harness's
+    # reference is the prose after "boxed".
+    "math": {6, 1714, 1991, 4060, 4667},
+    # References drop "(...)" as a unit annotation ("9 (apples)"), which turns 1313's "-(1/3)" into "-".
+    "asdiv": {1313},
     # The harness takes the first "answer is <a-e>": these rationales say "the answer is c" on the way to d,
     # "the answer is about 1/3", "answer is asked in cents".
     "mathqa": {176, 181, 451},
@@ -133,15 +138,40 @@ def test_gold_answers_score_on_the_real_test_sets(task):
         if not is_correct(prediction, parse_ground_truth(example, TASKS[task])):
             misses.add(example["idx"])
     assert misses == EXPECTED_MISSES.get(task, set())
-    sizes = {"gsm8k": 1319, "math": 5000, "svamp": 1000, "asdiv": 2215, "mawps": 2065, "tabmwp": 1000, "mathqa": 1000,
+    sizes = {"gsm8k": 1319, "minerva_math": 500, "math": 5000, "svamp": 1000, "asdiv": 2215, "mawps": 2065, "tabmwp": 1000, "mathqa": 1000,
              "mmlu_stem": 3018, "sat_math": 32}  # fmt: skip
     assert len(examples) == sizes[task]
     assert len(EXPECTED_MISSES.get(task, ())) / len(examples) < 0.01
 
 
-def test_math_reference_solutions_score_through_boxed():
-    task = TASKS["math"]
-    assert all(is_correct(extract_answer(e["solution"], task), parse_ground_truth(e, task)) for e in MATH_EXAMPLES)
+def test_math_500_reference_solutions_score_through_boxed():
+    # The gold answers above come from MATH-500's answer field; its solutions, read as generations, score too.
+    task = TASKS["minerva_math"]
+    assert all(is_correct(extract_answer(e["solution"], task), parse_ground_truth(e, task)) for e in load_examples(task))
+
+
+@pytest.mark.parametrize(
+    "task, idx, reference",
+    [
+        # Figures from the harness's own parser.py on these examples, as its evaluate.py scores them.
+        ("asdiv", 1977, "6:01:00p"),  # "6:01:00 p.m.": normalized once it would still end in "."
+        ("asdiv", 165, "3:30p"),
+        ("math", 6, "x\\in[-2,7]"),  # normalized twice it would lose "x\in"
+        ("math", 405, "10\\sqrt2"),
+        ("minerva_math", 0, "(3,\\frac{\\pi}{2})"),
+    ],
+)
+def test_references_are_normalized_as_often_as_the_harness_does(task, idx, reference):
+    (example,) = [e for e in load_examples(TASKS[task]) if e["idx"] == idx]
+    assert parse_ground_truth(example, TASKS[task]) == reference
+
+
+def test_default_tasks_are_the_harness_table_in_its_order():
+    assert ",".join(TABLE_1) == HARNESS_DATA_NAMES
+    assert [TASKS[name].column for name in TABLE_1] == COLUMNS
+    assert set(TASKS) - set(TABLE_1) == {"math"}
+    assert (TASKS["minerva_math"].file, TASKS["minerva_math"].prompt) == ("math_oai/test.jsonl", "minerva_math.md")
+    assert (TASKS["math"].file, TASKS["math"].prompt) == ("math/test.jsonl", "math.md")
 
 
 @pytest.mark.parametrize(
@@ -197,6 +227,8 @@ def test_is_correct_gives_up_after_the_time_limit(monkeypatch):
 @pytest.mark.parametrize(
     "task, question",
     [
+        ("minerva_math", "Convert the point $(0,3)$ in rectangular coordinates to polar coordinates.  Enter your "
+                         "answer in the form $(r,\\theta),$ where $r > 0$ and $0 \\le \\theta < 2 \\pi.$"),
         ("svamp", "There are 87 oranges and 290 bananas in Philip's collection. If the bananas are organized into 2 "
                   "groups and oranges are organized into 93 groups. How big is each group of bananas?"),
         ("asdiv", "Seven red apples and two green apples are in the basket. How many apples are in the basket?"),
@@ -221,9 +253,12 @@ def test_prompts_have_the_papers_shots():
     assert gsm8k.startswith("Question: There are 15 trees in the grove.")
     assert gsm8k.endswith(".\n\n\nQuestion: What is 1 + 1?\nAnswer:")
     assert gsm8k.count("Question:") == 8 + 1
-    for task, shots in (("math", 4), ("mathqa", 4), ("mmlu_stem", 4), ("sat_math", 4)):
+    for task, shots in (("minerva_math", 4), ("math", 5), ("mathqa", 4), ("mmlu_stem", 4), ("sat_math", 4)):
         prompt = build_prompt(question, TASKS[task], load_prompt(TASKS[task]))
         assert prompt.count("Problem:\n") == shots + 1 and prompt.endswith(".\n\n\nProblem:\nWhat is 1 + 1?\nSolution:")
+    minerva, math = (load_prompt(TASKS[task]) for task in ("minerva_math", "math"))
+    assert minerva.count("I hope it is correct.") == 4 and "Let's think step by step" not in minerva
+    assert math.count("Solution:\nLet's think step by step\n") == 5 and "I hope it is correct." not in math
     for task in ("svamp", "asdiv", "mawps", "tabmwp"):
         assert load_prompt(TASKS[task]) == load_prompt(TASKS["gsm8k"])
 
@@ -328,23 +363,37 @@ def test_bits_per_byte_matches_scoring_each_window_alone(tmp_path):
 # The command
 
 
-def test_every_task_runs_end_to_end_and_writes_the_tables(tiny_checkpoint, tmp_path):
+def test_every_table_1_task_runs_end_to_end_and_writes_the_tables(tiny_checkpoint, tmp_path):
     out = tmp_path / "out"
     evaluate(tiny_checkpoint, limit=5, batch_size=3, max_new_tokens=4, out_dir=out, precision="32-true")
 
     with open(out / "results.csv") as f:
         header, values = list(csv.reader(f))
-    assert header == ["model", *TABLE_1, "AVG"] and values[0] == str(tiny_checkpoint)
+    assert header == ["model", *COLUMNS, "AVG"] and values[0] == str(tiny_checkpoint)
     markdown = (out / "results.md").read_text().splitlines()
-    assert markdown[0] == "| model | " + " | ".join(TABLE_1) + " | AVG |"
+    assert markdown[0] == "| model | " + " | ".join(COLUMNS) + " | AVG |"
+    assert sorted(p.stem for p in out.glob("*.jsonl")) == sorted(HARNESS_DATA_NAMES.split(","))
     accuracies = []
-    for name, column in zip(TASKS, TABLE_1):
+    for name, column in zip(HARNESS_DATA_NAMES.split(","), COLUMNS):
         rows = [json.loads(line) for line in open(out / f"{name}.jsonl")]
         assert [row["idx"] for row in rows] == [e["idx"] for e in load_examples(TASKS[name])[:5]]
         assert all(row["pred"] == extract_answer(row["generation"], TASKS[name]) for row in rows)
         accuracies.append(100 * sum(row["score"] for row in rows) / 5)
         assert values[header.index(column)] == f"{accuracies[-1]:.1f}"
     assert values[-1] == f"{sum(accuracies) / 9:.1f}"
+
+
+def test_full_math_test_set_runs_when_asked_in_its_own_column(tiny_checkpoint, tmp_path):
+    evaluate(tiny_checkpoint, tasks="math,gsm8k,minerva_math", limit=2, max_new_tokens=2, out_dir=tmp_path,
+             precision="32-true")  # fmt: skip
+    with open(tmp_path / "results.csv") as f:
+        header, _ = list(csv.reader(f))
+    assert header == ["model", "GSM8K", "MATH", "MATH-5000", "AVG"]
+    math = [json.loads(line) for line in open(tmp_path / "math.jsonl")]
+    minerva = [json.loads(line) for line in open(tmp_path / "minerva_math.jsonl")]
+    assert [row["question"] for row in math] == [e["problem"] for e in load_examples(TASKS["math"])[:2]]
+    assert [row["question"] for row in minerva] == [e["problem"] for e in load_examples(TASKS["minerva_math"])[:2]]
+    assert minerva[0]["subject"] == "Precalculus" and math[0]["type"] == "Algebra"  # kept for breakdowns
 
 
 def test_command_line_parses_tasks_and_bpb_files(tiny_checkpoint):
@@ -371,7 +420,8 @@ def no_model_load(monkeypatch):
 
 
 def test_unknown_task_lists_the_tasks(tiny_checkpoint, no_model_load):
-    with pytest.raises(ValueError, match=re.escape("unknown task(s) 'gsm9k'; available: gsm8k, math, svamp, asdiv,")):
+    available = "unknown task(s) 'gsm9k'; available: gsm8k, minerva_math, math, svamp,"
+    with pytest.raises(ValueError, match=re.escape(available)):
         evaluate(tiny_checkpoint, tasks="gsm8k,gsm9k")
 
 

@@ -26,6 +26,7 @@ from litgpt_vocagnolm.loss import bits_per_byte
 from litgpt_vocagnolm.math_tasks import (
     DATA_DIR,
     STOP_STRINGS,
+    TABLE_1,
     TASKS,
     Task,
     build_prompt,
@@ -41,7 +42,7 @@ from litgpt_vocagnolm.math_tasks import (
 # Prompt tokens per prefill forward.
 PREFILL_CHUNK = 512
 # Example fields copied into the predictions file, for per-subject and per-level breakdowns.
-EXTRA_FIELDS = ("type", "level", "pid", "ques_type", "ans_type")
+EXTRA_FIELDS = ("type", "subject", "level", "pid", "ques_type", "ans_type")
 
 
 def evaluate(
@@ -65,10 +66,12 @@ def evaluate(
     Arguments:
         checkpoint_dir: A LitGPT checkpoint directory: lit_model.pth, model_config.yaml, tokenizer.json (or
             tokenizer.model) and tokenizer_config.json.
-        tasks: Comma-separated tasks among gsm8k, math, svamp, asdiv, mawps, tabmwp, mathqa, mmlu_stem, sat_math.
-            Default: all nine, or none when `--bpb` is given.
-        data_dir: Directory with the test files in the harness layout (`gsm8k/test.jsonl`, ...,
-            `tabmwp/problems_test1k.json`). Default: the copies shipped with this package.
+        tasks: Comma-separated tasks among gsm8k, minerva_math, math, svamp, asdiv, mawps, tabmwp, mathqa,
+            mmlu_stem, sat_math. `minerva_math` is Table 1's MATH: MATH-500 with the 4-shot Minerva prompt, as in the
+            harness's base-model table; `math` is all 5,000 MATH test problems with the harness's 5-shot prompt.
+            Default: Table 1's nine (all but `math`), or none when `--bpb` is given.
+        data_dir: Directory with the test files in the harness layout (`gsm8k/test.jsonl`, `math_oai/test.jsonl`,
+            ..., `tabmwp/problems_test1k.json`). Default: the copies shipped with this package.
         limit: Evaluate only the first N questions of each task (a quick check; the paper uses all).
         batch_size: Questions decoded together (and text windows scored together for `--bpb`).
         max_new_tokens: Most tokens generated per question; the harness's 1024. Generation also stops at the
@@ -86,7 +89,7 @@ def evaluate(
     out_dir = Path(out_dir) if out_dir is not None else checkpoint_dir / "evaluate"
     # Bad input fails here, before the model loads.
     check_checkpoint_dir(checkpoint_dir, what="checkpoint_dir", tokenizer=True)
-    selected = parse_tasks(tasks if tasks is not None else ("" if bpb else ",".join(TASKS)))
+    selected = parse_tasks(tasks if tasks is not None else ("" if bpb else ",".join(TABLE_1)))
     check_task_files(selected, data_dir)
     if selected:
         check_latex_parser()

@@ -1,23 +1,28 @@
-"""The nine math benchmarks of the paper's Table 1: test data, few-shot CoT prompts, answer extraction and grading.
+"""The nine math benchmarks of the paper's Table 1 (and the full MATH test set): test data, few-shot CoT prompts,
+answer extraction and grading.
 
 VocAgnoLM reports accuracy the way Rho-1 and ProX do, with the math evaluation harness of ToRA
 (github.com/ZubinGou/math-evaluation-harness, MIT License, Copyright (c) 2024 Zhibin Gou; license text in
-`eval_data/licenses/`). For its `cot` prompt type and these nine tasks, this module re-implements what the harness
-does at commit dcfa46a, so that our numbers compare with the paper's: `data_loader.py` (reading the test files),
-`utils.py` (`load_prompt`, `construct_prompt`), `parser.py` (`parse_question`, `parse_ground_truth`,
-`extract_answer`, `strip_string`) and `grader.py` (`math_equal`, `symbolic_equal`).
+`eval_data/licenses/`). For its `cot` prompt type and these tasks, this module re-implements what the harness does at
+commit dcfa46a, so that our numbers compare with the paper's: `data_loader.py` (reading the test files), `utils.py`
+(`load_prompt`, `construct_prompt`), `parser.py` (`parse_question`, `parse_ground_truth`, `extract_answer`,
+`strip_string`), `evaluate.py` (which references it scores) and `grader.py` (`math_equal`, `symbolic_equal`).
+
+MATH comes in the harness's two settings. `minerva_math`, Table 1's MATH column as in the harness's base-model table
+(scripts/run_eval.sh, README footnote 1): MATH-500, the 500-problem OpenAI subset (`data_loader.py` reads
+`math_oai` for it), with the 4-shot Minerva prompt. `math`: all 5,000 MATH test problems with the harness's own
+5-shot prompt, not part of the default set.
 
 Few-shot prompts: `eval_data/prompts/*.md` are the harness's `prompts/cot/*.md`, byte for byte.
   gsm8k.md         8 shots, the chain-of-thought exemplars of Wei et al. (2022): GSM8K, SVAMP, ASDiv, MAWPS, TabMWP
-  minerva_math.md  4 shots, the Minerva prompt of Lewkowycz et al. (2022): MATH
+  minerva_math.md  4 shots, the Minerva prompt of Lewkowycz et al. (2022): MATH-500 (`minerva_math`)
+  math.md          5 shots, "Let's think step by step ... \\boxed{}": the full MATH test set (`math`)
   mathqa.md        4 shots written for the harness: MathQA
   mmlu_stem.md     the 4 Minerva shots turned into multiple choice: MMLU-STEM and SAT
 The two Minerva-derived files double every LaTeX backslash (`\\\\frac`); that is how the harness ships them, and
 grading undoes it (`symbolic_equal`), so it is kept.
 
 Deliberate differences from the harness, none of which changes a score on well-formed answers:
-- MATH is the full 5,000-problem test set read with the Minerva prompt (the harness pairs that prompt with its
-  MATH-500 copy under the name `minerva_math`).
 - Symbolic equality parses with sympy's LaTeX parser only: the harness also tries `sympy.parse_expr`, which runs
   `eval` on model output, and latex2sympy2, whose pins conflict with current sympy.
 - MathQA options written as a Python list are read with `ast.literal_eval`, not `eval`.
@@ -61,12 +66,13 @@ class Task:
 QUESTION_ANSWER = "Question: {question}\nAnswer:"
 PROBLEM_SOLUTION = "Problem:\n{question}\nSolution:"
 
-# In the column order of the paper's Table 1.
+# In the column order of the paper's Table 1; `math`, not in Table 1, beside `minerva_math`.
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
         Task("gsm8k", "GSM8K", "gsm8k/test.jsonl", "gsm8k.md", QUESTION_ANSWER),
-        Task("math", "MATH", "math/test.jsonl", "minerva_math.md", PROBLEM_SOLUTION),
+        Task("minerva_math", "MATH", "math_oai/test.jsonl", "minerva_math.md", PROBLEM_SOLUTION),
+        Task("math", "MATH-5000", "math/test.jsonl", "math.md", PROBLEM_SOLUTION),
         Task("svamp", "SVAMP", "svamp/test.jsonl", "gsm8k.md", QUESTION_ANSWER),
         Task("asdiv", "ASDiv", "asdiv/test.jsonl", "gsm8k.md", QUESTION_ANSWER),
         Task("mawps", "MAWPS", "mawps/test.jsonl", "gsm8k.md", QUESTION_ANSWER),
@@ -76,6 +82,8 @@ TASKS: dict[str, Task] = {
         Task("sat_math", "SAT", "sat_math/test.jsonl", "mmlu_stem.md", PROBLEM_SOLUTION, multiple_choice=True),
     )
 }
+# What `vocagnolm evaluate` runs by default: the paper's Table 1, as the harness's scripts/run_eval.sh lists it.
+TABLE_1 = ("gsm8k", "minerva_math", "svamp", "asdiv", "mawps", "tabmwp", "mathqa", "mmlu_stem", "sat_math")
 
 CHOICE_INSTRUCTION = "What of the following is the right choice? Explain your answer."
 
@@ -104,12 +112,20 @@ def build_prompt(question: str, task: Task, shots: str) -> str:
 
 
 def parse_ground_truth(example: dict, task: Task) -> str:
-    """The reference answer, normalized as predictions are."""
+    """The reference answer as the harness scores it.
+
+    `strip_string` is not idempotent, so how often it runs matters ("6:01:00 p.m." -> "6:01:00p." -> "6:01:00p"). The
+    harness normalizes a reference when it reads the example and again when its `evaluate.py` re-parses the saved
+    sample; for `math` it extracts the reference afresh from the solution there instead, normalized once; for
+    `minerva_math` the reference extracted from the solution was already normalized once before the two.
+    """
     name = task.name
-    if name == "gsm8k":
+    if name == "math":
+        return _extract_open_answer(example["solution"].strip())
+    if name == "minerva_math":
+        answer = _extract_open_answer(example["solution"])
+    elif name == "gsm8k":
         answer = example["answer"].split("####")[1]
-    elif name == "math":
-        return extract_answer(example["solution"], task)
     elif name == "svamp":
         answer = example["Answer"]
     elif name == "asdiv":
@@ -135,7 +151,7 @@ def parse_ground_truth(example: dict, task: Task) -> str:
         answer = example["Answer"]
     else:
         raise ValueError(f"no ground truth rule for task {name!r}")
-    return strip_string(answer)
+    return strip_string(strip_string(answer))
 
 
 def parse_question(example: dict, task: Task) -> str:
@@ -187,9 +203,15 @@ def parse_question(example: dict, task: Task) -> str:
 
 def extract_answer(generation: str, task: Task) -> str:
     """The normalized final answer in a generation: a choice letter, or what `\\boxed{}`, "The answer is" or the
-    last number says."""
+    last number says. Normalized twice for open answers, as the harness does (in `extract_answer`, again in
+    `run_execute`)."""
     if task.multiple_choice:
         return strip_string(_extract_choice(generation))
+    return strip_string(_extract_open_answer(generation))
+
+
+def _extract_open_answer(generation: str) -> str:
+    """The harness's `extract_answer` for open (not multiple-choice) answers: normalized once."""
     if "final answer is $" in generation and "$. I hope" in generation:  # the Minerva prompt's closing line
         answer = generation.split("final answer is $", 1)[1].split("$. I hope", 1)[0].strip()
     elif "boxed" in generation:
@@ -210,8 +232,7 @@ def extract_answer(generation: str, task: Task) -> str:
         answer = answer[:-1]
     if answer.endswith("/"):
         answer = answer[:-1]
-    # Normalized twice, as in the harness (in `extract_answer`, again in `run_execute`): it is not idempotent.
-    return strip_string(strip_string(answer))
+    return strip_string(answer)
 
 
 def _extract_choice(generation: str) -> str:
