@@ -10,11 +10,12 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # Re-runs only when the package metadata or the pins change.
-$(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth
+$(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/transformers.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -c constraints.txt torch==2.13.0
 	$(PIP) install --quiet -c constraints.txt -e ".[test]"
+	$(PIP) install --quiet --upgrade --no-deps --target $(VENV)/transformers -r tests/transformers.txt
 	touch $(STAMP)
 
 test: install

@@ -1,5 +1,11 @@
-"""A recipe's final checkpoint leaves LitGPT: `litgpt convert_from_litgpt`, then Hugging Face transformers."""
+"""A recipe's final checkpoint leaves LitGPT: `litgpt convert_from_litgpt`, then Hugging Face transformers.
 
+transformers runs in a subprocess, from .venv/transformers (tests/transformers.txt says why it is kept out of the
+project's environment).
+"""
+
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,18 +18,27 @@ from litgpt import GPT, Config, Tokenizer
 from test_recipe import recipe_config
 
 BIN = Path(sys.executable).parent
+TRANSFORMERS = Path(sys.prefix) / "transformers"  # `make install` puts tests/transformers.txt there
+# Loads the converted weights into LlamaForCausalLM and writes its logits: argv = config JSON, weights, ids, output.
+RUN_TRANSFORMERS = """
+import json, sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+config, weights, ids, output = sys.argv[1:]
+model = LlamaForCausalLM(LlamaConfig(**json.loads(config))).eval()
+model.load_state_dict(torch.load(weights, weights_only=True), strict=True)  # every key, every shape, nothing left over
+with torch.no_grad():
+    torch.save(model(input_ids=torch.load(ids)).logits, output)
+"""
 
 
-def llama_config_for_transformers(config: Config):
-    """The `transformers.LlamaConfig` of a Llama-shaped LitGPT config, built offline from its fields."""
-    from transformers import LlamaConfig
-
+def llama_config_for_transformers(config: Config) -> dict:
+    """The arguments of `transformers.LlamaConfig` for a Llama-shaped LitGPT config, from its fields."""
     llama_shaped = (
         config.mlp_class_name == "LLaMAMLP" and config.norm_class_name == "RMSNorm" and config.rotary_percentage == 1.0
         and not config.parallel_residual and config.rope_condense_ratio == 1 and config.rope_adjustments is None
     )  # fmt: skip
     assert llama_shaped, f"{config.name} is not Llama-shaped"
-    return LlamaConfig(
+    return dict(
         vocab_size=config.padded_vocab_size,  # LitGPT's embedding and head have the padded size
         hidden_size=config.n_embd,
         intermediate_size=config.intermediate_size,
@@ -87,16 +102,8 @@ def test_final_checkpoint_converts_and_transformers_gives_litgpts_logits(tmp_pat
     assert {name: tuple(tensor.shape) for name, tensor in weights.items()} == llama_shapes(lit_config)
     assert {tensor.dtype for tensor in weights.values()} == {torch.float32}
 
-    # Not a test dependency: every transformers release needs either huggingface-hub>=1.5, which litgpt 0.5.13
-    # forbids (<1.4), or tokenizers<=0.23.0, and with tokenizers 0.22.2 LitData's forked workers in
-    # `vocagnolm prepare` hang.
-    pytest.importorskip("transformers", reason="transformers is not installed (see the comment above)")
-    from transformers import LlamaForCausalLM
-
     lit_model = GPT(lit_config).eval()
     lit_model.load_state_dict(torch.load(final / "lit_model.pth", weights_only=True)["model"])
-    hf_model = LlamaForCausalLM(llama_config_for_transformers(lit_config)).eval()
-    hf_model.load_state_dict(weights, strict=True)  # every key, every shape, nothing left over
 
     tokenizer = Tokenizer(TINYLLAMA)
     texts = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many in May.",
@@ -106,7 +113,15 @@ def test_final_checkpoint_converts_and_transformers_gives_litgpts_logits(tmp_pat
     ids = torch.stack([row[:length] for row in ids])  # (2, T)
     with torch.no_grad():
         expected = lit_model(ids)  # (2, T, padded vocab)
-        logits = hf_model(input_ids=ids).logits
+    torch.save(ids, tmp_path / "ids.pt")
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRANSFORMERS), os.environ.get("PYTHONPATH", "")])}
+    hf = subprocess.run(
+        [sys.executable, "-c", RUN_TRANSFORMERS, json.dumps(llama_config_for_transformers(lit_config)),
+         str(converted / "model.pth"), str(tmp_path / "ids.pt"), str(tmp_path / "logits.pt")],
+        capture_output=True, text=True, timeout=600, env=environment,
+    )  # fmt: skip
+    assert hf.returncode == 0, f"transformers (from {TRANSFORMERS}, made by `make install`) failed:\n{hf.stderr[-3000:]}"
+    logits = torch.load(tmp_path / "logits.pt", weights_only=True)
     assert logits.shape == expected.shape == (2, length, lit_config.padded_vocab_size)
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4)
     assert not torch.equal(expected[0, 0], expected[0, -1])  # the comparison is over logits that differ
