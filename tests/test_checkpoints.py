@@ -141,6 +141,10 @@ def _resume_on_two_ranks(fabric: L.Fabric, tmp_path: Path) -> None:
     with mock.patch.object(checkpoints, "read_weights", read_weights):
         damaged = find_resume_checkpoint(fabric, "auto", tmp_path / "shared")
     (tmp_path / f"chosen-{rank}").write_text(f"{stale.parent.name} {damaged.parent.name}")
+    # Leave gloo's threads no work in flight when the spawned process exits: without it, the exit can abort
+    # ("terminate called without an active exception") on a busy machine.
+    fabric.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def test_every_rank_resumes_from_the_same_checkpoint(tmp_path):
