@@ -2,6 +2,9 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from hypothesis import strategies as st
 import litgpt_vocagnolm.documents as documents_module
 from litgpt_vocagnolm import prepare as prepare_module
 from litgpt_vocagnolm.alignment import align, chunk_align, encode
-from litgpt_vocagnolm.data import VocAgnoData, iter_blocks
+from litgpt_vocagnolm.data import SPLITS, VocAgnoData, iter_blocks
 from litgpt_vocagnolm.documents import Stats, find_input_files, plan_units
 from litgpt_vocagnolm.files import file_sha256
 from litgpt_vocagnolm.packing import BlockDtypes, aligned_stream, pack_blocks
@@ -24,6 +27,7 @@ from litgpt_vocagnolm.prepare import prepare
 from litgpt_vocagnolm.tokenizer_files import document_specials, load_tokenizer
 
 REPO = Path(__file__).parents[1]
+BIN = Path(sys.executable).parent
 TOKENIZERS = REPO / "tests" / "fixtures" / "tokenizers"
 STUDENT, TEACHER = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5"
 BOS, EOS = 1, 151643  # TinyLlama adds BOS only; Qwen2.5 adds nothing, so documents end with its EOS
@@ -335,6 +339,43 @@ def test_killed_run_is_finished_by_the_next(prepared, corpus, tmp_path):
     prepare(**kwargs)
     assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "train", "val"]
     _assert_same_blocks(all_blocks(output), all_blocks(prepared))
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_stops_the_workers_and_the_next_run_finishes(tmp_path):
+    output, log = tmp_path / "out", tmp_path / "log"
+    command = [str(BIN / "vocagnolm"), "prepare", "--student", str(STUDENT), "--teacher", str(TEACHER),
+               "--input", str(REPO / "data/gsm8k/train.jsonl"), "--text_key", "question,answer",
+               "--output", str(output), "--max_seq_length", "64", "--num_workers", "1"]  # fmt: skip
+    with open(log, "w") as f:  # a session of its own: whatever it leaves running is found by its group id
+        process = subprocess.Popen(command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    finished_units = output / ".partial" / "stats" / "train"
+    deadline = time.monotonic() + 600
+    while not any(finished_units.glob("unit-*.json")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, log.read_text()[-3000:]  # its one worker has 3 of the 4 train units to go
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=300) == 130, log.read_text()[-3000:]
+    assert "vocagnolm prepare: interrupted." in log.read_text()
+    for _ in range(600):  # the LitData worker and its uploader stop with it
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        alive = subprocess.run(["ps", "-g", str(process.pid)], capture_output=True, text=True).stdout
+        pytest.fail(f"Processes of the interrupted run are still alive:\n{alive}")
+    assert not (output / "manifest.json").exists()
+    assert (output / ".partial" / "val.json").is_file() and not (output / ".partial" / "train.json").exists()
+    val_index = (output / ".partial" / "val" / "index.json").stat().st_mtime_ns
+
+    resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert "The val split was written before the interruption." in resumed.stdout
+    assert (output / "val" / "index.json").stat().st_mtime_ns == val_index
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert sum(manifest["splits"][split]["documents"] for split in SPLITS) == 7473  # every GSM8K train record
 
 
 def test_run_interrupted_while_publishing_is_finished_by_the_next(prepared, corpus, tmp_path, monkeypatch):

@@ -110,4 +110,9 @@ def main(argv: list[str] | None = None) -> None:
         name, rest = _split_recipe(rest)
         return run_recipe(name or "vocagnolm", rest)
     module, function = COMMANDS[command][0].split(":")
-    _run(getattr(import_module(module), function), rest, prog=f"vocagnolm {command}")
+    try:
+        _run(getattr(import_module(module), function), rest, prog=f"vocagnolm {command}")
+    except KeyboardInterrupt:
+        # 128 + SIGINT, what a shell reports for Ctrl-C: `vocagnolm prepare ... && litgpt pretrain ...` stops here.
+        print(f"vocagnolm {command}: interrupted.", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -27,6 +27,7 @@ from typing import Any, Iterator, Literal, Optional, Union
 
 import numpy as np
 from litdata import optimize
+from litdata.processing.data_processor import DataProcessor
 
 from litgpt_vocagnolm.alignment import encode
 from litgpt_vocagnolm.data import FORMAT, MANIFEST, PARTIAL, SPLITS
@@ -92,13 +93,38 @@ def read_stats(path: Path) -> Stats:
 START_METHOD = "fork" if sys.platform == "linux" else None
 
 
+STOP_SECONDS = 10  # how long an interrupted process waits for each child to stop before killing it
+
+
+def stop_on_interrupt(processor: DataProcessor, main_pid: int, signum: int, frame: Any) -> None:
+    """Replaces LitData's SIGINT handler (`DataProcessor._signal_handler`), which asks the workers to stop after their
+    current item and calls `os._exit(0)`: `prepare && pretrain` would then go on without the data.
+
+    Forked workers and their uploaders inherit it: each process passes the signal to its children (a terminal's Ctrl-C
+    reaches all of them anyway, `kill -INT` only this one), waits for them, and exits 130 (128 + SIGINT); the main
+    process raises KeyboardInterrupt instead, so that `prepare` unwinds and `.partial` keeps the finished splits.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the stopping
+    children = multiprocessing.active_children()
+    for child in children:
+        os.kill(child.pid, signal.SIGINT)
+    for child in children:
+        child.join(STOP_SECONDS)
+        if child.is_alive():
+            child.kill()
+    if os.getpid() != main_pid:
+        os._exit(128 + signum)
+    raise KeyboardInterrupt
+
+
 @contextmanager
 def optimize_environment(cache: Path) -> Iterator[None]:
     """What `litdata.optimize` needs around it.
 
     Its chunk cache is one machine-wide folder that it empties at start, so two runs at once would destroy each
-    other's chunks: each split gets its own. Its workers are the parallelism, so each tokenizes on one thread. And it
-    leaves the process with its start method and SIGINT handler (which exits 0): restore both.
+    other's chunks: each split gets its own. Its workers are the parallelism, so each tokenizes on one thread. Its
+    SIGINT handler exits 0: ours stops the workers and raises KeyboardInterrupt (`stop_on_interrupt`). And it leaves
+    the process with its start method and SIGINT handler: restore both.
     """
     environment = {
         "DATA_OPTIMIZER_CACHE_FOLDER": str(cache / "chunks"),
@@ -107,7 +133,9 @@ def optimize_environment(cache: Path) -> Iterator[None]:
     }
     saved = {key: os.environ.get(key) for key in environment}
     start_method, handler = multiprocessing.get_start_method(allow_none=True), signal.getsignal(signal.SIGINT)
+    litdata_handler = DataProcessor._signal_handler
     os.environ.update(environment)
+    DataProcessor._signal_handler = functools.partialmethod(stop_on_interrupt, os.getpid())
     try:
         yield
     finally:
@@ -116,12 +144,14 @@ def optimize_environment(cache: Path) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        DataProcessor._signal_handler = litdata_handler
         multiprocessing.set_start_method(start_method, force=True)
         signal.signal(signal.SIGINT, handler)
 
 
 def write_split(split: str, units: list[Unit], job: UnitJob, partial: Path, num_workers: int) -> Stats:
-    """Runs `litdata.optimize` over `units` into `partial/split`, then marks the split done with its Stats."""
+    """Runs `litdata.optimize` over `units` into `partial/split`; returns the split's Stats (no documents: the caller
+    says why)."""
     shards, stats_dir, cache = partial / split, partial / "stats" / split, partial / "cache"
     for folder in (shards, stats_dir, cache):
         shutil.rmtree(folder, ignore_errors=True)
