@@ -1,6 +1,7 @@
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -468,6 +469,34 @@ def test_tokenizer_mismatch_names_both(prepared):
         assert str(path.resolve()) in message or str(path) in message
         assert file_sha256(path) in message
     assert not module.same_vocabulary()
+
+
+def test_a_missing_or_cut_chunk_is_found_before_training(prepared, tmp_path):
+    from litgpt.args import TrainArgs
+
+    from litgpt_vocagnolm.loss import GuidanceArgs
+    from litgpt_vocagnolm.recipe import check_setup
+    from litgpt_vocagnolm.teacher import TeacherArgs
+
+    copy = tmp_path / "copy"
+    shutil.copytree(prepared, copy)
+    chunk = sorted((copy / "train").glob("chunk-*.bin"))[-1]
+    data = chunk.read_bytes()
+    checks = {
+        "prepare_data": VocAgnoData(copy).prepare_data,
+        "iter_blocks": lambda: next(iter_blocks(copy, "train")),
+        "the recipe, before any model": lambda: check_setup(
+            VocAgnoData(copy), GuidanceArgs(method="ce"), TeacherArgs(), None, None, False,
+            TrainArgs(max_tokens=1000, max_norm=1.0)),  # fmt: skip
+    }
+    chunk.write_bytes(data[:-100])  # a copy cut short
+    for name, check in checks.items():
+        with pytest.raises(ValueError, match=rf"{chunk} has {len(data) - 100:,} bytes, .* records {len(data):,}.*prepare the data again"):
+            check()
+    chunk.unlink()
+    for name, check in checks.items():
+        with pytest.raises(FileNotFoundError, match=rf"{chunk} is missing: .*index.json lists it"):
+            check()
 
 
 def test_connect_refuses_another_sequence_length(prepared):
