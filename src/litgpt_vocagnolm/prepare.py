@@ -36,9 +36,12 @@ from litgpt_vocagnolm.documents import (
     Unit,
     check_input_file,
     find_input_files,
+    hash_threshold,
+    nothing_readable,
     parse_text_key,
     plan_units,
     read_documents,
+    smallest_hash,
     split_documents,
 )
 from litgpt_vocagnolm.files import file_sha256, write_json
@@ -68,8 +71,8 @@ class UnitJob:
     """Student tokens per block: max_seq_length + 1."""
     teacher_max_length: int
     dtypes: BlockDtypes
-    val_fraction: Optional[float]
-    """Keep the documents the hash rule puts in `split`; None keeps every document (`--val_input`)."""
+    val_threshold: Optional[int]
+    """Keep the documents the hash rule puts in `split` (val: hash below this); None keeps every one (`--val_input`)."""
     split: str = ""
     stats_dir: str = ""
 
@@ -77,8 +80,8 @@ class UnitJob:
 def unit_blocks(unit: Unit, job: UnitJob) -> Iterator[dict[str, Any]]:
     """The blocks of one work unit: the function `litdata.optimize` runs. Writes the unit's Stats when done."""
     stats = Stats()
-    texts = split_documents(unit, list(job.keys), job.split, job.val_fraction, stats)
-    streams = aligned_streams(texts, job.student, job.teacher, stats)
+    segments = split_documents(unit, list(job.keys), job.split, job.val_threshold, stats)
+    streams = aligned_streams(segments, job.student, job.teacher, stats)
     yield from pack_blocks(streams, job.block_tokens, job.teacher_max_length, job.dtypes, stats)
     write_json(Path(job.stats_dir) / f"unit-{unit.index:06d}.json", asdict(stats))
 
@@ -171,27 +174,21 @@ def write_split(split: str, units: list[Unit], job: UnitJob, partial: Path, num_
                 start_method=START_METHOD,
             )
         except Exception:
-            split_stats(split, units, stats_dir)  # LitData fails to write an index for an empty split: say that
+            stats = split_stats(units, stats_dir)
+            if stats is not None and stats.documents == 0:
+                return stats  # LitData fails to write an index for an empty split
             raise
-    stats = split_stats(split, units, stats_dir)
+    stats = split_stats(units, stats_dir)
     if stats is None:
         raise RuntimeError(f"Some work units of the {split} split did not write their counts to {stats_dir}.")
     shutil.rmtree(cache, ignore_errors=True)
-    write_json(partial / f"{split}.json", asdict(stats))
     return stats
 
 
-def split_stats(split: str, units: list[Unit], stats_dir: Path) -> Optional[Stats]:
-    """The sum of the units' Stats (None if some unit did not finish), or a clear error if the split is empty."""
+def split_stats(units: list[Unit], stats_dir: Path) -> Optional[Stats]:
+    """The sum of the units' Stats, or None if some unit did not finish."""
     files = sorted(stats_dir.glob("unit-*.json"))
-    if len(files) < len(units):
-        return None
-    stats = sum(map(read_stats, files), Stats())
-    if stats.documents == 0:
-        skipped = f" ({sum(stats.skipped_records.values())} records skipped)" if stats.skipped_records else ""
-        hint = " Raise --val_fraction, or give --val_input files." if split == "val" else ""
-        raise ValueError(f"The {split} split is empty: no input document fell in it{skipped}.{hint}")
-    return stats
+    return sum(map(read_stats, files), Stats()) if len(files) == len(units) else None
 
 
 def _differences(recorded: dict, settings: dict) -> str:
@@ -241,14 +238,38 @@ def measure_token_ratio(units: list[Unit], keys: list[str], student: TokenizerIn
     student_tokenizer, teacher_tokenizer = cached_tokenizer(student.path), cached_tokenizer(teacher.path)
     num_student = num_teacher = num_chars = 0
     for piece in (piece for unit in units for piece in unit.pieces):
-        for text in read_documents(piece, keys, Stats()):
-            text = text[: RATIO_SAMPLE_CHARS - num_chars].encode("utf-8", "replace").decode("utf-8")
+        for document in read_documents(piece, keys, Stats()):
+            text = ""
+            for chunk in document.chunks:  # no more of a long document than the sample needs
+                text += chunk
+                if len(text) >= RATIO_SAMPLE_CHARS - num_chars:
+                    break
+            text = text[: RATIO_SAMPLE_CHARS - num_chars]
             num_student += len(encode(student_tokenizer, text)[0])
             num_teacher += len(encode(teacher_tokenizer, text)[0])
             num_chars += len(text)
             if num_chars >= RATIO_SAMPLE_CHARS:
                 return num_teacher / max(num_student, 1)
     return num_teacher / num_student if num_student else 1.0
+
+
+def smallest_hash_threshold(units: list[Unit], keys: list[str], skipped_files: list, val_fraction: float) -> int:
+    """A hash threshold for a val split that the hash rule left empty: the document with the smallest hash (and its
+    copies) goes there, the same on every run, and the splits still share no text. Needs two different documents."""
+    stats = Stats()
+    smallest, copies = smallest_hash(units, keys, stats)
+    if smallest is None:
+        raise ValueError(nothing_readable("--input", skipped_files, stats))
+    if copies == stats.documents:
+        raise ValueError(
+            f"--input holds {stats.documents} readable document{'s, all the same text' if copies > 1 else ''}: give"
+            " two different documents at least (one is kept for validation), or --val_input."
+        )
+    print(
+        f"--val_fraction {val_fraction} put none of the {stats.documents} documents in the val split: it gets the one"
+        f" with the smallest hash{f' (and its {copies - 1} copies)' if copies > 1 else ''}."
+    )
+    return smallest + 1
 
 
 def block_settings(
@@ -353,6 +374,7 @@ def prepare(
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         derived = block_settings(units["train"], keys, student_info, teacher_info, block_tokens, teacher_max_length)
+        derived["val_threshold"] = None if val_input else hash_threshold(val_fraction)
         write_json(partial / "settings.json", {"settings": settings, "derived": derived})
     cap = derived["teacher_max_length"]
     print(
@@ -370,13 +392,31 @@ def prepare(
         block_tokens=block_tokens,
         teacher_max_length=cap,
         dtypes=BlockDtypes(**derived["dtypes"]),
-        val_fraction=None if val_input else val_fraction,
+        val_threshold=derived["val_threshold"],
     )
-    for split in SPLITS:
-        if (partial / f"{split}.json").is_file():
-            print(f"The {split} split was written before the interruption.")
-        else:
-            write_split(split, units[split], job, partial, num_workers)
+    try:
+        for split in SPLITS:
+            if (partial / f"{split}.json").is_file():
+                print(f"The {split} split was written before the interruption.")
+                continue
+            stats = write_split(split, units[split], job, partial, num_workers)
+            if stats.documents == 0 and split == "val" and not val_input:
+                derived["val_threshold"] = smallest_hash_threshold(units["val"], keys, skipped_files, val_fraction)
+                write_json(partial / "settings.json", {"settings": settings, "derived": derived})
+                job = dataclasses.replace(job, val_threshold=derived["val_threshold"])
+                stats = write_split(split, units[split], job, partial, num_workers)
+            if stats.documents == 0 and split == "train" and not val_input:
+                raise ValueError(
+                    f"The train split is empty: --val_fraction {val_fraction} put all"
+                    f" {read_stats(partial / 'val.json').documents} documents in the val split. Lower it."
+                )
+            if stats.documents == 0:
+                flag, skipped = ("--val_input", val_skipped) if split == "val" else ("--input", skipped_files)
+                raise ValueError(nothing_readable(flag, skipped, stats))
+            write_json(partial / f"{split}.json", asdict(stats))
+    except KeyboardInterrupt:
+        print(f"Interrupted. The finished splits are kept in {partial}: run the same command again to finish.")
+        raise
     stats = {split: read_stats(partial / f"{split}.json") for split in SPLITS}
 
     # Publish: each rename is atomic, and the manifest comes last; a run killed in between is finished by the next.
