@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import litgpt_vocagnolm.documents as documents_module
+import litgpt_vocagnolm.files as files_module
 import litgpt_vocagnolm.packing as packing_module
 from litgpt_vocagnolm import prepare as prepare_module
 from litgpt_vocagnolm.alignment import align, chunk_align, encode
@@ -409,6 +410,53 @@ def test_rerun_is_a_noop_and_other_settings_are_refused(prepared, corpus, capsys
     with pytest.raises(FileExistsError, match="max_seq_length: 64 there, 32 now"):
         prepare(**{**prepare_args(corpus[0], prepared), "max_seq_length": 32})
     assert {p: p.stat().st_mtime_ns for p in prepared.rglob("*")} == stamps
+
+
+def test_an_input_file_edited_to_the_same_size_is_seen_and_named(tmp_path, capsys):
+    records = gsm8k(8)
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = dict(student=STUDENT, teacher=TEACHER, input=path, output=tmp_path / "out", num_workers=1,
+                text_key="question,answer", max_seq_length=MAX_SEQ_LENGTH)  # fmt: skip
+    prepare(**args)
+    stamp = path.stat()
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))  # touched, not changed: still the same data
+    prepare(**args)
+    assert "nothing to do" in capsys.readouterr().out
+    path.write_text(path.read_text().replace("Natalia", "Natasha", 1))  # same size, and the same time again
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert path.stat().st_size == stamp.st_size
+    with pytest.raises(FileExistsError, match=rf"prepared with other settings \(--input: {path.resolve()} changed \(sha256\)\)"):
+        prepare(**args)
+
+    # Data prepared before input files had content hashes still trains, and a rerun says why it starts over.
+    manifest_path = tmp_path / "out" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["settings"]["input"] = [[str(path.resolve()), stamp.st_size]]
+    manifest_path.write_text(json.dumps(manifest))
+    assert sum(block["num_tokens"] for block in iter_blocks(tmp_path / "out", "train")) > 0
+    VocAgnoData(tmp_path / "out").check_files()
+    with pytest.raises(FileExistsError, match="recorded without its content hash"):
+        prepare(**args)
+
+
+def test_large_input_files_are_fingerprinted_by_samples_and_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(files_module, "WHOLE_HASH_BYTES", 1000)
+    monkeypatch.setattr(files_module, "SAMPLE_BYTES", 10)
+    path = tmp_path / "big.txt"
+    path.write_bytes(bytes(range(256)) * 16)  # 4,096 bytes: 16 samples of 10 bytes, the first at 0, the last at 4,086
+    record = files_module.file_fingerprint(path)
+    assert set(record) == {"path", "bytes", "mtime_ns", "sampled_sha256"}
+    samples = [path.read_bytes()[k * 4086 // 15 :][:10] for k in range(16)]
+    assert record["sampled_sha256"] == hashlib.sha256(b"".join(samples)).hexdigest()
+    stamp = path.stat()
+    data = bytearray(path.read_bytes())
+    data[4095] ^= 1  # the last byte, in the last sample
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert files_module.file_fingerprint(path)["sampled_sha256"] != record["sampled_sha256"]
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1))
+    assert files_module.file_fingerprint(path)["mtime_ns"] != record["mtime_ns"]
 
 
 def _prepare_and_die_mid_train(kwargs):

@@ -44,7 +44,7 @@ from litgpt_vocagnolm.documents import (
     smallest_hash,
     split_documents,
 )
-from litgpt_vocagnolm.files import file_sha256, write_json
+from litgpt_vocagnolm.files import file_fingerprint, file_sha256, write_json
 from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
 from litgpt_vocagnolm.tokenizer_files import (
     TokenizerInfo,
@@ -197,7 +197,28 @@ def _differences(recorded: dict, settings: dict) -> str:
         return text if len(text) <= 60 else "..."
 
     keys = [key for key in settings if recorded.get(key) != settings[key]]
-    return "; ".join(f"{key}: {show(recorded.get(key))} there, {show(settings[key])} now" for key in keys)
+    return "; ".join(
+        _changed_files(key, recorded.get(key) or [], settings[key])
+        if key in ("input", "val_input")
+        else f"{key}: {show(recorded.get(key))} there, {show(settings[key])} now"
+        for key in keys
+    )
+
+
+def _changed_files(key: str, recorded: list, now: list[dict]) -> str:
+    """Which --input (or --val_input) files differ from those recorded (`files.file_fingerprint`), and how."""
+    before = {(r["path"] if isinstance(r, dict) else r[0]): r for r in recorded}  # older versions: [path, size]
+    changes = [f"{r['path']} is new" for r in now if r["path"] not in before]
+    changes += [f"{path} is gone" for path in before.keys() - {r["path"] for r in now}]
+    for new in now:
+        old = before.get(new["path"], new)
+        if isinstance(old, list):
+            changes.append(f"{new['path']} was recorded without its content hash (by an older version)")
+        elif old != new:
+            fields = sorted(field for field in old.keys() | new.keys() if old.get(field) != new.get(field))
+            changes.append(f"{new['path']} changed ({', '.join(fields)})")
+    more = f"; and {len(changes) - 3} more" if len(changes) > 3 else ""
+    return f"--{key}: " + ("; ".join(changes[:3]) + more if changes else "the same files in another order")
 
 
 def output_progress(output: Path, settings: dict) -> Literal["new", "done", "resume"]:
@@ -349,8 +370,8 @@ def prepare(
         "format": FORMAT,
         "student": {"path": str(student_file.resolve()), "sha256": tokenizer_sha256(student_file)},
         "teacher": {"path": str(teacher_file.resolve()), "sha256": tokenizer_sha256(teacher_file)},
-        "input": [[str(p.resolve()), p.stat().st_size] for p in files],
-        "val_input": [[str(p.resolve()), p.stat().st_size] for p in val_files],
+        "input": [file_fingerprint(p) for p in files],
+        "val_input": [file_fingerprint(p) for p in val_files],
         "max_seq_length": max_seq_length,
         "teacher_max_length": teacher_max_length,
         "text_key": keys,
