@@ -12,9 +12,9 @@ Prints, from one run:
      input and on `--scale` copies of that, each in a fresh process (target: flat). A worker buffers one LitData chunk
      before writing it, so memory grows with the input until that buffer is full (`prepare.LITDATA_CHUNK_BYTES`, 64 MB,
      about 25 MB of text): this comparison uses 1 MB chunks, full at both sizes, to show that nothing else grows.
-  3. Peak resident memory of `prepare` on one document of `--long_megabytes` (the input's text joined and repeated),
-     as a single .jsonl line and as a .txt file, next to one of a tenth of that, with LitData's default 64 MB chunks
-     (target: flat).
+  3. Peak resident memory of `prepare` on one document of `--long_megabytes` million characters (the input's text
+     joined and repeated), as a single .jsonl line and as a .txt file, next to one of a tenth of that, with the same
+     small LitData chunks (target: flat; a .jsonl line is parsed whole, a few bytes per character).
   4. What the cuts between segments (`documents.segments`) change: the input's text joined into one document, cut
      into segments of `--segment_chars`, tokenized segment by segment (`packing.encode_segments`) vs whole, per
      tokenizer: the hard cuts (no line or word boundary in reach) and the tokens that differ.
@@ -47,7 +47,8 @@ REPO = Path(__file__).resolve().parent.parent
 FILES = [REPO / "data/gsm8k/train.jsonl", REPO / "data/stackexchange/math_stackexchange_33votes.jsonl"]
 STUDENT = REPO / "tests/fixtures/tokenizers/tinyllama-1.1b"
 TEACHER = REPO / "tests/fixtures/tokenizers/qwen2.5"
-OTHER_TOKENIZERS = [REPO / "tests/fixtures/tokenizers/mistral-7b-v0.1"]  # in the cut comparison (Llemma's = TinyLlama's)
+# Also in the comparison of cuts (Llemma's tokenizer is TinyLlama's with 16 more tokens).
+OTHER_TOKENIZERS = [REPO / "tests/fixtures/tokenizers/mistral-7b-v0.1"]
 # Text fields of a JSON line, joined into one document: GSM8K question/answer, Stack Exchange input/output.
 TEXT_KEYS = (("question", "answer"), ("input", "output"), ("text",))
 
@@ -216,7 +217,7 @@ def main() -> None:
         long_dir.mkdir()
         characters = int(args.long_megabytes * 1e6)
         print(f"Peak resident memory of prepare on one document ({args.num_workers} workers, LitData chunks of"
-              f" {prepare.LITDATA_CHUNK_BYTES}; target: flat):")  # fmt: skip
+              f" {args.chunk_bytes}; target: flat):")  # fmt: skip
         short = next(input_texts(args.input))  # a second document: one of the two goes to the val split
         (long_dir / "short.txt").write_text(short, encoding="utf-8")
         for size in (characters // 10, characters):
@@ -227,7 +228,7 @@ def main() -> None:
             del text, lines
             for name, files in (("jsonl", ["doc.jsonl"]), ("txt", ["doc.txt", "short.txt"])):
                 files = [long_dir / file for file in files]
-                sizes = peak_memory(files, long_dir / "out", args.num_workers, prepare.LITDATA_CHUNK_BYTES)
+                sizes = peak_memory(files, long_dir / "out", args.num_workers, args.chunk_bytes)
                 print(f"  {size / 1e6:5.1f} M characters, one {name:>5} document: process"
                       f" {sizes['process']:6.0f} MB, largest worker {sizes['workers']:6.0f} MB")  # fmt: skip
                 shutil.rmtree(long_dir / "out")

@@ -346,7 +346,8 @@ def long_documents() -> list[str]:
 
 
 def pack(texts: list[str], teacher: Path, max_chars: int) -> tuple[list[dict], Stats]:
-    segments = (s for text in texts for s in documents_module.segments(documents_module.TextChunks(text, max_chars), max_chars))
+    chunks = (documents_module.TextChunks(text, max_chars) for text in texts)
+    segments = (segment for text in chunks for segment in documents_module.segments(text, max_chars))
     student_info, teacher_info = (tokenizer_info(find_tokenizer_file(path)) for path in (STUDENT, teacher))
     stats = Stats()
     streams = aligned_streams(segments, student_info, teacher_info, stats)
@@ -382,6 +383,11 @@ def test_a_hard_cut_splits_only_the_tokens_next_to_it(tokenizers):
         whole = set(zip(whole_ids.tolist(), map(tuple, whole_offsets.tolist())))
         near = lambda span: any(span[0] - 16 < c < span[1] + 16 for c in hard)  # noqa: E731
         assert {t for t in whole if not near(t[1])} == {t for t in tokens if not near(t[1])}, name
+        # A token across the context ("the" is one), which the cuts `segments` makes never have: tokenized alone.
+        crossing = documents_module.Segment("he cat", "t", False, True)
+        ((ids, offsets),) = packing_module.encode_segments(tokenizer, [crossing])
+        np.testing.assert_array_equal(ids, encode(tokenizer, "he cat")[0])
+        np.testing.assert_array_equal(offsets, encode(tokenizer, "he cat")[1])
 
 
 def test_txt_files_are_read_a_bounded_chunk_at_a_time(tmp_path, monkeypatch):
@@ -394,10 +400,12 @@ def test_txt_files_are_read_a_bounded_chunk_at_a_time(tmp_path, monkeypatch):
     (document,) = documents_module.read_documents(piece, ["text"], Stats())
     assert document.hash == int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
     assert (document.characters, document.bytes) == (len(text), len(text.encode()))
-    for data, reason in ((b"abcdefg\xffh", "not UTF-8 (byte 7)"), ("abcdef日".encode()[:-1], "ends inside a character")):
+    bad = piece._replace(path=str(tmp_path / "b.txt"))
+    cut_short = "abcdef日".encode()[:-1]
+    for data, reason in ((b"abcdefg\xffh", "not UTF-8 (byte 7)"), (cut_short, "ends inside a character")):
         (tmp_path / "b.txt").write_bytes(data)
         stats = Stats()
-        assert list(documents_module.read_documents(piece._replace(path=str(tmp_path / "b.txt")), ["text"], stats)) == []
+        assert list(documents_module.read_documents(bad, ["text"], stats)) == []
         assert reason in stats.skipped_files[0][1]
     assert "(byte 6:" in stats.skipped_files[0][1]
 
@@ -426,7 +434,8 @@ def test_an_input_file_edited_to_the_same_size_is_seen_and_named(tmp_path, capsy
     path.write_text(path.read_text().replace("Natalia", "Natasha", 1))  # same size, and the same time again
     os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     assert path.stat().st_size == stamp.st_size
-    with pytest.raises(FileExistsError, match=rf"prepared with other settings \(--input: {path.resolve()} changed \(sha256\)\)"):
+    changed = rf"prepared with other settings \(--input: {path.resolve()} changed \(sha256\)\)"
+    with pytest.raises(FileExistsError, match=changed):
         prepare(**args)
 
     # Data prepared before input files had content hashes still trains, and a rerun says why it starts over.
@@ -603,7 +612,7 @@ def test_small_input_keeps_the_document_with_the_smallest_hash_for_validation(tm
     prepare(student=STUDENT, teacher=TEACHER, input=tmp_path / "qa.jsonl", output=output, max_seq_length=MAX_SEQ_LENGTH,
             num_workers=2, text_key="question,answer")  # fmt: skip
     student = load_tokenizer(STUDENT)
-    got = {split: [student.decode(ids[1:]) for ids, _ in documents_of(list(iter_blocks(output, split)))] for split in SPLITS}
+    got = {s: [student.decode(ids[1:]) for ids, _ in documents_of(list(iter_blocks(output, s)))] for s in SPLITS}
     smallest = min(texts, key=hashes.get)
     assert got["val"] == [smallest]
     assert Counter(got["train"]) == Counter(text for text in texts if text != smallest)
@@ -625,7 +634,8 @@ def test_too_few_or_unreadable_documents_say_why_and_a_rerun_starts_over(tmp_pat
         (bad / name).write_bytes("café au lait".encode("latin-1"))
     nulls = pa.table({"question": pa.array([None, None], pa.string()), "answer": ["2", "3"]})
     pq.write_table(nulls, bad / "c.parquet")
-    for flags, flag in (({"input": bad}, "--input"), ({"input": tmp_path / "one.jsonl", "val_input": bad}, "--val_input")):
+    one = tmp_path / "one.jsonl"
+    for flag, flags in (("--input", {"input": bad}), ("--val_input", {"input": one, "val_input": bad})):
         with pytest.raises(ValueError) as error:
             prepare(**flags, **args)
         message = str(error.value)
@@ -673,7 +683,8 @@ def test_a_missing_or_cut_chunk_is_found_before_training(prepared, tmp_path):
     }
     chunk.write_bytes(data[:-100])  # a copy cut short
     for name, check in checks.items():
-        with pytest.raises(ValueError, match=rf"{chunk} has {len(data) - 100:,} bytes, .* records {len(data):,}.*prepare the data again"):
+        cut = rf"{chunk} has {len(data) - 100:,} bytes, .* records {len(data):,}.*prepare the data again"
+        with pytest.raises(ValueError, match=cut):
             check()
     chunk.unlink()
     for name, check in checks.items():

@@ -113,7 +113,8 @@ def test_a_damaged_shard_fails_naming_itself(tmp_path, cache, tinyllama_mistral_
         size = losses.stat().st_size
         losses.write_bytes(bytes(size) if damage == "zeroed" else losses.read_bytes()[: size // 2])
         if damage == "truncated":  # found at start-up, by its size
-            with pytest.raises(ValueError, match=rf"{losses} has {size // 2:,} bytes; .* records {size:,}.*score again"):
+            cut = rf"{losses} has {size // 2:,} bytes; .* records {size:,}.*score again"
+            with pytest.raises(ValueError, match=cut):
                 check_cache(copy, data_manifest, None)
         else:
             check_cache(copy, data_manifest, None)

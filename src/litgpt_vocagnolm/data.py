@@ -85,7 +85,8 @@ def check_split(path: Path, split: str, manifest: dict) -> None:
         if not file.is_file():
             raise FileNotFoundError(f"{file} is missing: {index} lists it ({recorded:,} bytes). {fix}")
         if file.stat().st_size != recorded:
-            raise ValueError(f"{file} has {file.stat().st_size:,} bytes, {index} records {recorded:,}: it is damaged. {fix}")
+            size = file.stat().st_size
+            raise ValueError(f"{file} has {size:,} bytes, {index} records {recorded:,}: it is damaged. {fix}")
 
 
 def open_split(

@@ -8,7 +8,8 @@ one padded block (at most about 0.4% padding).
 
 Resumable: an unfinished run works in OUTPUT/.partial and each finished split is recorded there; a run with the same
 settings finishes the work, a run with other settings is refused, and the data appears (split by split, the manifest
-last) only once complete.
+last) only once complete. The settings hold each input file's size and content hash (`files.file_fingerprint`), so an
+edited file is seen. Ctrl-C stops the workers and exits 130 (cli.py), leaving .partial to the next run.
 """
 
 import dataclasses
@@ -332,6 +333,7 @@ def prepare(
         teacher: The teacher's LitGPT checkpoint dir, tokenizer dir or tokenizer.json.
         input: A file or directory, or a list of them (`--input [a,b]`); directories are searched recursively for .txt
             (one document per file), .jsonl (one per line) and .parquet (one per row, e.g. OpenWebMath) files.
+            Documents of any length: long ones are tokenized in segments (`documents.segments`).
         output: A new or empty directory.
         max_seq_length: Student tokens per training sequence; blocks hold one more (inputs and shifted targets).
         teacher_max_length: Teacher tokens per block at most; student tokens whose teacher tokens lie beyond are
@@ -341,7 +343,7 @@ def prepare(
         text_key: The field holding the text in .jsonl and .parquet records; several, comma-separated (e.g.
             question,answer), are joined with a blank line between them.
         val_fraction: Share of the documents for validation, chosen by a hash of their text (so the same on every
-            run). Default: 0.01, unless --val_input is given.
+            run); if that leaves none, the document with the smallest hash. Default: 0.01, unless --val_input is given.
         val_input: Files or directories (as --input) for validation instead of a share of --input.
     """
     # Every check before any work.

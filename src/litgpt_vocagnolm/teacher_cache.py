@@ -66,13 +66,14 @@ class TeacherLossCache:
             recorded = self.files.get(f"{self.split}/{file.name}")
             if recorded is None or not file.is_file() or file_record(file) != recorded:
                 raise ValueError(
-                    f"{file} is missing or not the file `vocagnolm score-teacher` wrote: its size or sha256 differs from"
-                    f" {self.cache / CACHE_MANIFEST}. {rescore_hint(self.cache)}"
+                    f"{file} is missing or not the file `vocagnolm score-teacher` wrote: its size or sha256 differs"
+                    f" from {self.cache / CACHE_MANIFEST}. {rescore_hint(self.cache)}"
                 )
         try:
             losses, offsets = np.load(losses_file, mmap_mode="r"), np.load(offsets_file)
         except (OSError, ValueError) as error:
-            raise ValueError(f"Can't read {losses_file} or {offsets_file}: {error}. {rescore_hint(self.cache)}") from None
+            hint = rescore_hint(self.cache)
+            raise ValueError(f"Can't read {losses_file} or {offsets_file}: {error}. {hint}") from None
         if len(losses) != offsets[-1]:
             raise ValueError(
                 f"{losses_file} holds {len(losses):,} losses, {offsets_file} says {offsets[-1]:,}."
