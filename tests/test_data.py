@@ -309,8 +309,11 @@ def test_pack_blocks_keeps_every_token_and_its_teacher_tokens(tokenizers, docume
 
 
 def line_or_word_boundary(text: str, c: int, end: int) -> str:
-    """Whether a cut before text[c] lies after a line break ("line") or before a space between words ("word")."""
-    if text[c - 1] == "\n" and text[c] not in "\r\n":
+    """Whether a cut before text[c] lies after a line break that blanks and a non-space follow ("line") or before a
+    space between words ("word")."""
+    visible = text[c : end + 1]  # `segments` looks one character past the window
+    blanks = len(visible) - len(visible.lstrip())
+    if text[c - 1] == "\n" and blanks < len(visible) and not {"\r", "\n"} & set(visible[:blanks]):
         return "line"
     if c < end and text[c] == " " and not text[c - 1].isspace() and not text[c + 1].isspace():
         return "word"
@@ -322,6 +325,7 @@ def line_or_word_boundary(text: str, c: int, end: int) -> str:
 def test_segments_cover_the_text_once_and_cut_at_the_last_boundary(text, max_chars, data):
     chunks = documents_module.TextChunks(text, data.draw(st.integers(1, max_chars)))
     segments = list(documents_module.segments(chunks, max_chars))
+    assert segments == list(documents_module.segments([text], max_chars))  # however the text comes in chunks
     assert "".join(s.text for s in segments) == text
     assert [(s.first, s.last) for s in segments] == [(k == 0, k == len(segments) - 1) for k in range(len(segments))]
     start = 0

@@ -15,6 +15,7 @@ import codecs
 import hashlib
 import json
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -28,6 +29,7 @@ FIELD_SEPARATOR = "\n\n"  # joins the fields of `--text_key question,answer`, as
 UNITS = 256  # work units to cut the input into, so that many workers stay busy to the end
 UNIT_BYTES = (1 << 20, 64 << 20)  # bounds on a unit's input; each unit ends in one padded block (0.4% of 1 MB)
 SEGMENT_CHARS = 1 << 16  # a longer document is tokenized in segments of at most this many characters (see `segments`)
+LINE_START = re.compile(r"[^\S\r\n]*\S")  # blanks but no line break, then a non-space character
 
 
 class Piece(NamedTuple):
@@ -346,9 +348,10 @@ def segments(chunks: Iterable[str], max_chars: int) -> Iterator[Segment]:
     """A document's text, given in chunks of at most `max_chars` characters, as segments of at most `max_chars`.
 
     A text of at most `max_chars` is one segment. A longer one is cut, within the last half of each `max_chars`, after
-    the last line break that no other line break (CR or LF) follows, else before the last space between two non-space
-    characters, else (no such place in `max_chars / 2` characters) at `max_chars`. The first two end a token of every
-    tokenizer here and start the next: Llama-family vocabularies (TinyLlama, Mistral, Llemma) have no token holding a
+    the last line break that a non-space character follows (after spaces or tabs, maybe, but no other line break: Qwen
+    joins blank lines into one pre-token), else before the last space between two non-space characters, else (no such
+    place in `max_chars / 2` characters) at `max_chars`. The first two end a token of every tokenizer here and start
+    the next: Llama-family vocabularies (TinyLlama, Mistral, Llemma) have no token holding a
     line break or a "▁" after its start, and Qwen2.5's pre-tokenizer splits there. Tokenized after the character
     before the cut (`Segment.context`), each segment then gets the very tokens of the whole document
     (benchmarks/bench_prepare.py counts the tokens that change on the shipped data; tests/test_data.py checks that the
@@ -366,11 +369,12 @@ def segments(chunks: Iterable[str], max_chars: int) -> Iterator[Segment]:
 
 
 def cut_position(text: str, max_chars: int) -> tuple[int, bool]:
-    """Where `segments` cuts `text` (longer than `max_chars`), and whether that is a line or word boundary."""
+    """Where `segments` cuts `text` (longer than `max_chars`), and whether that is a line or word boundary. It reads no
+    further than `text[max_chars]`, so that how the text came in chunks changes nothing."""
     low = max_chars // 2
     line = text.rfind("\n", low, max_chars)
     while line >= low:
-        if text[line + 1] not in "\r\n":
+        if LINE_START.match(text, line + 1, max_chars + 1):
             return line + 1, True
         line = text.rfind("\n", low, line)
     space = text.rfind(" ", low + 1, max_chars)
