@@ -123,6 +123,15 @@ def quietly(function, *args) -> tuple[float, float]:
             os.dup2(saved[0], 1), os.dup2(saved[1], 2)
 
 
+def own_peak_megabytes() -> float:
+    """This process's peak resident memory. Linux keeps ru_maxrss across exec: read alone, a child started by a parent
+    that once held more (the long document, before it writes it out) would report the parent's peak."""
+    status = Path("/proc/self/status")
+    lines = status.read_text().splitlines() if status.exists() else []
+    peak = [int(line.split()[1]) for line in lines if line.startswith("VmHWM:")]  # kB, of this process image only
+    return (peak[0] if peak else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+
+
 def peak_memory(files: list[Path], output: Path, num_workers: int, chunk_bytes: str) -> dict:
     """Peak RSS (MB) of `prepare` run in a fresh process: that process, and the largest of its workers."""
     command = [sys.executable, __file__, "--memory_of", *map(str, files), "--output", str(output)]
@@ -164,9 +173,8 @@ def main() -> None:
     if args.memory_of:  # the child process of `peak_memory`
         prepare.LITDATA_CHUNK_BYTES = args.chunk_bytes
         quietly(run_prepare, args.memory_of, args.output, args.num_workers)
-        self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         workers_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        print(json.dumps({"process": self_mb, "workers": workers_mb}))
+        print(json.dumps({"process": own_peak_megabytes(), "workers": workers_mb}))
         return
 
     with tempfile.TemporaryDirectory() as tmp:
