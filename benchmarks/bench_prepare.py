@@ -1,4 +1,5 @@
-"""`vocagnolm prepare` next to only tokenizing the same text, and its peak memory as the input grows.
+"""`vocagnolm prepare` next to only tokenizing the same text, its peak memory as the input or a document grows, and what
+cutting long documents into segments changes.
 
 Prints, from one run:
   1. MB/s of text through `prepare` (read, tokenize both sides with offsets, align, pack, write the LitData shards of
@@ -11,8 +12,15 @@ Prints, from one run:
      input and on `--scale` copies of that, each in a fresh process (target: flat). A worker buffers one LitData chunk
      before writing it, so memory grows with the input until that buffer is full (`prepare.LITDATA_CHUNK_BYTES`, 64 MB,
      about 25 MB of text): this comparison uses 1 MB chunks, full at both sizes, to show that nothing else grows.
+  3. Peak resident memory of `prepare` on one document of `--long_megabytes` million characters (the input's text
+     joined and repeated), as a single .jsonl line and as a .txt file, next to one of a tenth of that, with the same
+     small LitData chunks (target: flat; a .jsonl line is parsed whole, a few bytes per character).
+  4. What the cuts between segments (`documents.segments`) change: the input's text joined into one document, cut
+     into segments of `--segment_chars`, tokenized segment by segment (`packing.encode_segments`) vs whole, per
+     tokenizer: the hard cuts (no line or word boundary in reach) and the tokens that differ.
 
     python benchmarks/bench_prepare.py [--input FILE ...] [--num_workers 2] [--scale 10] [--memory_megabytes 1]
+        [--long_megabytes 20] [--segment_chars 300 2000 65536]
 """
 
 import argparse
@@ -27,42 +35,58 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
 
 from litgpt_vocagnolm import documents, packing, prepare
-from litgpt_vocagnolm.alignment import encode_batch
-from litgpt_vocagnolm.tokenizer_files import cached_tokenizer, find_tokenizer_file, tokenizer_info
+from litgpt_vocagnolm.alignment import encode, encode_batch
+from litgpt_vocagnolm.tokenizer_files import cached_tokenizer, find_tokenizer_file, load_tokenizer, tokenizer_info
 
 REPO = Path(__file__).resolve().parent.parent
 FILES = [REPO / "data/gsm8k/train.jsonl", REPO / "data/stackexchange/math_stackexchange_33votes.jsonl"]
 STUDENT = REPO / "tests/fixtures/tokenizers/tinyllama-1.1b"
 TEACHER = REPO / "tests/fixtures/tokenizers/qwen2.5"
+# Also in the comparison of cuts (Llemma's tokenizer is TinyLlama's with 16 more tokens).
+OTHER_TOKENIZERS = [REPO / "tests/fixtures/tokenizers/mistral-7b-v0.1"]
 # Text fields of a JSON line, joined into one document: GSM8K question/answer, Stack Exchange input/output.
 TEXT_KEYS = (("question", "answer"), ("input", "output"), ("text",))
 
 
+def input_texts(files: list[Path]) -> Iterator[str]:
+    """The documents of `files`, fields joined as `prepare --text_key a,b` does."""
+    for file in files:
+        for line in file.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            yield documents.FIELD_SEPARATOR.join(row[k] for k in next(ks for ks in TEXT_KEYS if ks[0] in row))
+
+
 def write_text_jsonl(files: list[Path], out: Path, megabytes: float = float("inf")) -> int:
-    """The documents of `files` as {"text": ...} lines, fields joined as `prepare --text_key a,b` does; text bytes."""
+    """The documents of `files` as {"text": ...} lines; returns the bytes of text written."""
     total = 0
     with open(out, "w", encoding="utf-8") as f:
-        for file in files:
-            for line in file.read_text(encoding="utf-8").splitlines():
-                if total >= megabytes * 1e6:
-                    return total
-                row = json.loads(line)
-                text = documents.FIELD_SEPARATOR.join(row[k] for k in next(ks for ks in TEXT_KEYS if ks[0] in row))
-                f.write(json.dumps({"text": text}) + "\n")
-                total += len(text.encode("utf-8"))
+        for text in input_texts(files):
+            if total >= megabytes * 1e6:
+                break
+            f.write(json.dumps({"text": text}) + "\n")
+            total += len(text.encode("utf-8"))
     return total
+
+
+def one_document(files: list[Path], characters: Optional[int] = None) -> str:
+    """The documents of `files` joined by blank lines, repeated or cut to `characters` characters if given."""
+    text = "\n\n".join(input_texts(files))
+    return text if characters is None else (text * (characters // len(text) + 1))[:characters]
 
 
 def tokenize_unit(unit: documents.Unit, student: str, teacher: str) -> int:
     """The baseline's work per unit: read its documents, tokenize them with both tokenizers, offsets included."""
     student_tokenizer, teacher_tokenizer = cached_tokenizer(student), cached_tokenizer(teacher)
-    texts = (text for piece in unit.pieces for text in documents.read_documents(piece, ["text"], documents.Stats()))
+    segments = documents.split_documents(unit, ["text"], "train", None, documents.Stats())
     tokens = 0
-    for batch in packing.text_batches(texts, packing.BATCH_CHARS):
-        tokens += sum(len(ids) for ids, _ in encode_batch(student_tokenizer, batch))
-        tokens += sum(len(ids) for ids, _ in encode_batch(teacher_tokenizer, batch))
+    for batch in packing.segment_batches(segments, packing.BATCH_CHARS):
+        tokens += sum(len(ids) for ids, _ in encode_batch(student_tokenizer, [s.text for s in batch]))
+        tokens += sum(len(ids) for ids, _ in encode_batch(teacher_tokenizer, [s.text for s in batch]))
     return tokens
 
 
@@ -99,12 +123,37 @@ def quietly(function, *args) -> tuple[float, float]:
             os.dup2(saved[0], 1), os.dup2(saved[1], 2)
 
 
+def own_peak_megabytes() -> float:
+    """This process's peak resident memory. Linux keeps ru_maxrss across exec: read alone, a child started by a parent
+    that once held more (the long document, before it writes it out) would report the parent's peak."""
+    status = Path("/proc/self/status")
+    lines = status.read_text().splitlines() if status.exists() else []
+    peak = [int(line.split()[1]) for line in lines if line.startswith("VmHWM:")]  # kB, of this process image only
+    return (peak[0] if peak else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+
+
 def peak_memory(files: list[Path], output: Path, num_workers: int, chunk_bytes: str) -> dict:
     """Peak RSS (MB) of `prepare` run in a fresh process: that process, and the largest of its workers."""
     command = [sys.executable, __file__, "--memory_of", *map(str, files), "--output", str(output)]
     command += ["--num_workers", str(num_workers), "--chunk_bytes", chunk_bytes]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def cut_changes(text: str, tokenizer_dir: Path, max_chars: int) -> tuple[int, int, int, int]:
+    """Segments, hard cuts, tokens of `text` that segment-by-segment tokenization changes (counted on either side,
+    a token being its id and character span), and the whole document's tokens."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    segments = list(documents.segments(documents.TextChunks(text, max_chars), max_chars))
+    starts = np.cumsum([0] + [len(s.text) for s in segments])[:-1]
+    pieces = packing.encode_segments(tokenizer, segments)
+    ids = np.concatenate([i for i, _ in pieces])
+    offsets = np.concatenate([o + start for (_, o), start in zip(pieces, starts)])
+    whole_ids, whole_offsets = encode(tokenizer, text)
+    tokens = set(zip(ids.tolist(), map(tuple, offsets.tolist())))
+    whole = set(zip(whole_ids.tolist(), map(tuple, whole_offsets.tolist())))
+    hard = sum(1 for s in segments if not s.first and not s.context)
+    return len(segments), hard, max(len(whole - tokens), len(tokens - whole)), len(whole_ids)
 
 
 def main() -> None:
@@ -115,6 +164,8 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=10)
     parser.add_argument("--memory_megabytes", type=float, default=1.0, help="base input of the memory comparison")
     parser.add_argument("--chunk_bytes", default="1MB", help="LitData chunk size in the memory comparison")
+    parser.add_argument("--long_megabytes", type=float, default=20.0, help="characters (millions) of the long document")
+    parser.add_argument("--segment_chars", type=int, nargs="+", default=[300, 2000, documents.SEGMENT_CHARS])
     parser.add_argument("--memory_of", type=Path, nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -122,9 +173,8 @@ def main() -> None:
     if args.memory_of:  # the child process of `peak_memory`
         prepare.LITDATA_CHUNK_BYTES = args.chunk_bytes
         quietly(run_prepare, args.memory_of, args.output, args.num_workers)
-        self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         workers_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        print(json.dumps({"process": self_mb, "workers": workers_mb}))
+        print(json.dumps({"process": own_peak_megabytes(), "workers": workers_mb}))
         return
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,6 +220,34 @@ def main() -> None:
             f"  {args.scale}x the input: {growth['process']:.2f}x the process's peak, {growth['workers']:.2f}x the"
             " largest worker's (target: flat, ~1.0x)"
         )
+
+        long_dir = tmp / "long"
+        long_dir.mkdir()
+        characters = int(args.long_megabytes * 1e6)
+        print(f"Peak resident memory of prepare on one document ({args.num_workers} workers, LitData chunks of"
+              f" {args.chunk_bytes}; target: flat):")  # fmt: skip
+        short = next(input_texts(args.input))  # a second document: one of the two goes to the val split
+        (long_dir / "short.txt").write_text(short, encoding="utf-8")
+        for size in (characters // 10, characters):
+            text = one_document(args.input, size)
+            lines = [json.dumps({"text": text}), json.dumps({"text": short})]
+            (long_dir / "doc.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            (long_dir / "doc.txt").write_text(text, encoding="utf-8")
+            del text, lines
+            for name, files in (("jsonl", ["doc.jsonl"]), ("txt", ["doc.txt", "short.txt"])):
+                files = [long_dir / file for file in files]
+                sizes = peak_memory(files, long_dir / "out", args.num_workers, args.chunk_bytes)
+                print(f"  {size / 1e6:5.1f} M characters, one {name:>5} document: process"
+                      f" {sizes['process']:6.0f} MB, largest worker {sizes['workers']:6.0f} MB")  # fmt: skip
+                shutil.rmtree(long_dir / "out")
+
+    text = one_document(args.input)
+    print(f"Cutting one document of {len(text):,} characters (the input joined) into segments, tokenized one by one:")
+    for tokenizer_dir in [STUDENT, TEACHER, *OTHER_TOKENIZERS]:
+        for max_chars in args.segment_chars:
+            count, hard, changed, total = cut_changes(text, tokenizer_dir, max_chars)
+            print(f"  {tokenizer_dir.name:<16} segments of {max_chars:>6,} characters: {count:>6,} segments,"
+                  f" {hard:>3} hard cuts, {changed:>3} of {total:,} tokens differ from the whole document's")  # fmt: skip
 
 
 if __name__ == "__main__":

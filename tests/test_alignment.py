@@ -199,6 +199,30 @@ def test_encode_derives_offsets_from_ids_on_real_text(tokenizers):
             np.testing.assert_array_equal(alignment._derived_offsets(table, ids, text), offsets)
 
 
+def test_encoding_many_texts_never_builds_the_vocabulary(tokenizers):
+    """`get_vocab_size(with_added_tokens=True)` builds the whole vocabulary (0.4 s for Qwen2.5's): once per text it
+    made `prepare` take minutes per MB of short documents."""
+
+    class Counting:
+        def __init__(self, tokenizer):
+            self.tokenizer, self.built = tokenizer, 0
+
+        def get_vocab_size(self, with_added_tokens=True):
+            self.built += with_added_tokens
+            return self.tokenizer.get_vocab_size(with_added_tokens=with_added_tokens)
+
+        def __getattr__(self, name):
+            return getattr(self.tokenizer, name)
+
+    for name, tokenizer in tokenizers.items():
+        counting = Counting(tokenizer)
+        assert alignment.vocab_size(counting) == tokenizer.get_vocab_size(with_added_tokens=True)
+        texts = documents()[:20]
+        for (ids, offsets), text in zip(encode_batch(counting, texts), texts):
+            np.testing.assert_array_equal(offsets, reference_offsets(tokenizer, text))
+        assert counting.built == 0, name
+
+
 def test_encode_without_fast_path_uses_tokenizer_offsets():
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 

@@ -1,8 +1,12 @@
+import hashlib
 import json
 import multiprocessing
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -15,16 +19,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import litgpt_vocagnolm.documents as documents_module
+import litgpt_vocagnolm.files as files_module
+import litgpt_vocagnolm.packing as packing_module
 from litgpt_vocagnolm import prepare as prepare_module
 from litgpt_vocagnolm.alignment import align, chunk_align, encode
-from litgpt_vocagnolm.data import VocAgnoData, iter_blocks
+from litgpt_vocagnolm.data import SPLITS, VocAgnoData, iter_blocks
 from litgpt_vocagnolm.documents import Stats, find_input_files, plan_units
 from litgpt_vocagnolm.files import file_sha256
-from litgpt_vocagnolm.packing import BlockDtypes, aligned_stream, pack_blocks
+from litgpt_vocagnolm.packing import BlockDtypes, aligned_stream, aligned_streams, pack_blocks
 from litgpt_vocagnolm.prepare import prepare
-from litgpt_vocagnolm.tokenizer_files import document_specials, load_tokenizer, same_vocabulary
+from litgpt_vocagnolm.tokenizer_files import (
+    document_specials,
+    find_tokenizer_file,
+    load_tokenizer,
+    same_vocabulary,
+    tokenizer_info,
+)
 
 REPO = Path(__file__).parents[1]
+BIN = Path(sys.executable).parent
 TOKENIZERS = REPO / "tests" / "fixtures" / "tokenizers"
 STUDENT, TEACHER = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5"
 BOS, EOS = 1, 151643  # TinyLlama adds BOS only; Qwen2.5 adds nothing, so documents end with its EOS
@@ -41,8 +54,10 @@ UNICODE_DOCS = [
 
 
 def small_units(monkeypatch):
-    # Units of 4 KB, so that the small corpus spreads over many units (and files over several) and both workers.
+    # Units of 4 KB, so that the small corpus spreads over many units (and files over several) and both workers;
+    # segments of 1,000 characters, so that long.txt is read and tokenized in pieces.
     monkeypatch.setattr(documents_module, "UNIT_BYTES", (4096, 4096))
+    monkeypatch.setattr(documents_module, "SEGMENT_CHARS", 1000)
 
 
 @pytest.fixture(autouse=True)
@@ -299,6 +314,112 @@ def test_pack_blocks_keeps_every_token_and_its_teacher_tokens(tokenizers, docume
     assert capped.mapped + overflow == full.mapped
 
 
+def line_or_word_boundary(text: str, c: int, end: int) -> str:
+    """Whether a cut before text[c] lies after a line break that blanks and a non-space follow ("line") or before a
+    space between words ("word")."""
+    visible = text[c : end + 1]  # `segments` looks one character past the window
+    blanks = len(visible) - len(visible.lstrip())
+    if text[c - 1] == "\n" and blanks < len(visible) and not {"\r", "\n"} & set(visible[:blanks]):
+        return "line"
+    if c < end and text[c] == " " and not text[c - 1].isspace() and not text[c + 1].isspace():
+        return "word"
+    return ""
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet=list("ab \n\r\té😀"), max_size=60), max_chars=st.integers(2, 12), data=st.data())
+def test_segments_cover_the_text_once_and_cut_at_the_last_boundary(text, max_chars, data):
+    chunks = documents_module.TextChunks(text, data.draw(st.integers(1, max_chars)))
+    segments = list(documents_module.segments(chunks, max_chars))
+    assert segments == list(documents_module.segments([text], max_chars))  # however the text comes in chunks
+    assert "".join(s.text for s in segments) == text
+    assert [(s.first, s.last) for s in segments] == [(k == 0, k == len(segments) - 1) for k in range(len(segments))]
+    start = 0
+    for previous, segment in zip(segments, segments[1:]):
+        assert 0 < len(previous.text) <= max_chars
+        # Brute force: the window is the second half of max_chars; line boundaries come first, then word ones.
+        window = range(start + max_chars // 2 + 1, start + max_chars + 1)
+        kinds = {c: line_or_word_boundary(text, c, start + max_chars) for c in window}
+        lines, words = [c for c in window if kinds[c] == "line"], [c for c in window if kinds[c] == "word"]
+        cut = start + len(previous.text)
+        assert cut == (lines or words or [start + max_chars])[-1]
+        assert segment.context == (text[cut - 1] if lines or words else "")
+        start = cut
+    assert len(segments[-1].text) <= max_chars and (segments[-1].text or text == "")
+
+
+def long_documents() -> list[str]:
+    """Real text: four documents of ten Stack Exchange posts each (up to 41,000 characters), and short GSM8K ones."""
+    answers = [f"{r['input']}\n\n{r['output']}" for r in stackexchange(40)]
+    qa = [f"{r['question']}\n\n{r['answer']}" for r in gsm8k(40)]
+    return ["\n\n".join(answers[k : k + 10]) for k in range(0, 40, 10)] + qa
+
+
+def pack(texts: list[str], teacher: Path, max_chars: int) -> tuple[list[dict], Stats]:
+    chunks = (documents_module.TextChunks(text, max_chars) for text in texts)
+    segments = (segment for text in chunks for segment in documents_module.segments(text, max_chars))
+    student_info, teacher_info = (tokenizer_info(find_tokenizer_file(path)) for path in (STUDENT, teacher))
+    stats = Stats()
+    streams = aligned_streams(segments, student_info, teacher_info, stats)
+    return list(pack_blocks(streams, MAX_SEQ_LENGTH + 1, 150, BlockDtypes.fitting(32000, 151665, 150), stats)), stats
+
+
+@pytest.mark.parametrize("teacher", [TEACHER, TOKENIZERS / "mistral-7b-v0.1"])
+def test_long_documents_in_segments_give_the_blocks_of_whole_documents(teacher):
+    texts = long_documents()
+    assert max(map(len, texts)) > 20 * 2000
+    whole, whole_stats = pack(texts, teacher, 10**6)
+    cut, cut_stats = pack(texts, teacher, 2000)
+    assert cut_stats == whole_stats
+    _assert_same_blocks({"train": cut}, {"train": whole})
+
+
+def test_a_hard_cut_splits_only_the_tokens_next_to_it(tokenizers):
+    # A 3,000-character URL has no line or word boundary: cut into segments of 1,000 characters, it gets hard cuts.
+    text = long_documents()[0][:5000] + " https://example.org/" + "abc123-" * 430 + " and then\nmore text. " * 50
+    segments = list(documents_module.segments(documents_module.TextChunks(text, 1000), 1000))
+    starts = np.cumsum([0] + [len(s.text) for s in segments])[:-1]
+    hard = [start for start, s in zip(starts, segments) if not s.first and not s.context]
+    assert len(hard) >= 2
+    for name, tokenizer in zip(("student", "teacher"), tokenizers):
+        encoded = packing_module.encode_segments(tokenizer, segments)
+        ids = np.concatenate([i for i, _ in encoded])
+        offsets = np.concatenate([o + start for (_, o), start in zip(encoded, starts)])
+        # Every character covered, in order, once (byte-fallback pieces of one character share its span).
+        assert offsets[0, 0] == 0 and offsets[-1, 1] == len(text)
+        assert ((offsets[1:, 0] == offsets[:-1, 1]) | (offsets[1:] == offsets[:-1]).all(axis=1)).all(), name
+        whole_ids, whole_offsets = encode(tokenizer, text)
+        tokens = set(zip(ids.tolist(), map(tuple, offsets.tolist())))
+        whole = set(zip(whole_ids.tolist(), map(tuple, whole_offsets.tolist())))
+        near = lambda span: any(span[0] - 16 < c < span[1] + 16 for c in hard)  # noqa: E731
+        assert {t for t in whole if not near(t[1])} == {t for t in tokens if not near(t[1])}, name
+        # A token across the context ("the" is one), which the cuts `segments` makes never have: tokenized alone.
+        crossing = documents_module.Segment("he cat", "t", False, True)
+        ((ids, offsets),) = packing_module.encode_segments(tokenizer, [crossing])
+        np.testing.assert_array_equal(ids, encode(tokenizer, "he cat")[0])
+        np.testing.assert_array_equal(offsets, encode(tokenizer, "he cat")[1])
+
+
+def test_txt_files_are_read_a_bounded_chunk_at_a_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(documents_module, "SEGMENT_CHARS", 5)
+    text = "é日😀 ab\r\n" * 7
+    (tmp_path / "a.txt").write_bytes(text.encode())
+    chunks = list(documents_module.TextFile(str(tmp_path / "a.txt")))
+    assert "".join(chunks) == text and max(map(len, chunks)) <= 5
+    piece = documents_module.file_pieces(tmp_path / "a.txt", 1 << 20)[0]
+    (document,) = documents_module.read_documents(piece, ["text"], Stats())
+    assert document.hash == int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    assert (document.characters, document.bytes) == (len(text), len(text.encode()))
+    bad = piece._replace(path=str(tmp_path / "b.txt"))
+    cut_short = "abcdef日".encode()[:-1]
+    for data, reason in ((b"abcdefg\xffh", "not UTF-8 (byte 7)"), (cut_short, "ends inside a character")):
+        (tmp_path / "b.txt").write_bytes(data)
+        stats = Stats()
+        assert list(documents_module.read_documents(bad, ["text"], stats)) == []
+        assert reason in stats.skipped_files[0][1]
+    assert "(byte 6:" in stats.skipped_files[0][1]
+
+
 def test_rerun_is_a_noop_and_other_settings_are_refused(prepared, corpus, capsys):
     stamps = {p: p.stat().st_mtime_ns for p in prepared.rglob("*")}
     prepare(**prepare_args(corpus[0], prepared))
@@ -307,6 +428,54 @@ def test_rerun_is_a_noop_and_other_settings_are_refused(prepared, corpus, capsys
     with pytest.raises(FileExistsError, match="max_seq_length: 64 there, 32 now"):
         prepare(**{**prepare_args(corpus[0], prepared), "max_seq_length": 32})
     assert {p: p.stat().st_mtime_ns for p in prepared.rglob("*")} == stamps
+
+
+def test_an_input_file_edited_to_the_same_size_is_seen_and_named(tmp_path, capsys):
+    records = gsm8k(8)
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = dict(student=STUDENT, teacher=TEACHER, input=path, output=tmp_path / "out", num_workers=1,
+                text_key="question,answer", max_seq_length=MAX_SEQ_LENGTH)  # fmt: skip
+    prepare(**args)
+    stamp = path.stat()
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))  # touched, not changed: still the same data
+    prepare(**args)
+    assert "nothing to do" in capsys.readouterr().out
+    path.write_text(path.read_text().replace("Natalia", "Natasha", 1))  # same size, and the same time again
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert path.stat().st_size == stamp.st_size
+    changed = rf"prepared with other settings \(--input: {path.resolve()} changed \(sha256\)\)"
+    with pytest.raises(FileExistsError, match=changed):
+        prepare(**args)
+
+    # Data prepared before input files had content hashes still trains, and a rerun says why it starts over.
+    manifest_path = tmp_path / "out" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["settings"]["input"] = [[str(path.resolve()), stamp.st_size]]
+    manifest_path.write_text(json.dumps(manifest))
+    assert sum(block["num_tokens"] for block in iter_blocks(tmp_path / "out", "train")) > 0
+    VocAgnoData(tmp_path / "out").check_files()
+    with pytest.raises(FileExistsError, match="recorded without its content hash"):
+        prepare(**args)
+
+
+def test_large_input_files_are_fingerprinted_by_samples_and_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(files_module, "WHOLE_HASH_BYTES", 1000)
+    monkeypatch.setattr(files_module, "SAMPLE_BYTES", 10)
+    path = tmp_path / "big.txt"
+    path.write_bytes(bytes(range(256)) * 16)  # 4,096 bytes: 16 samples of 10 bytes, the first at 0, the last at 4,086
+    record = files_module.file_fingerprint(path)
+    assert set(record) == {"path", "bytes", "mtime_ns", "sampled_sha256"}
+    samples = [path.read_bytes()[k * 4086 // 15 :][:10] for k in range(16)]
+    assert record["sampled_sha256"] == hashlib.sha256(b"".join(samples)).hexdigest()
+    stamp = path.stat()
+    data = bytearray(path.read_bytes())
+    data[4095] ^= 1  # the last byte, in the last sample
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert files_module.file_fingerprint(path)["sampled_sha256"] != record["sampled_sha256"]
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1))
+    assert files_module.file_fingerprint(path)["mtime_ns"] != record["mtime_ns"]
 
 
 def _prepare_and_die_mid_train(kwargs):
@@ -336,6 +505,43 @@ def test_killed_run_is_finished_by_the_next(prepared, corpus, tmp_path):
     prepare(**kwargs)
     assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "train", "val"]
     _assert_same_blocks(all_blocks(output), all_blocks(prepared))
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_stops_the_workers_and_the_next_run_finishes(tmp_path):
+    output, log = tmp_path / "out", tmp_path / "log"
+    command = [str(BIN / "vocagnolm"), "prepare", "--student", str(STUDENT), "--teacher", str(TEACHER),
+               "--input", str(REPO / "data/gsm8k/train.jsonl"), "--text_key", "question,answer",
+               "--output", str(output), "--max_seq_length", "64", "--num_workers", "1"]  # fmt: skip
+    with open(log, "w") as f:  # a session of its own: whatever it leaves running is found by its group id
+        process = subprocess.Popen(command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    finished_units = output / ".partial" / "stats" / "train"
+    deadline = time.monotonic() + 600
+    while not any(finished_units.glob("unit-*.json")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, log.read_text()[-3000:]  # its one worker has 3 of the 4 train units to go
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=300) == 130, log.read_text()[-3000:]
+    assert "Interrupted" in log.read_text() and "vocagnolm prepare: interrupted." in log.read_text()
+    for _ in range(600):  # the LitData worker and its uploader stop with it
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        alive = subprocess.run(["ps", "-g", str(process.pid)], capture_output=True, text=True).stdout
+        pytest.fail(f"Processes of the interrupted run are still alive:\n{alive}")
+    assert not (output / "manifest.json").exists()
+    assert (output / ".partial" / "val.json").is_file() and not (output / ".partial" / "train.json").exists()
+    val_index = (output / ".partial" / "val" / "index.json").stat().st_mtime_ns
+
+    resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert "The val split was written before the interruption." in resumed.stdout
+    assert (output / "val" / "index.json").stat().st_mtime_ns == val_index
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert sum(manifest["splits"][split]["documents"] for split in SPLITS) == 7473  # every GSM8K train record
 
 
 def test_run_interrupted_while_publishing_is_finished_by_the_next(prepared, corpus, tmp_path, monkeypatch):
@@ -448,15 +654,52 @@ def test_bad_input_fails_before_work(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.pth"]
 
 
-def test_empty_validation_split_fails_and_a_rerun_with_other_settings_starts_over(tmp_path):
-    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gsm8k(8)))
-    args = dict(student=STUDENT, teacher=TEACHER, input=tmp_path / "qa.jsonl", output=tmp_path / "out",
-                num_workers=1, text_key="question,answer")  # fmt: skip
-    with pytest.raises(ValueError, match="The val split is empty.*Raise --val_fraction"):
-        prepare(val_fraction=0.001, **args)
-    prepare(val_fraction=0.5, **args)  # not refused: the failed run finished nothing worth keeping
+def test_small_input_keeps_the_document_with_the_smallest_hash_for_validation(tmp_path):
+    records = gsm8k(8)
+    texts = [f"{r['question']}\n\n{r['answer']}" for r in records]
+    hashes = {text: int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") for text in texts}
+    assert min(hashes.values()) >= 0.01 * 2**64  # the hash rule alone leaves the val split empty
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    output = tmp_path / "out"
+    prepare(student=STUDENT, teacher=TEACHER, input=tmp_path / "qa.jsonl", output=output, max_seq_length=MAX_SEQ_LENGTH,
+            num_workers=2, text_key="question,answer")  # fmt: skip
+    student = load_tokenizer(STUDENT)
+    got = {s: [student.decode(ids[1:]) for ids, _ in documents_of(list(iter_blocks(output, s)))] for s in SPLITS}
+    smallest = min(texts, key=hashes.get)
+    assert got["val"] == [smallest]
+    assert Counter(got["train"]) == Counter(text for text in texts if text != smallest)
+
+
+def test_too_few_or_unreadable_documents_say_why_and_a_rerun_starts_over(tmp_path):
+    args = dict(student=STUDENT, teacher=TEACHER, output=tmp_path / "out", num_workers=1, text_key="question,answer")
+    record = json.dumps(gsm8k(1)[0]) + "\n"
+    (tmp_path / "one.jsonl").write_text(record)
+    with pytest.raises(ValueError, match="holds 1 readable document: give two different documents"):
+        prepare(input=tmp_path / "one.jsonl", **args)
+    (tmp_path / "copies.jsonl").write_text(3 * record)
+    with pytest.raises(ValueError, match="holds 3 readable documents, all the same text"):
+        prepare(input=tmp_path / "copies.jsonl", **args)
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (bad / name).write_bytes("café au lait".encode("latin-1"))
+    nulls = pa.table({"question": pa.array([None, None], pa.string()), "answer": ["2", "3"]})
+    pq.write_table(nulls, bad / "c.parquet")
+    one = tmp_path / "one.jsonl"
+    for flag, flags in (("--input", {"input": bad}), ("--val_input", {"input": one, "val_input": bad})):
+        with pytest.raises(ValueError) as error:
+            prepare(**flags, **args)
+        message = str(error.value)
+        assert f"No document of {flag} could be read" in message
+        for name in ("a.txt", "b.txt"):
+            assert f"{bad / name}: not UTF-8 (byte 3)" in message
+        assert "field 'question' is null: 2" in message
+
+    (tmp_path / "two.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gsm8k(2)))
+    prepare(input=tmp_path / "two.jsonl", **args)  # not refused: the failed runs finished nothing worth keeping
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["splits"]["val"]["documents"] + manifest["splits"]["train"]["documents"] == 8
+    assert [manifest["splits"][split]["documents"] for split in SPLITS] == [1, 1]
 
 
 def test_tokenizer_mismatch_names_both(prepared):
@@ -470,6 +713,35 @@ def test_tokenizer_mismatch_names_both(prepared):
         assert str(path.resolve()) in message or str(path) in message
         assert file_sha256(path) in message
     assert not module.same_vocabulary(STUDENT, TEACHER)
+
+
+def test_a_missing_or_cut_chunk_is_found_before_training(prepared, tmp_path):
+    from litgpt.args import TrainArgs
+
+    from litgpt_vocagnolm.loss import GuidanceArgs
+    from litgpt_vocagnolm.recipe import check_setup
+    from litgpt_vocagnolm.teacher import TeacherArgs
+
+    copy = tmp_path / "copy"
+    shutil.copytree(prepared, copy)
+    chunk = sorted((copy / "train").glob("chunk-*.bin"))[-1]
+    data = chunk.read_bytes()
+    checks = {
+        "prepare_data": VocAgnoData(copy).prepare_data,
+        "iter_blocks": lambda: next(iter_blocks(copy, "train")),
+        "the recipe, before any model": lambda: check_setup(
+            VocAgnoData(copy), GuidanceArgs(method="ce"), TeacherArgs(), None, None, False,
+            TrainArgs(max_tokens=1000, max_norm=1.0)),  # fmt: skip
+    }
+    chunk.write_bytes(data[:-100])  # a copy cut short
+    for name, check in checks.items():
+        cut = rf"{chunk} has {len(data) - 100:,} bytes, .* records {len(data):,}.*prepare the data again"
+        with pytest.raises(ValueError, match=cut):
+            check()
+    chunk.unlink()
+    for name, check in checks.items():
+        with pytest.raises(FileNotFoundError, match=rf"{chunk} is missing: .*index.json lists it"):
+            check()
 
 
 def test_connect_refuses_another_sequence_length(prepared):

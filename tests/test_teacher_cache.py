@@ -1,6 +1,7 @@
 """The teacher loss cache: `vocagnolm score-teacher` once, then train without the teacher."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,6 +85,9 @@ def test_rerun_is_a_no_op_and_a_killed_run_resumes(tmp_path, cache, tinyllama_mi
         assert (output / "train" / name).stat().st_mtime_ns == mtime
     for path in sorted((cache / "train").glob("*.npy")) + sorted((cache / "val").glob("*.npy")):
         np.testing.assert_array_equal(np.load(output / path.parent.name / path.name), np.load(path))
+    # The checksums of the shards scored before the kill made it into the manifest.
+    checksums = [json.loads((path / "manifest.json").read_text())["files"] for path in (output, cache)]
+    assert checksums[0] == checksums[1]
 
 
 def test_cache_mismatch_fails_at_startup(tmp_path, cache, tinyllama_mistral_data, tinyllama_qwen_data):
@@ -94,6 +98,28 @@ def test_cache_mismatch_fails_at_startup(tmp_path, cache, tinyllama_mistral_data
         check_cache(cache, tinyllama_mistral_data / "manifest.json", other)
     with pytest.raises(FileNotFoundError, match="score-teacher"):
         check_cache(tmp_path, tinyllama_mistral_data / "manifest.json", None)
+
+
+def test_a_damaged_shard_fails_naming_itself(tmp_path, cache, tinyllama_mistral_data):
+    data_manifest = tinyllama_mistral_data / "manifest.json"
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert set(manifest["files"]) == {f"{p.parent.name}/{p.name}" for p in cache.glob("*/*.npy")}
+    for damage in ("zeroed", "truncated", "truncated, in a cache scored before checksums"):
+        copy = tmp_path / damage.replace(" ", "_").replace(",", "")
+        shutil.copytree(cache, copy)
+        if "before checksums" in damage:
+            (copy / "manifest.json").write_text(json.dumps({k: v for k, v in manifest.items() if k != "files"}))
+        losses = copy / "val" / "000000.losses.npy"
+        size = losses.stat().st_size
+        losses.write_bytes(bytes(size) if damage == "zeroed" else losses.read_bytes()[: size // 2])
+        if damage == "truncated":  # found at start-up, by its size
+            cut = rf"{losses} has {size // 2:,} bytes; .* records {size:,}.*score again"
+            with pytest.raises(ValueError, match=cut):
+                check_cache(copy, data_manifest, None)
+        else:
+            check_cache(copy, data_manifest, None)
+        with pytest.raises(ValueError, match=rf"{losses}.*score again"):  # found when a process first opens the shard
+            TeacherLossCache(copy, "val")[1]
 
 
 @pytest.mark.slow

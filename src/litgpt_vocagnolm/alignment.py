@@ -140,13 +140,21 @@ def _derived_offsets(table: _OffsetTable, ids: np.ndarray, text: str) -> Optiona
     return np.stack([starts, ends], axis=1)
 
 
+def vocab_size(tokenizer: Tokenizer) -> int:
+    """One more than the largest token id, added tokens included, without building the vocabulary: tokenizers 0.22
+    does for `get_vocab_size(with_added_tokens=True)`, 0.06 s for TinyLlama's and 0.4 s for Qwen2.5's here, far more
+    than tokenizing a document."""
+    added = tokenizer.get_added_tokens_decoder()
+    return max(tokenizer.get_vocab_size(with_added_tokens=False), max(added, default=-1) + 1)
+
+
 def token_offsets(tokenizer: Tokenizer, text: str, encoding: Encoding, ids: np.ndarray) -> np.ndarray:
     """(N, 2) int64 character offsets of `encoding`, the encoding of `text` without special tokens.
 
     Equal to `encoding.offsets`, derived from `ids` ((N,), the encoding's ids as an array) where the tokenizer allows,
     which costs a fraction of reading `encoding.offsets` (see the module docstring).
     """
-    table = _offset_table(tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+    table = _offset_table(tokenizer, vocab_size(tokenizer))
     offsets = None if table is None else _derived_offsets(table, ids, text)
     if offsets is None:
         offsets = np.fromiter(chain.from_iterable(encoding.offsets), dtype=np.int64, count=2 * len(ids))

@@ -139,4 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     module, function = COMMANDS[command][0].split(":")
     if command == "plan":
         return getattr(import_module(module), function)(rest, prog=f"vocagnolm {command}", parser_class=_configure())
-    _run(getattr(import_module(module), function), rest, prog=f"vocagnolm {command}")
+    try:
+        _run(getattr(import_module(module), function), rest, prog=f"vocagnolm {command}")
+    except KeyboardInterrupt:
+        # 128 + SIGINT, what a shell reports for Ctrl-C: `vocagnolm prepare ... && litgpt pretrain ...` stops here.
+        print(f"vocagnolm {command}: interrupted.", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -68,16 +68,32 @@ class BlockDataset(StreamingDataset):
         return item
 
 
-def open_split(
-    path: Path, split: str, manifest: dict, shuffle: bool = False, seed: int = 42, teacher_cache: Optional[Path] = None
-) -> BlockDataset:
-    """The split's blocks, after checking its index is the one the manifest recorded."""
-    index = Path(path) / split / "index.json"
+def check_split(path: Path, split: str, manifest: dict) -> None:
+    """Fails, naming the file and the fix, unless the split's index is the one the manifest recorded and every chunk
+    file it lists is there with the size it records: a missing or cut chunk would otherwise surface only when the
+    loader reaches it, maybe hours into training. Costs a `stat` per chunk (64 MB each)."""
+    folder = Path(path) / split
+    index = folder / "index.json"
     if not index.is_file() or file_sha256(index) != manifest["splits"][split]["index_sha256"]:
         raise ValueError(
             f"{index} is missing or not the one {Path(path) / MANIFEST} recorded: the folder mixes two preparations."
             " Prepare the data again into a new --output."
         )
+    for chunk in json.loads(index.read_text(encoding="utf-8"))["chunks"]:
+        file, recorded = folder / chunk["filename"], chunk["chunk_bytes"]
+        fix = f"Copy {path} again, whole, or prepare the data again: `vocagnolm prepare ... --output NEW_DIR`."
+        if not file.is_file():
+            raise FileNotFoundError(f"{file} is missing: {index} lists it ({recorded:,} bytes). {fix}")
+        if file.stat().st_size != recorded:
+            size = file.stat().st_size
+            raise ValueError(f"{file} has {size:,} bytes, {index} records {recorded:,}: it is damaged. {fix}")
+
+
+def open_split(
+    path: Path, split: str, manifest: dict, shuffle: bool = False, seed: int = 42, teacher_cache: Optional[Path] = None
+) -> BlockDataset:
+    """The split's blocks, after checking its files against the manifest (`check_split`)."""
+    check_split(path, split, manifest)
     return BlockDataset(path, split, shuffle=shuffle, seed=seed, teacher_cache=teacher_cache)
 
 
@@ -200,7 +216,12 @@ class VocAgnoData(DataModule):
             )
 
     def prepare_data(self) -> None:
-        self.manifest  # fails now, with how to make the data, rather than in a loader worker
+        self.check_files()  # fails now, saying how to fix it, rather than in a loader worker
+
+    def check_files(self) -> None:
+        """Fails, naming the file and the fix, unless the manifest and both splits' files are as prepared."""
+        for split in SPLITS:
+            check_split(self.path, split, self.manifest)
 
     def check_tokenizers(self, student_dir: Path, teacher_dir: Optional[Path]) -> None:
         """Fails unless the tokenizers in these dirs are the files the data was prepared with."""

@@ -5,14 +5,21 @@ record per row, e.g. OpenWebMath); a record's document is its `--text_key` field
 cut into about UNITS work units of whole lines, row groups or files (1 to 64 MB of text each, whatever the number of
 workers, so that the data comes out the same), which `litdata.optimize` spreads over worker processes. A record that
 can't be read is counted by reason in `Stats` and skipped, never dropped silently.
+
+A document is tokenized in segments of at most SEGMENT_CHARS characters (`segments`), so that memory does not grow
+with its length (tokenizers' encodings take over 100 bytes per character): a .txt file is read a chunk at a time, and
+a 20 MB record costs its text, not 3 GB of encodings.
 """
 
+import codecs
 import hashlib
 import json
+import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Optional, Union
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,6 +28,8 @@ SUFFIXES = (".txt", ".jsonl", ".parquet")
 FIELD_SEPARATOR = "\n\n"  # joins the fields of `--text_key question,answer`, as paragraphs
 UNITS = 256  # work units to cut the input into, so that many workers stay busy to the end
 UNIT_BYTES = (1 << 20, 64 << 20)  # bounds on a unit's input; each unit ends in one padded block (0.4% of 1 MB)
+SEGMENT_CHARS = 1 << 16  # a longer document is tokenized in segments of at most this many characters (see `segments`)
+LINE_START = re.compile(r"[^\S\r\n]*\S")  # blanks but no line break, then a non-space character
 
 
 class Piece(NamedTuple):
@@ -40,6 +49,32 @@ class Unit(NamedTuple):
     index: int
     pieces: tuple[Piece, ...]
     weight: int
+
+
+class Document(NamedTuple):
+    """One readable document: its text, a chunk at a time, and what the validation split and the counts need."""
+
+    chunks: Iterable[str]
+    """Its text in consecutive chunks of at most SEGMENT_CHARS characters; can be iterated again (a .txt file is read
+    again)."""
+    hash: int
+    """Of its UTF-8 bytes (`hash_value`): the validation split's rule (`hash_threshold`)."""
+    characters: int
+    bytes: int
+
+
+class Segment(NamedTuple):
+    """At most SEGMENT_CHARS consecutive characters of one document, tokenized on their own (see `segments`)."""
+
+    text: str
+    context: str
+    """The character before `text` where the cut lies at a line or word boundary: tokenized with `text` and its
+    tokens dropped, so that a tokenizer that prepends "▁" to every text puts it there. "" at a document's start or a
+    hard cut."""
+    first: bool
+    """Starts its document (gets its BOS)."""
+    last: bool
+    """Ends its document (gets its EOS)."""
 
 
 @dataclass
@@ -196,16 +231,75 @@ def plan_units(files: list[Path]) -> list[Unit]:
     return units
 
 
-def read_documents(piece: Piece, keys: list[str], stats: Stats) -> Iterator[str]:
-    """The documents of `piece`, in file order; records that can't be read are counted in `stats` and skipped."""
-    path = piece.path
-    if path.endswith(".txt"):
-        data = Path(path).read_bytes()
+def new_digest() -> Any:
+    """blake2b with 8-byte digests, to be fed a document's UTF-8 bytes: `hash_value` then gives the document's hash."""
+    return hashlib.blake2b(digest_size=8)
+
+
+def hash_value(digest: Any) -> int:
+    return int.from_bytes(digest.digest(), "little")
+
+
+def hash_threshold(val_fraction: float) -> int:
+    """The hash rule: a document is in the val split iff its hash is below this, the same on every run and machine,
+    duplicates included. `ceil` keeps it exact: `hash < val_fraction * 2**64` for every integer hash."""
+    return math.ceil(val_fraction * 2**64)
+
+
+class TextFile:
+    """A .txt file's text, read SEGMENT_CHARS bytes at a time (so at most that many characters per chunk); iterating
+    raises `Unreadable` where it is not UTF-8."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __iter__(self) -> Iterator[str]:
+        decoder, position = codecs.getincrementaldecoder("utf-8")(), 0
+        with open(self.path, "rb") as f:
+            for block in iter(lambda: f.read(SEGMENT_CHARS), b""):
+                pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous block
+                try:
+                    yield decoder.decode(block)
+                except UnicodeDecodeError as error:
+                    raise Unreadable(f"not UTF-8 (byte {position - pending + error.start})") from None
+                position += len(block)
+            pending = len(decoder.getstate()[0])
+            try:
+                decoder.decode(b"", final=True)
+            except UnicodeDecodeError:
+                raise Unreadable(f"not UTF-8 (byte {position - pending}: the file ends inside a character)") from None
+
+
+class Unreadable(Exception):
+    """A whole input file can't be read; the message says why."""
+
+
+def read_documents(piece: Piece, keys: list[str], stats: Stats) -> Iterator[Document]:
+    """The documents of `piece`, in file order; records (and .txt files) that can't be read are counted in `stats`
+    and skipped."""
+    if piece.path.endswith(".txt"):  # read twice: here to check its encoding and hash it, again for its text
+        texts: Iterable[tuple[str, Iterable[str]]] = [(piece.path, TextFile(piece.path))]
+    else:
+        texts = ((where, TextChunks(text, SEGMENT_CHARS)) for where, text in read_records(piece, keys, stats))
+    for where, chunks in texts:
+        digest, characters, size = new_digest(), 0, 0
         try:
-            yield data.decode("utf-8")
-        except UnicodeDecodeError as error:
-            stats.skipped_files.append((path, f"not UTF-8 (byte {error.start})"))
-    elif path.endswith(".jsonl"):
+            for chunk in chunks:
+                data = chunk.encode("utf-8")
+                digest.update(data)
+                characters, size = characters + len(chunk), size + len(data)
+        except Unreadable as error:
+            stats.skipped_files.append((piece.path, str(error)))
+        except UnicodeEncodeError:  # a lone surrogate from a JSON escape such as "\ud800"
+            stats.skip(where, "not valid Unicode (lone surrogate)")
+        else:
+            yield Document(chunks, hash_value(digest), characters, size)
+
+
+def read_records(piece: Piece, keys: list[str], stats: Stats) -> Iterator[tuple[str, str]]:
+    """(where, text) of the records of a .jsonl or .parquet piece; those that can't be read are counted and skipped."""
+    path = piece.path
+    if path.endswith(".jsonl"):
         with open(path, "rb") as f:
             f.seek(piece.start)
             position = piece.start
@@ -227,41 +321,111 @@ def read_documents(piece: Piece, keys: list[str], stats: Stats) -> Iterator[str]
                 if text is None:
                     stats.skip(where, why)
                 else:
-                    yield text
+                    yield where, text
     else:
+        where = f"{path} row group {piece.start}"
         rows = pq.ParquetFile(path).iter_batches(batch_size=1024, row_groups=[piece.start], columns=keys)
         for batch in rows:
             for values in zip(*(batch.column(key).to_pylist() for key in keys)):
                 text, why = record_text(dict(zip(keys, values)), keys)
                 if text is None:
-                    stats.skip(f"{path} row group {piece.start}", why)
+                    stats.skip(where, why)
                 else:
-                    yield text
+                    yield where, text
 
 
-def in_val_split(data: bytes, val_fraction: float) -> bool:
-    """Hash rule: the same text lands in the same split on every run and machine, duplicates included."""
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") < val_fraction * 2**64
+class TextChunks:
+    """`text` in consecutive slices of at most `size` characters (itself if no longer), each made when it is read."""
+
+    def __init__(self, text: str, size: int) -> None:
+        self.text, self.size = text, size
+
+    def __iter__(self) -> Iterator[str]:
+        return (self.text[i : i + self.size] for i in range(0, max(len(self.text), 1), self.size))
+
+
+def segments(chunks: Iterable[str], max_chars: int) -> Iterator[Segment]:
+    """A document's text, given in chunks of at most `max_chars` characters, as segments of at most `max_chars`.
+
+    A text of at most `max_chars` is one segment. A longer one is cut, within the last half of each `max_chars`, after
+    the last line break that a non-space character follows (after spaces or tabs, maybe, but no other line break: Qwen
+    joins blank lines into one pre-token), else before the last space between two non-space characters, else (no such
+    place in `max_chars / 2` characters) at `max_chars`. The first two end a token of every tokenizer here and start
+    the next: Llama-family vocabularies (TinyLlama, Mistral, Llemma) have no token holding a
+    line break or a "▁" after its start, and Qwen2.5's pre-tokenizer splits there. Tokenized after the character
+    before the cut (`Segment.context`), each segment then gets the very tokens of the whole document
+    (benchmarks/bench_prepare.py counts the tokens that change on the shipped data; tests/test_data.py checks that the
+    blocks do not). A hard cut splits the token that crosses it in two, and with a tokenizer that prepends "▁" to
+    every text the first word after it takes that form.
+    """
+    buffer, context, first = "", "", True
+    for chunk in chunks:
+        buffer += chunk  # less than 2 * max_chars: chunks are no longer than max_chars, and the loop leaves no more
+        while len(buffer) > max_chars:
+            cut, boundary = cut_position(buffer, max_chars)
+            yield Segment(buffer[:cut], context, first, False)
+            context, buffer, first = buffer[cut - 1] if boundary else "", buffer[cut:], False
+    yield Segment(buffer, context, first, True)
+
+
+def cut_position(text: str, max_chars: int) -> tuple[int, bool]:
+    """Where `segments` cuts `text` (longer than `max_chars`), and whether that is a line or word boundary. It reads no
+    further than `text[max_chars]`, so that how the text came in chunks changes nothing."""
+    low = max_chars // 2
+    line = text.rfind("\n", low, max_chars)
+    while line >= low:
+        if LINE_START.match(text, line + 1, max_chars + 1):
+            return line + 1, True
+        line = text.rfind("\n", low, line)
+    space = text.rfind(" ", low + 1, max_chars)
+    while space > low:
+        if not text[space - 1].isspace() and not text[space + 1].isspace():
+            return space, True
+        space = text.rfind(" ", low + 1, space)
+    return max_chars, False
 
 
 def split_documents(
-    unit: Unit, keys: list[str], split: str, val_fraction: Optional[float], stats: Stats
-) -> Iterator[str]:
-    """The documents of `unit` that belong to `split` by the hash rule (every document if `val_fraction` is None),
-    counted in `stats`."""
+    unit: Unit, keys: list[str], split: str, val_threshold: Optional[int], stats: Stats
+) -> Iterator[Segment]:
+    """The segments of the documents of `unit` that belong to `split` by the hash rule (every document if
+    `val_threshold` is None: val iff its hash is below it), counted in `stats`."""
     for piece in unit.pieces:
-        for text in read_documents(piece, keys, stats):
-            try:
-                data = text.encode("utf-8")
-            except UnicodeEncodeError:  # a lone surrogate from a JSON escape such as "\ud800"
-                stats.skip(piece.path, "not valid Unicode (lone surrogate)")
-                continue
-            if val_fraction is not None and in_val_split(data, val_fraction) != (split == "val"):
+        for document in read_documents(piece, keys, stats):
+            if val_threshold is not None and (document.hash < val_threshold) != (split == "val"):
                 continue
             stats.documents += 1
-            stats.characters += len(text)
-            stats.bytes += len(data)
-            yield text
+            stats.characters += document.characters
+            stats.bytes += document.bytes
+            yield from segments(document.chunks, SEGMENT_CHARS)
+
+
+def smallest_hash(units: list[Unit], keys: list[str], stats: Stats) -> tuple[Optional[int], int]:
+    """The smallest document hash of `units` (None if no document can be read) and how many documents have it.
+
+    One pass that reads and hashes every document (no tokenizing), counting them in `stats`: what the validation
+    split falls back on when the hash rule leaves it empty, which only happens to small inputs.
+    """
+    smallest, count = None, 0
+    for piece in (piece for unit in units for piece in unit.pieces):
+        for document in read_documents(piece, keys, stats):
+            stats.documents += 1
+            if smallest is None or document.hash < smallest:
+                smallest, count = document.hash, 0
+            count += document.hash == smallest
+    return smallest, count
+
+
+def nothing_readable(flag: str, skipped_files: list[tuple[str, str]], stats: Stats) -> str:
+    """Why no document of `flag`'s files could be read: each skipped file and the skipped records, by reason."""
+    lines = [f"  {path}: {reason}" for path, reason in skipped_files + stats.skipped_files]
+    if stats.skipped_records:
+        counts = ", ".join(f"{reason}: {n:,}" for reason, n in stats.skipped_records.items())
+        lines.append(f"  records skipped ({counts}), e.g. " + "; ".join(stats.examples[:3]))
+    return (
+        f"No document of {flag} could be read; every file or record was skipped:\n" + "\n".join(lines) + "\n"
+        "Fix or remove these files (or name the text field(s) with --text_key)."
+    )
 
 
 def read_whole_files(paths: Union[list[Path], Path], keys: list[str], flag: str) -> dict[Path, list[str]]:
@@ -275,7 +439,7 @@ def read_whole_files(paths: Union[list[Path], Path], keys: list[str], flag: str)
         check_input_file(path, keys, flag)
         stats = Stats()
         pieces = file_pieces(path, path.stat().st_size)
-        documents[path] = [text for piece in pieces for text in read_documents(piece, keys, stats)]
+        documents[path] = ["".join(d.chunks) for piece in pieces for d in read_documents(piece, keys, stats)]
         problems = [f"{path}: {why}" for path, why in stats.skipped_files] + stats.examples
         if problems:
             raise ValueError(f"{flag}: {'; '.join(problems[:5])}. Fix or remove these records; nothing is skipped here.")

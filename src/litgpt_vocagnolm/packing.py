@@ -1,12 +1,12 @@
 """Aligned streams -> blocks: both tokenizations of a batch of documents back to back, cut into student blocks.
 
-A batch of documents is tokenized by both tokenizers (`alignment.encode_batch`), aligned (`alignment.align_batch`)
-and laid end to end as one `AlignedStream`, each document with the BOS/EOS its tokenizers add (tokenizer_config.json:
-`add_bos_token`, `add_eos_token`; Llama adds BOS only; a tokenizer configured to add neither, as Qwen2.5, ends each
-document with its EOS instead, so that both sides still see where documents meet). Added tokens are unmapped, and no
-student token maps into another document. `pack_blocks` cuts the streams into blocks of `block_tokens` student tokens
-(max_seq_length + 1: inputs and shifted targets), each with its teacher window: the teacher tokens covering the same
-characters, at most `teacher_max_length` of them.
+A batch of documents, in segments of at most `documents.SEGMENT_CHARS` characters, is tokenized by both tokenizers
+(`encode_segments`), aligned (`alignment.align_batch`) and laid end to end as one `AlignedStream`, each document with
+the BOS/EOS its tokenizers add (tokenizer_config.json: `add_bos_token`, `add_eos_token`; Llama adds BOS only; a
+tokenizer configured to add neither, as Qwen2.5, ends each document with its EOS instead, so that both sides still see
+where documents meet). Added tokens are unmapped, and no student token maps into another document. `pack_blocks` cuts
+the streams into blocks of `block_tokens` student tokens (max_seq_length + 1: inputs and shifted targets), each with
+its teacher window: the teacher tokens covering the same characters, at most `teacher_max_length` of them.
 
 A block, as stored (one LitData item; n <= block_tokens, shorter only for the last block of a work unit):
     student_ids    (n,) uint16, or uint32 for a vocabulary over 65536
@@ -20,12 +20,13 @@ A block, as stored (one LitData item; n <= block_tokens, shorter only for the la
 The alignment costs 3 bytes per student token. `data.decode_block` turns a block back into plain arrays.
 """
 
-from typing import Any, Iterable, Iterator, NamedTuple, Optional
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
+from tokenizers import Tokenizer
 
-from litgpt_vocagnolm.alignment import align_batch, encode_batch
-from litgpt_vocagnolm.documents import Stats
+from litgpt_vocagnolm.alignment import align_batch, encode, encode_batch
+from litgpt_vocagnolm.documents import Segment, Stats
 from litgpt_vocagnolm.tokenizer_files import TokenizerInfo, cached_tokenizer
 
 BATCH_CHARS = 1 << 18  # text tokenized per `encode_batch` call
@@ -87,41 +88,51 @@ def aligned_stream(
     ranges: list[np.ndarray],
     student_specials: tuple[Optional[int], Optional[int]],
     teacher_specials: tuple[Optional[int], Optional[int]],
+    firsts: Optional[Sequence[bool]] = None,
+    lasts: Optional[Sequence[bool]] = None,
 ) -> AlignedStream:
-    """Documents back to back, each with both sides' BOS/EOS added.
+    """Segments of documents back to back, each document with both sides' BOS/EOS added.
 
-    Arguments: per document, its text, the student's (ids, offsets) and the teacher's ids without added tokens, and
-    `align`'s ranges between the two; the (BOS, EOS) ids each side adds (or None).
+    Arguments: per segment, its text, the student's (ids, offsets) and the teacher's ids without added tokens, and
+    `align`'s ranges between the two; the (BOS, EOS) ids each side adds (or None); whether each segment starts and
+    ends its document (default: every segment is a whole document), so that a document cut into segments
+    (`documents.segments`) gets one BOS and one EOS.
     """
+    firsts = np.ones(len(texts), dtype=bool) if firsts is None else np.asarray(firsts, dtype=bool)  # (D,)
+    lasts = np.ones(len(texts), dtype=bool) if lasts is None else np.asarray(lasts, dtype=bool)  # (D,)
     s_head, s_tail = map(_added, student_specials)
     t_head, t_tail = map(_added, teacher_specials)
     no_ranges = np.zeros((len(s_head), 2), np.int64), np.zeros((len(s_tail), 2), np.int64)
 
     def back_to_back(parts: Iterable[np.ndarray], head: np.ndarray, tail: np.ndarray) -> np.ndarray:
-        return np.concatenate([piece for part in parts for piece in (head, part, tail)])
+        pieces = []
+        for part, first, last in zip(parts, firsts, lasts):
+            pieces += [head[: first * len(head)], part, tail[: last * len(tail)]]
+        return np.concatenate(pieces)
 
-    student_counts = np.array([len(ids) for ids, _ in student]) + len(s_head) + len(s_tail)  # (D,)
-    teacher_counts = np.array([len(ids) for ids in teacher_ids]) + len(t_head) + len(t_tail)  # (D,)
-    document = np.repeat(np.arange(len(texts)), student_counts)  # (N,) each token's document
-    teacher_start = (np.cumsum(teacher_counts) - teacher_counts)[document]  # (N,) its document's first teacher token
-    # Ranges move past the teacher tokens of the documents before and the teacher's BOS; added tokens are unmapped.
+    student_counts = np.array([len(ids) for ids, _ in student]) + len(s_head) * firsts + len(s_tail) * lasts  # (D,)
+    teacher_counts = np.array([len(ids) for ids in teacher_ids]) + len(t_head) * firsts + len(t_tail) * lasts  # (D,)
+    segment = np.repeat(np.arange(len(texts)), student_counts)  # (N,) each token's segment
+    teacher_start = (np.cumsum(teacher_counts) - teacher_counts)[segment]  # (N,) its segment's first teacher token
+    # Ranges move past the teacher tokens of the segments before and the teacher's BOS; added tokens are unmapped.
     stream_ranges = back_to_back(ranges, *no_ranges)  # (N, 2)
     mapped = stream_ranges[:, 0] < stream_ranges[:, 1]  # (N,)
-    stream_ranges[mapped] += (teacher_start + len(t_head))[mapped, None]
-    # An unmapped token sits after the teacher tokens of the earlier tokens of its document. The running maximum may
-    # run across documents: each one's teacher tokens come after the previous one's.
-    floor = teacher_start + len(t_head)  # (N,)
+    floor = teacher_start + (len(t_head) * firsts)[segment]  # (N,) the segment's first teacher token of its text
+    stream_ranges[mapped] += floor[mapped, None]
+    # An unmapped token sits after the teacher tokens of the earlier tokens of its segment. The running maximum may
+    # run across segments: each one's teacher tokens come after the previous one's.
     ends = np.maximum.accumulate(np.where(mapped, stream_ranges[:, 1], floor))  # (N,)
     after = np.maximum(np.concatenate([[0], ends[:-1]]), floor)  # (N,)
     cover = np.where(mapped[:, None], stream_ranges, after[:, None])  # (N, 2)
-    last = np.cumsum(student_counts) - 1  # (D,) each document's last token
+    last = np.cumsum(student_counts) - 1  # (D,) each segment's last token
     first = last - student_counts + 1  # (D,)
     cover[first, 0] = teacher_start[first]
     cover[last, 1] = teacher_start[last] + teacher_counts
-    # Added tokens get offsets (0, 0): they end where their document starts, so they add no bytes.
+    # Added tokens get offsets (0, 0): they end where their segment starts, so they add no bytes. Bytes are counted per
+    # segment: characters that no token covers at a segment's end would be lost (none with the tokenizers here).
     offsets = back_to_back((o for _, o in student), *no_ranges)  # (N, 2)
     characters = np.array([len(text) for text in texts])  # (D,)
-    character_starts = (np.cumsum(characters) - characters)[document]  # (N,)
+    character_starts = (np.cumsum(characters) - characters)[segment]  # (N,)
     return AlignedStream(
         student_ids=back_to_back((ids for ids, _ in student), s_head, s_tail),
         ranges=stream_ranges,
@@ -206,11 +217,11 @@ def pack_blocks(
         yield make_block(rest, 0, len(rest.student_ids), teacher_max_length, dtypes, stats)
 
 
-def text_batches(texts: Iterable[str], max_chars: int) -> Iterator[list[str]]:
+def segment_batches(segments: Iterable[Segment], max_chars: int) -> Iterator[list[Segment]]:
     batch, num_chars = [], 0
-    for text in texts:
-        batch.append(text)
-        num_chars += len(text)
+    for segment in segments:
+        batch.append(segment)
+        num_chars += len(segment.text)
         if num_chars >= max_chars:
             yield batch
             batch, num_chars = [], 0
@@ -218,17 +229,35 @@ def text_batches(texts: Iterable[str], max_chars: int) -> Iterator[list[str]]:
         yield batch
 
 
+def encode_segments(tokenizer: Tokenizer, segments: list[Segment]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`encode_batch` of the segments' texts, each tokenized after its context and without the context's tokens.
+
+    A token that would cross from the context into the text (none does at the cuts `documents.segments` makes, with
+    the tokenizers here) makes that segment be tokenized alone instead, so that every character stays covered once.
+    """
+    encodings = encode_batch(tokenizer, [segment.context + segment.text for segment in segments])
+    for k, (segment, (ids, offsets)) in enumerate(zip(segments, encodings)):
+        n = len(segment.context)
+        if n:
+            context = offsets[:, 0] < n  # (N,) the context's tokens: they come first
+            crossing = (offsets[context, 1] > n).any()
+            encodings[k] = encode(tokenizer, segment.text) if crossing else (ids[~context], offsets[~context] - n)
+    return encodings
+
+
 def aligned_streams(
-    texts: Iterable[str], student: TokenizerInfo, teacher: TokenizerInfo, stats: Stats
+    segments: Iterable[Segment], student: TokenizerInfo, teacher: TokenizerInfo, stats: Stats
 ) -> Iterator[AlignedStream]:
-    """The documents tokenized, aligned and streamed a batch at a time."""
+    """The documents' segments tokenized, aligned and streamed a batch at a time."""
     specials = (student.bos_id, student.eos_id), (teacher.bos_id, teacher.eos_id)
     student_tokenizer, teacher_tokenizer = cached_tokenizer(student.path), cached_tokenizer(teacher.path)
-    for batch in text_batches(texts, BATCH_CHARS):
-        student_encodings = encode_batch(student_tokenizer, batch)
-        teacher_encodings = encode_batch(teacher_tokenizer, batch)
+    for batch in segment_batches(segments, BATCH_CHARS):
+        student_encodings = encode_segments(student_tokenizer, batch)
+        teacher_encodings = encode_segments(teacher_tokenizer, batch)
         ranges = align_batch([o for _, o in student_encodings], [o for _, o in teacher_encodings])
-        stream = aligned_stream(batch, student_encodings, [ids for ids, _ in teacher_encodings], ranges, *specials)
+        texts, firsts, lasts = [s.text for s in batch], [s.first for s in batch], [s.last for s in batch]
+        teacher_ids = [ids for ids, _ in teacher_encodings]
+        stream = aligned_stream(texts, student_encodings, teacher_ids, ranges, *specials, firsts, lasts)
         stats.student_tokens += len(stream.student_ids)
         stats.teacher_tokens += len(stream.teacher_ids)
         yield stream

@@ -8,7 +8,8 @@ one padded block (at most about 0.4% padding).
 
 Resumable: an unfinished run works in OUTPUT/.partial and each finished split is recorded there; a run with the same
 settings finishes the work, a run with other settings is refused, and the data appears (split by split, the manifest
-last) only once complete.
+last) only once complete. The settings hold each input file's size and content hash (`files.file_fingerprint`), so an
+edited file is seen. Ctrl-C stops the workers and exits 130 (cli.py), leaving .partial to the next run.
 """
 
 import dataclasses
@@ -27,6 +28,7 @@ from typing import Any, Iterator, Literal, Optional, Union
 
 import numpy as np
 from litdata import optimize
+from litdata.processing.data_processor import DataProcessor
 
 from litgpt_vocagnolm.alignment import encode
 from litgpt_vocagnolm.data import FORMAT, MANIFEST, PARTIAL, SPLITS
@@ -35,12 +37,15 @@ from litgpt_vocagnolm.documents import (
     Unit,
     check_input_file,
     find_input_files,
+    hash_threshold,
+    nothing_readable,
     parse_text_key,
     plan_units,
     read_documents,
+    smallest_hash,
     split_documents,
 )
-from litgpt_vocagnolm.files import file_sha256, write_json
+from litgpt_vocagnolm.files import file_fingerprint, file_sha256, write_json
 from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
 from litgpt_vocagnolm.tokenizer_files import (
     TokenizerInfo,
@@ -67,8 +72,8 @@ class UnitJob:
     """Student tokens per block: max_seq_length + 1."""
     teacher_max_length: int
     dtypes: BlockDtypes
-    val_fraction: Optional[float]
-    """Keep the documents the hash rule puts in `split`; None keeps every document (`--val_input`)."""
+    val_threshold: Optional[int]
+    """Keep the documents the hash rule puts in `split` (val: hash below this); None keeps every one (`--val_input`)."""
     split: str = ""
     stats_dir: str = ""
 
@@ -76,8 +81,8 @@ class UnitJob:
 def unit_blocks(unit: Unit, job: UnitJob) -> Iterator[dict[str, Any]]:
     """The blocks of one work unit: the function `litdata.optimize` runs. Writes the unit's Stats when done."""
     stats = Stats()
-    texts = split_documents(unit, list(job.keys), job.split, job.val_fraction, stats)
-    streams = aligned_streams(texts, job.student, job.teacher, stats)
+    segments = split_documents(unit, list(job.keys), job.split, job.val_threshold, stats)
+    streams = aligned_streams(segments, job.student, job.teacher, stats)
     yield from pack_blocks(streams, job.block_tokens, job.teacher_max_length, job.dtypes, stats)
     write_json(Path(job.stats_dir) / f"unit-{unit.index:06d}.json", asdict(stats))
 
@@ -92,13 +97,38 @@ def read_stats(path: Path) -> Stats:
 START_METHOD = "fork" if sys.platform == "linux" else None
 
 
+STOP_SECONDS = 10  # how long an interrupted process waits for each child to stop before killing it
+
+
+def stop_on_interrupt(processor: DataProcessor, main_pid: int, signum: int, frame: Any) -> None:
+    """Replaces LitData's SIGINT handler (`DataProcessor._signal_handler`), which asks the workers to stop after their
+    current item and calls `os._exit(0)`: `prepare && pretrain` would then go on without the data.
+
+    Forked workers and their uploaders inherit it: each process passes the signal to its children (a terminal's Ctrl-C
+    reaches all of them anyway, `kill -INT` only this one), waits for them, and exits 130 (128 + SIGINT); the main
+    process raises KeyboardInterrupt instead, so that `prepare` unwinds and `.partial` keeps the finished splits.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the stopping
+    children = multiprocessing.active_children()
+    for child in children:
+        os.kill(child.pid, signal.SIGINT)
+    for child in children:
+        child.join(STOP_SECONDS)
+        if child.is_alive():
+            child.kill()
+    if os.getpid() != main_pid:
+        os._exit(128 + signum)
+    raise KeyboardInterrupt
+
+
 @contextmanager
 def optimize_environment(cache: Path) -> Iterator[None]:
     """What `litdata.optimize` needs around it.
 
     Its chunk cache is one machine-wide folder that it empties at start, so two runs at once would destroy each
-    other's chunks: each split gets its own. Its workers are the parallelism, so each tokenizes on one thread. And it
-    leaves the process with its start method and SIGINT handler (which exits 0): restore both.
+    other's chunks: each split gets its own. Its workers are the parallelism, so each tokenizes on one thread. Its
+    SIGINT handler exits 0: ours stops the workers and raises KeyboardInterrupt (`stop_on_interrupt`). And it leaves
+    the process with its start method and SIGINT handler: restore both.
     """
     environment = {
         "DATA_OPTIMIZER_CACHE_FOLDER": str(cache / "chunks"),
@@ -107,7 +137,9 @@ def optimize_environment(cache: Path) -> Iterator[None]:
     }
     saved = {key: os.environ.get(key) for key in environment}
     start_method, handler = multiprocessing.get_start_method(allow_none=True), signal.getsignal(signal.SIGINT)
+    litdata_handler = DataProcessor._signal_handler
     os.environ.update(environment)
+    DataProcessor._signal_handler = functools.partialmethod(stop_on_interrupt, os.getpid())
     try:
         yield
     finally:
@@ -116,12 +148,14 @@ def optimize_environment(cache: Path) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        DataProcessor._signal_handler = litdata_handler
         multiprocessing.set_start_method(start_method, force=True)
         signal.signal(signal.SIGINT, handler)
 
 
 def write_split(split: str, units: list[Unit], job: UnitJob, partial: Path, num_workers: int) -> Stats:
-    """Runs `litdata.optimize` over `units` into `partial/split`, then marks the split done with its Stats."""
+    """Runs `litdata.optimize` over `units` into `partial/split`; returns the split's Stats (no documents: the caller
+    says why)."""
     shards, stats_dir, cache = partial / split, partial / "stats" / split, partial / "cache"
     for folder in (shards, stats_dir, cache):
         shutil.rmtree(folder, ignore_errors=True)
@@ -141,27 +175,21 @@ def write_split(split: str, units: list[Unit], job: UnitJob, partial: Path, num_
                 start_method=START_METHOD,
             )
         except Exception:
-            split_stats(split, units, stats_dir)  # LitData fails to write an index for an empty split: say that
+            stats = split_stats(units, stats_dir)
+            if stats is not None and stats.documents == 0:
+                return stats  # LitData fails to write an index for an empty split
             raise
-    stats = split_stats(split, units, stats_dir)
+    stats = split_stats(units, stats_dir)
     if stats is None:
         raise RuntimeError(f"Some work units of the {split} split did not write their counts to {stats_dir}.")
     shutil.rmtree(cache, ignore_errors=True)
-    write_json(partial / f"{split}.json", asdict(stats))
     return stats
 
 
-def split_stats(split: str, units: list[Unit], stats_dir: Path) -> Optional[Stats]:
-    """The sum of the units' Stats (None if some unit did not finish), or a clear error if the split is empty."""
+def split_stats(units: list[Unit], stats_dir: Path) -> Optional[Stats]:
+    """The sum of the units' Stats, or None if some unit did not finish."""
     files = sorted(stats_dir.glob("unit-*.json"))
-    if len(files) < len(units):
-        return None
-    stats = sum(map(read_stats, files), Stats())
-    if stats.documents == 0:
-        skipped = f" ({sum(stats.skipped_records.values())} records skipped)" if stats.skipped_records else ""
-        hint = " Raise --val_fraction, or give --val_input files." if split == "val" else ""
-        raise ValueError(f"The {split} split is empty: no input document fell in it{skipped}.{hint}")
-    return stats
+    return sum(map(read_stats, files), Stats()) if len(files) == len(units) else None
 
 
 def _differences(recorded: dict, settings: dict) -> str:
@@ -170,7 +198,28 @@ def _differences(recorded: dict, settings: dict) -> str:
         return text if len(text) <= 60 else "..."
 
     keys = [key for key in settings if recorded.get(key) != settings[key]]
-    return "; ".join(f"{key}: {show(recorded.get(key))} there, {show(settings[key])} now" for key in keys)
+    return "; ".join(
+        _changed_files(key, recorded.get(key) or [], settings[key])
+        if key in ("input", "val_input")
+        else f"{key}: {show(recorded.get(key))} there, {show(settings[key])} now"
+        for key in keys
+    )
+
+
+def _changed_files(key: str, recorded: list, now: list[dict]) -> str:
+    """Which --input (or --val_input) files differ from those recorded (`files.file_fingerprint`), and how."""
+    before = {(r["path"] if isinstance(r, dict) else r[0]): r for r in recorded}  # older versions: [path, size]
+    changes = [f"{r['path']} is new" for r in now if r["path"] not in before]
+    changes += [f"{path} is gone" for path in before.keys() - {r["path"] for r in now}]
+    for new in now:
+        old = before.get(new["path"], new)
+        if isinstance(old, list):
+            changes.append(f"{new['path']} was recorded without its content hash (by an older version)")
+        elif old != new:
+            fields = sorted(field for field in old.keys() | new.keys() if old.get(field) != new.get(field))
+            changes.append(f"{new['path']} changed ({', '.join(fields)})")
+    more = f"; and {len(changes) - 3} more" if len(changes) > 3 else ""
+    return f"--{key}: " + ("; ".join(changes[:3]) + more if changes else "the same files in another order")
 
 
 def output_progress(output: Path, settings: dict) -> Literal["new", "done", "resume"]:
@@ -211,14 +260,38 @@ def measure_token_ratio(units: list[Unit], keys: list[str], student: TokenizerIn
     student_tokenizer, teacher_tokenizer = cached_tokenizer(student.path), cached_tokenizer(teacher.path)
     num_student = num_teacher = num_chars = 0
     for piece in (piece for unit in units for piece in unit.pieces):
-        for text in read_documents(piece, keys, Stats()):
-            text = text[: RATIO_SAMPLE_CHARS - num_chars].encode("utf-8", "replace").decode("utf-8")
+        for document in read_documents(piece, keys, Stats()):
+            text = ""
+            for chunk in document.chunks:  # no more of a long document than the sample needs
+                text += chunk
+                if len(text) >= RATIO_SAMPLE_CHARS - num_chars:
+                    break
+            text = text[: RATIO_SAMPLE_CHARS - num_chars]
             num_student += len(encode(student_tokenizer, text)[0])
             num_teacher += len(encode(teacher_tokenizer, text)[0])
             num_chars += len(text)
             if num_chars >= RATIO_SAMPLE_CHARS:
                 return num_teacher / max(num_student, 1)
     return num_teacher / num_student if num_student else 1.0
+
+
+def smallest_hash_threshold(units: list[Unit], keys: list[str], skipped_files: list, val_fraction: float) -> int:
+    """A hash threshold for a val split that the hash rule left empty: the document with the smallest hash (and its
+    copies) goes there, the same on every run, and the splits still share no text. Needs two different documents."""
+    stats = Stats()
+    smallest, copies = smallest_hash(units, keys, stats)
+    if smallest is None:
+        raise ValueError(nothing_readable("--input", skipped_files, stats))
+    if copies == stats.documents:
+        raise ValueError(
+            f"--input holds {stats.documents} readable document{'s, all the same text' if copies > 1 else ''}: give"
+            " two different documents at least (one is kept for validation), or --val_input."
+        )
+    print(
+        f"--val_fraction {val_fraction} put none of the {stats.documents} documents in the val split: it gets the one"
+        f" with the smallest hash{f' (and its {copies - 1} copies)' if copies > 1 else ''}."
+    )
+    return smallest + 1
 
 
 def block_settings(
@@ -260,6 +333,7 @@ def prepare(
         teacher: The teacher's LitGPT checkpoint dir, tokenizer dir or tokenizer.json.
         input: A file or directory, or a list of them (`--input [a,b]`); directories are searched recursively for .txt
             (one document per file), .jsonl (one per line) and .parquet (one per row, e.g. OpenWebMath) files.
+            Documents of any length: long ones are tokenized in segments (`documents.segments`).
         output: A new or empty directory.
         max_seq_length: Student tokens per training sequence; blocks hold one more (inputs and shifted targets).
         teacher_max_length: Teacher tokens per block at most; student tokens whose teacher tokens lie beyond are
@@ -269,7 +343,7 @@ def prepare(
         text_key: The field holding the text in .jsonl and .parquet records; several, comma-separated (e.g.
             question,answer), are joined with a blank line between them.
         val_fraction: Share of the documents for validation, chosen by a hash of their text (so the same on every
-            run). Default: 0.01, unless --val_input is given.
+            run); if that leaves none, the document with the smallest hash. Default: 0.01, unless --val_input is given.
         val_input: Files or directories (as --input) for validation instead of a share of --input.
     """
     # Every check before any work.
@@ -298,8 +372,8 @@ def prepare(
         "format": FORMAT,
         "student": {"path": str(student_file.resolve()), "sha256": tokenizer_sha256(student_file)},
         "teacher": {"path": str(teacher_file.resolve()), "sha256": tokenizer_sha256(teacher_file)},
-        "input": [[str(p.resolve()), p.stat().st_size] for p in files],
-        "val_input": [[str(p.resolve()), p.stat().st_size] for p in val_files],
+        "input": [file_fingerprint(p) for p in files],
+        "val_input": [file_fingerprint(p) for p in val_files],
         "max_seq_length": max_seq_length,
         "teacher_max_length": teacher_max_length,
         "text_key": keys,
@@ -323,6 +397,7 @@ def prepare(
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         derived = block_settings(units["train"], keys, student_info, teacher_info, block_tokens, teacher_max_length)
+        derived["val_threshold"] = None if val_input else hash_threshold(val_fraction)
         write_json(partial / "settings.json", {"settings": settings, "derived": derived})
     cap = derived["teacher_max_length"]
     print(
@@ -340,13 +415,31 @@ def prepare(
         block_tokens=block_tokens,
         teacher_max_length=cap,
         dtypes=BlockDtypes(**derived["dtypes"]),
-        val_fraction=None if val_input else val_fraction,
+        val_threshold=derived["val_threshold"],
     )
-    for split in SPLITS:
-        if (partial / f"{split}.json").is_file():
-            print(f"The {split} split was written before the interruption.")
-        else:
-            write_split(split, units[split], job, partial, num_workers)
+    try:
+        for split in SPLITS:
+            if (partial / f"{split}.json").is_file():
+                print(f"The {split} split was written before the interruption.")
+                continue
+            stats = write_split(split, units[split], job, partial, num_workers)
+            if stats.documents == 0 and split == "val" and not val_input:
+                derived["val_threshold"] = smallest_hash_threshold(units["val"], keys, skipped_files, val_fraction)
+                write_json(partial / "settings.json", {"settings": settings, "derived": derived})
+                job = dataclasses.replace(job, val_threshold=derived["val_threshold"])
+                stats = write_split(split, units[split], job, partial, num_workers)
+            if stats.documents == 0 and split == "train" and not val_input:
+                raise ValueError(
+                    f"The train split is empty: --val_fraction {val_fraction} put all"
+                    f" {read_stats(partial / 'val.json').documents} documents in the val split. Lower it."
+                )
+            if stats.documents == 0:
+                flag, skipped = ("--val_input", val_skipped) if split == "val" else ("--input", skipped_files)
+                raise ValueError(nothing_readable(flag, skipped, stats))
+            write_json(partial / f"{split}.json", asdict(stats))
+    except KeyboardInterrupt:
+        print(f"Interrupted. The finished splits are kept in {partial}: run the same command again to finish.")
+        raise
     stats = {split: read_stats(partial / f"{split}.json") for split in SPLITS}
 
     # Publish: each rename is atomic, and the manifest comes last; a run killed in between is finished by the next.

@@ -741,6 +741,8 @@ def check_setup(
     """Every configuration error we can see before building a model, each with what to change."""
     if data is None:
         raise ValueError("Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`).")
+    if isinstance(data, VocAgnoData):
+        data.check_files()  # a missing or cut chunk: now, not when the loader reaches it (hours in)
     if initial_checkpoint_dir is not None and resume not in (False, "auto"):
         raise ValueError(
             "Can't provide both --resume and --initial_checkpoint_dir. Choose one, or --resume auto: it starts from"

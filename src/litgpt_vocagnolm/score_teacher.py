@@ -13,9 +13,9 @@ from tqdm import tqdm
 
 from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, checkpoint_fingerprint
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData, open_split
-from litgpt_vocagnolm.files import file_sha256
+from litgpt_vocagnolm.files import file_sha256, write_json
 from litgpt_vocagnolm.teacher import TeacherArgs, load_teacher, teacher_token_loss
-from litgpt_vocagnolm.teacher_cache import CACHE_FORMAT, CACHE_MANIFEST, shard_files
+from litgpt_vocagnolm.teacher_cache import CACHE_FORMAT, CACHE_MANIFEST, checksum_file, file_record, shard_files
 
 
 def score_teacher(
@@ -104,10 +104,14 @@ def score_teacher(
             losses_file, offsets_file = shard_files(output, split, shard)
             offsets = np.zeros(len(pieces) + 1, dtype=np.uint32)
             offsets[1:] = np.cumsum([len(p) for p in pieces])
-            # offsets first: a shard counts as done once its losses file exists, and that appears last and whole.
+            # offsets and checksums first: a shard counts as done once its losses file exists, and that appears last
+            # and whole.
             np.save(offsets_file, offsets)
             tmp = losses_file.with_suffix(".partial.npy")
             np.save(tmp, torch.cat(pieces).numpy().astype(np.float16) if pieces else np.zeros(0, np.float16))
+            records = {f"{split}/{losses_file.name}": file_record(tmp)}
+            records[f"{split}/{offsets_file.name}"] = file_record(offsets_file)
+            write_json(checksum_file(output, split, shard), records)
             tmp.rename(losses_file)
             bar.set_postfix(tokens_per_sec=f"{tokens / (time.perf_counter() - t0):,.0f}")
         splits[split] = num_blocks
@@ -121,8 +125,12 @@ def score_teacher(
             size = sum(f.stat().st_size for f in files)
             counts[split] = {"blocks": num_blocks, "teacher_tokens": teacher_tokens, "bytes": size,
                              "bytes_per_teacher_token": size / max(teacher_tokens, 1)}  # fmt: skip
+        files = {}  # every shard's checksums, from the rank that scored it
+        for split, num_blocks in splits.items():
+            for shard in range(-(-num_blocks // blocks_per_shard)):
+                files.update(json.loads(checksum_file(output, split, shard).read_text()))
         (output / ".settings.json").unlink()
-        cache_manifest = {**settings, "splits": counts}
+        cache_manifest = {**settings, "splits": counts, "files": files}
         (output / CACHE_MANIFEST).write_text(json.dumps(cache_manifest, indent=2))
         for split, c in counts.items():
             print(f"{split}: {c['blocks']:,} blocks, {c['teacher_tokens']:,} teacher tokens,"

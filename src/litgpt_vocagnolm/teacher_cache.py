@@ -1,15 +1,22 @@
 """The teacher loss cache: score the corpus once (`vocagnolm score-teacher`), train many times without the teacher.
 
 Layout of a cache directory (written by `vocagnolm score-teacher`):
-  manifest.json                 the teacher's fingerprint, the data manifest's sha256, counts, bytes per token
+  manifest.json                 the teacher's fingerprint, the data manifest's sha256, counts, bytes per token, and
+                                under "files" the size and sha256 of every shard file
   <split>/<shard>.losses.npy    float16: every block's window losses, concatenated, without each window's first
                                 token (never predicted: NaN by definition)
   <split>/<shard>.offsets.npy   uint32 (blocks + 1,): where each block's losses start in the shard
+  <split>/<shard>.sha256.json   the two files' sizes and sha256, written by the rank that scored the shard
 A shard holds `blocks_per_shard` consecutive blocks (by index in the prepared split) and appears atomically.
+
+A shard's files are checked against the manifest when a process first opens the shard: one sha256 pass over them
+(a few MB), so that a damaged file fails naming itself instead of training on wrong losses. Caches scored before
+the manifest recorded checksums are read without that check.
 """
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -24,21 +31,55 @@ def shard_files(cache: Path, split: str, shard: int) -> tuple[Path, Path]:
     return cache / split / f"{shard:06d}.losses.npy", cache / split / f"{shard:06d}.offsets.npy"
 
 
+def checksum_file(cache: Path, split: str, shard: int) -> Path:
+    return cache / split / f"{shard:06d}.sha256.json"
+
+
+def file_record(path: Path) -> dict:
+    """What the manifest records of a shard file, keyed by `split/name`."""
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def rescore_hint(cache: Path) -> str:
+    return f"The cache is damaged: score again into a new --output, or delete {cache} and run the same command."
+
+
 class TeacherLossCache:
     """Reads one split of a cache: `cache[i]` is block i's teacher loss, float32 (M_i,) with NaN first."""
 
     def __init__(self, cache: Path, split: str) -> None:
         manifest = load_cache_manifest(cache)
         self.cache, self.split, self.blocks_per_shard = Path(cache), split, manifest["blocks_per_shard"]
+        self.files: Optional[dict] = manifest.get("files")  # None for caches scored before checksums
         self._shards: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # memory-mapped, opened lazily per process
 
     def __getitem__(self, index: int) -> np.ndarray:
         shard, row = divmod(index, self.blocks_per_shard)
         if shard not in self._shards:
-            losses, offsets = shard_files(self.cache, self.split, shard)
-            self._shards[shard] = (np.load(losses, mmap_mode="r"), np.load(offsets))
+            self._shards[shard] = self._open(shard)
         losses, offsets = self._shards[shard]
         return np.concatenate([[np.nan], losses[offsets[row] : offsets[row + 1]]]).astype(np.float32)
+
+    def _open(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        losses_file, offsets_file = shard_files(self.cache, self.split, shard)
+        for file in (losses_file, offsets_file) if self.files is not None else ():
+            recorded = self.files.get(f"{self.split}/{file.name}")
+            if recorded is None or not file.is_file() or file_record(file) != recorded:
+                raise ValueError(
+                    f"{file} is missing or not the file `vocagnolm score-teacher` wrote: its size or sha256 differs"
+                    f" from {self.cache / CACHE_MANIFEST}. {rescore_hint(self.cache)}"
+                )
+        try:
+            losses, offsets = np.load(losses_file, mmap_mode="r"), np.load(offsets_file)
+        except (OSError, ValueError) as error:
+            hint = rescore_hint(self.cache)
+            raise ValueError(f"Can't read {losses_file} or {offsets_file}: {error}. {hint}") from None
+        if len(losses) != offsets[-1]:
+            raise ValueError(
+                f"{losses_file} holds {len(losses):,} losses, {offsets_file} says {offsets[-1]:,}."
+                f" {rescore_hint(self.cache)}"
+            )
+        return losses, offsets
 
 
 def load_cache_manifest(cache: Path) -> dict:
@@ -64,6 +105,13 @@ def check_cache(cache: Path, data_manifest: Path, teacher_dir: Path | None) -> d
             f" {manifest['data']['manifest_sha256']} ({manifest['data']['path']}), {data_manifest} has {data_sha}."
             " Score this data: `vocagnolm score-teacher --data ... --output NEW_CACHE`."
         )
+    for name, recorded in manifest.get("files", {}).items():  # a stat per file; the sha256 waits for first use
+        file = Path(cache) / name
+        if not file.is_file() or file.stat().st_size != recorded["bytes"]:
+            found = f"has {file.stat().st_size:,} bytes" if file.is_file() else "is missing"
+            raise ValueError(
+                f"{file} {found}; {Path(cache) / CACHE_MANIFEST} records {recorded['bytes']:,}. {rescore_hint(cache)}"
+            )
     if teacher_dir is not None and manifest["teacher"]["fingerprint"] != checkpoint_fingerprint(teacher_dir):
         raise ValueError(
             f"The teacher loss cache {cache} was scored by {manifest['teacher']['checkpoint_dir']}, whose config and"
