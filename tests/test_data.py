@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import tiny_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -731,7 +732,7 @@ def test_a_missing_or_cut_chunk_is_found_before_training(prepared, tmp_path):
         "iter_blocks": lambda: next(iter_blocks(copy, "train")),
         "the recipe, before any model": lambda: check_setup(
             VocAgnoData(copy), GuidanceArgs(method="ce"), TeacherArgs(), None, None, False,
-            TrainArgs(max_tokens=1000, max_norm=1.0)),  # fmt: skip
+            TrainArgs(max_tokens=1000, max_norm=1.0), tiny_config("student", 32000), 1),  # fmt: skip
     }
     chunk.write_bytes(data[:-100])  # a copy cut short
     for name, check in checks.items():

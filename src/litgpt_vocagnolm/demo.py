@@ -51,7 +51,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from litgpt_vocagnolm.alignment import encode, vocab_overlap
 from litgpt_vocagnolm.checkpoints import load_weights
 from litgpt_vocagnolm.data import VocAgnoData, collate_blocks, load_manifest
-from litgpt_vocagnolm.documents import Stats
+from litgpt_vocagnolm.documents import Segment, Stats
 from litgpt_vocagnolm.loss import GuidanceArgs, method_selection, selection_generator
 from litgpt_vocagnolm.model import GPT
 from litgpt_vocagnolm.models import llama_config
@@ -597,7 +597,8 @@ def noise_sample(
         if sum(map(len, touched)) >= wanted * block_tokens:
             break
     dtypes = BlockDtypes.fitting(student.vocab_size, teacher.vocab_size, window)
-    streams = aligned_streams(texts, student, teacher, Stats())
+    whole = (Segment(text, context="", first=True, last=True) for text in texts)  # each document one piece, as above
+    streams = aligned_streams(whole, student, teacher, Stats())
     blocks = list(itertools.islice(pack_blocks(streams, block_tokens, window, dtypes, Stats()), wanted))
     touched = np.concatenate(touched)[: wanted * block_tokens].reshape(wanted, block_tokens)  # the blocks' cut
     return blocks, torch.from_numpy(touched)
