@@ -102,11 +102,11 @@ def make_batch(setting: Setting, device: torch.device, generator: torch.Generato
     return {name: value.to(device) for name, value in batch.items()}
 
 
-def forward_and_loss_whole_logits(model, teacher, batch: dict, guidance: GuidanceArgs):
+def forward_and_loss_whole_logits(model, teachers: list, batch: dict, guidance: GuidanceArgs):
     """The step before tiling: LitGPT's forward returns the whole (B, T, V) logits, float32 under bf16-mixed, for the
     student and the teacher alike, and the per-token cross-entropy reads them."""
     teacher_loss = batch.get("teacher_loss")
-    if teacher is not None:
+    for teacher in teachers:
         with torch.no_grad():
             teacher_loss = teacher_token_loss_whole_logits(teacher, batch["teacher_ids"], batch["teacher_valid"])
     ls = per_token_cross_entropy(model(batch["input_ids"]), batch["targets"])
@@ -152,7 +152,7 @@ def forward_backward(student, teacher, batch: dict, kind: str, whole_logits: boo
     if kind != "cached":
         batch = {name: value for name, value in batch.items() if name != "teacher_loss"}
     run = forward_and_loss_whole_logits if whole_logits else forward_and_loss
-    loss_sum, weight_sum, _ = run(student, teacher, batch, guidance)
+    loss_sum, weight_sum, _ = run(student, [] if teacher is None else [teacher], batch, guidance)
     fabric.backward(loss_sum)
     return weight_sum
 

@@ -141,7 +141,8 @@ def matmul_parameters(model: GPT) -> int:
 def train_step(fabric, model, optimizer, teacher, batch: dict, guidance: GuidanceArgs, max_norm: float) -> float:
     """One optimizer step of `recipe.fit` (one micro-batch, one rank); returns the seconds spent in the teacher."""
     teacher_timer = Stopwatch(fabric.device)
-    loss_sum, weight_sum, _ = forward_and_loss(model, teacher, batch, guidance, teacher_timer=teacher_timer)
+    teachers = [] if teacher is None else [teacher]
+    loss_sum, weight_sum, _ = forward_and_loss(model, teachers, batch, guidance, teacher_timer=teacher_timer)
     fabric.backward(loss_sum)
     scale = 1 / weight_sum.clamp(min=1)  # what fit does with the all-reduced weight sum of the step
     for param in model.parameters():

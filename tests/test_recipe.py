@@ -472,7 +472,7 @@ def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_
     student, teacher = GPT(tiny_config("s", 32000, block_size=64)), GPT(tiny_config("t", teacher_vocab, block_size=256))
     teacher.requires_grad_(False)
     generator = torch.Generator().manual_seed(0)
-    loss_sum, weight_sum, metrics = forward_and_loss(student, teacher, batch, guidance, generator=generator,
+    loss_sum, weight_sum, metrics = forward_and_loss(student, [teacher], batch, guidance, generator=generator,
                                                      vocab_size=data.manifest["student"]["vocab_size"])  # fmt: skip
     loss_sum.backward()
     valid = (batch["targets"] != -100).sum()

@@ -10,7 +10,7 @@ import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Optional
+from typing import Any, Iterator, Literal, Optional, Sequence
 
 import litdata.helpers
 import numpy as np
@@ -55,16 +55,41 @@ def load_manifest(path: Path) -> dict:
 
 class BlockDataset(StreamingDataset):
     """A split's stored blocks; with a teacher loss cache, each item also carries its block's cached `teacher_loss`
-    (looked up by the block's index in the split, in the loader's worker processes)."""
+    (looked up by the block's index in the split, in the loader's worker processes).
 
-    def __init__(self, path: Path, split: str, shuffle: bool, seed: int, teacher_cache: Optional[Path] = None) -> None:
+    With further teachers (`others`: for each, its prepared data and loss cache or None), each item also carries, as
+    "more_teachers", their blocks at the same index: the same student tokens (checked on every read; a mismatch fails,
+    naming the block) with that teacher's window, ranges and cached losses.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        split: str,
+        shuffle: bool,
+        seed: int,
+        teacher_cache: Optional[Path] = None,
+        others: Sequence[tuple[Path, Optional[Path]]] = (),
+    ) -> None:
         super().__init__(input_dir=str(Path(path) / split), shuffle=shuffle, seed=seed)
+        self.path, self.split = Path(path), split
         self.teacher_losses = None if teacher_cache is None else TeacherLossCache(teacher_cache, split)
+        self.others = [BlockDataset(other, split, shuffle=False, seed=seed, teacher_cache=cache) for other, cache in others]
 
     def __getitem__(self, index: Any) -> Any:
         item = super().__getitem__(index)
+        position = index.index if isinstance(index, ChunkedIndex) else index
         if self.teacher_losses is not None:
-            item["teacher_loss"] = self.teacher_losses[index.index if isinstance(index, ChunkedIndex) else index]
+            item["teacher_loss"] = self.teacher_losses[position]
+        if self.others:
+            item["more_teachers"] = [other[position] for other in self.others]
+            for other, block in zip(self.others, item["more_teachers"]):
+                if not np.array_equal(block["student_ids"], item["student_ids"]):
+                    raise ValueError(
+                        f"Block {position} of {other.path / self.split} holds other student tokens than block"
+                        f" {position} of {self.path / self.split}: the data of every teacher must be prepared from"
+                        " the same --input, --val_input, --student, --max_seq_length and --text_key."
+                    )
         return item
 
 
@@ -90,11 +115,32 @@ def check_split(path: Path, split: str, manifest: dict) -> None:
 
 
 def open_split(
-    path: Path, split: str, manifest: dict, shuffle: bool = False, seed: int = 42, teacher_cache: Optional[Path] = None
+    path: Path,
+    split: str,
+    manifest: dict,
+    shuffle: bool = False,
+    seed: int = 42,
+    teacher_cache: Optional[Path] = None,
+    others: Sequence[tuple[Path, Optional[Path]]] = (),
 ) -> BlockDataset:
-    """The split's blocks, after checking its files against the manifest (`check_split`)."""
+    """The split's blocks, after checking its files against the manifest (`check_split`); see `BlockDataset`."""
     check_split(path, split, manifest)
-    return BlockDataset(path, split, shuffle=shuffle, seed=seed, teacher_cache=teacher_cache)
+    return BlockDataset(path, split, shuffle=shuffle, seed=seed, teacher_cache=teacher_cache, others=others)
+
+
+def student_side(manifest: dict) -> dict[str, Any]:
+    """What decides a prepared dataset's student blocks: the same in the data of every teacher of one run. Input files
+    by content (size and hash), not by path."""
+    settings = manifest["settings"]
+    content = lambda files: [{k: v for k, v in f.items() if k not in ("path", "mtime_ns")} for f in files]  # noqa: E731
+    counts = {f"{split} {k}": manifest["splits"][split][k] for split in SPLITS for k in ("blocks", "student_tokens")}
+    return {
+        "student tokenizer": settings["student"]["sha256"],
+        "input files": content(settings["input"]),
+        "val_input files": content(settings["val_input"]),
+        **{k: settings[k] for k in ("max_seq_length", "text_key", "val_fraction")},
+        **counts,
+    }
 
 
 def decode_block(item: dict[str, Any], block_tokens: int) -> dict[str, Any]:
@@ -131,32 +177,48 @@ def collate_blocks(
     """Stored blocks -> a batch; see `VocAgnoData` for the shapes. `num_chunks` replaces the ranges by chunk alignment
     (the `chunk` baseline)."""
     blocks = [decode_block(item, block_tokens) for item in items]
+    student_ids = torch.from_numpy(np.stack([block["student_ids"] for block in blocks]))  # (B, T + 1)
+    padding = torch.arange(block_tokens) >= torch.tensor([block["num_tokens"] for block in blocks])[:, None]
+    batch = {
+        "input_ids": student_ids[:, :-1],
+        "targets": student_ids[:, 1:].masked_fill(padding[:, 1:], -100),
+        **teacher_batch(items, blocks, num_chunks),
+        "num_bytes": torch.tensor([block["num_bytes"] for block in blocks]),
+    }
+    if "more_teachers" in items[0]:  # further teachers' blocks (BlockDataset's `others`), one list per teacher
+        batch["more_teachers"] = [
+            teacher_batch(more, [decode_block(item, block_tokens) for item in more], num_chunks)
+            for more in zip(*(item["more_teachers"] for item in items))
+        ]
+    return batch
+
+
+def teacher_batch(
+    items: Sequence[dict[str, Any]], blocks: list[dict[str, Any]], num_chunks: Optional[int]
+) -> dict[str, torch.Tensor]:
+    """One teacher's part of a batch: its windows, their padding, the student tokens' ranges into them and, from a
+    loss cache, its per-token losses (shapes in `VocAgnoData`)."""
     if num_chunks is not None:
         for block in blocks:
             n = block["num_tokens"]
             block["ranges"][:] = 0
             block["ranges"][:n] = chunk_align(n, len(block["teacher_ids"]), num_chunks)
-    student_ids = torch.from_numpy(np.stack([block["student_ids"] for block in blocks]))  # (B, T + 1)
-    padding = torch.arange(block_tokens) >= torch.tensor([block["num_tokens"] for block in blocks])[:, None]
     width = max(1, max(len(block["teacher_ids"]) for block in blocks))  # M >= 1 keeps the teacher's forward defined
     teacher_ids = torch.zeros(len(blocks), width, dtype=torch.long)  # (B, M)
     teacher_valid = torch.zeros(len(blocks), width, dtype=torch.bool)  # (B, M)
     for row, block in enumerate(blocks):
         teacher_ids[row, : len(block["teacher_ids"])] = torch.from_numpy(block["teacher_ids"])
         teacher_valid[row, : len(block["teacher_ids"])] = True
-    batch = {
-        "input_ids": student_ids[:, :-1],
-        "targets": student_ids[:, 1:].masked_fill(padding[:, 1:], -100),
+    side = {
         "teacher_ids": teacher_ids,
         "teacher_valid": teacher_valid,
         "ranges": torch.from_numpy(np.stack([block["ranges"][1:] for block in blocks])),  # (B, T, 2)
-        "num_bytes": torch.tensor([block["num_bytes"] for block in blocks]),
     }
     if "teacher_loss" in items[0]:  # from a teacher loss cache
-        batch["teacher_loss"] = torch.full((len(blocks), width), float("nan"))  # (B, M)
+        side["teacher_loss"] = torch.full((len(blocks), width), float("nan"))  # (B, M)
         for row, item in enumerate(items):
-            batch["teacher_loss"][row, : len(item["teacher_loss"])] = torch.from_numpy(item["teacher_loss"])
-    return batch
+            side["teacher_loss"][row, : len(item["teacher_loss"])] = torch.from_numpy(item["teacher_loss"])
+    return side
 
 
 @dataclass
@@ -172,6 +234,8 @@ class VocAgnoData(DataModule):
                                       whose characters cover it; `a == b`: unmapped
         num_bytes      (B,) long      UTF-8 bytes of the text the targets cover (for bits per byte)
         teacher_loss   (B, M) float32 with a `teacher_cache` connected: the cached teacher losses, NaN where unavailable
+        more_teachers  with `other_teachers`: for each further teacher, a dict of its own teacher_ids, teacher_valid,
+                       ranges (and teacher_loss), as above, M its longest window in the batch
     The loaders are stateful (`state_dict` / `load_state_dict`), so a resumed run continues mid-epoch.
     """
 
@@ -181,16 +245,29 @@ class VocAgnoData(DataModule):
     """Loader worker processes."""
     seed: int = 42
     """Seed of the training data's shuffle."""
+    other_teachers: list[Path] = field(default_factory=list)
+    """Several teachers: the data of each further teacher, prepared from the same input with the same student
+    tokenizer and settings (`vocagnolm prepare --teacher T2 --output DIR2`), so that its blocks hold the same student
+    tokens; `path` holds the first teacher's. Their loss caches follow in `--teacher.cache`, in this order."""
     batch_size: int = field(default=1, init=False, repr=False)
     num_chunks: Optional[int] = field(default=None, init=False, repr=False)
-    teacher_cache: Optional[Path] = field(default=None, init=False, repr=False)
+    teacher_cache: Optional[list[Path]] = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__init__()
 
+    @property
+    def paths(self) -> list[Path]:
+        """The prepared data of each teacher, the first teacher's (`path`) first."""
+        return [Path(self.path), *map(Path, self.other_teachers)]
+
     @functools.cached_property
+    def manifests(self) -> list[dict]:
+        return [load_manifest(path) for path in self.paths]
+
+    @property
     def manifest(self) -> dict:
-        return load_manifest(self.path)
+        return self.manifests[0]
 
     def connect(
         self,
@@ -199,14 +276,20 @@ class VocAgnoData(DataModule):
         max_seq_length: Optional[int] = None,
         *,
         num_chunks: Optional[int] = None,
-        teacher_cache: Optional[Path] = None,
+        teacher_cache: Optional[Path | list[Path]] = None,
     ) -> None:
         """LitGPT's late arguments, and two of the recipe's: `num_chunks` replaces every block's ranges by chunk
         alignment (`--guidance.method chunk`), `teacher_cache` attaches each block's cached teacher losses
-        (`--teacher.cache`)."""
+        (`--teacher.cache`: one cache per teacher, in the order of `paths`)."""
         if num_chunks is not None and num_chunks < 1:
             raise ValueError(f"num_chunks must be at least 1, got {num_chunks}.")
-        self.batch_size, self.num_chunks, self.teacher_cache = batch_size, num_chunks, teacher_cache
+        caches = None if teacher_cache is None else [teacher_cache] if isinstance(teacher_cache, (str, Path)) else list(teacher_cache)
+        if caches is not None and len(caches) != len(self.paths):
+            raise ValueError(
+                f"{len(caches)} teacher loss caches for the data of {len(self.paths)} teachers (--data.path and"
+                " --data.other_teachers): give one --teacher.cache per teacher, in the same order."
+            )
+        self.batch_size, self.num_chunks, self.teacher_cache = batch_size, num_chunks, caches
         prepared = self.manifest["max_seq_length"]
         if max_seq_length is not None and max_seq_length != prepared:
             raise ValueError(
@@ -219,26 +302,54 @@ class VocAgnoData(DataModule):
         self.check_files()  # fails now, saying how to fix it, rather than in a loader worker
 
     def check_files(self) -> None:
-        """Fails, naming the file and the fix, unless the manifest and both splits' files are as prepared."""
-        for split in SPLITS:
-            check_split(self.path, split, self.manifest)
+        """Fails, naming the file and the fix, unless the manifests and both splits' files are as prepared, and every
+        teacher's data holds the same student blocks as the first's (`check_same_blocks`)."""
+        for path, manifest in zip(self.paths, self.manifests):
+            for split in SPLITS:
+                check_split(path, split, manifest)
+        self.check_same_blocks()
 
-    def check_tokenizers(self, student_dir: Path, teacher_dir: Optional[Path]) -> None:
-        """Fails unless the tokenizers in these dirs are the files the data was prepared with."""
+    def check_same_blocks(self, samples: int = 16) -> None:
+        """With several teachers: fails, saying what differs, unless each further teacher's data was prepared with the
+        first's student tokenizer, input files and settings, holds as many blocks and student tokens per split, and
+        the same student tokens in `samples` blocks spread over each split. Loading checks every block again."""
+        first = self.manifest
+        for path, manifest in zip(self.paths[1:], self.manifests[1:]):
+            ours, theirs = student_side(first), student_side(manifest)
+            differ = [name for name in ours if ours[name] != theirs[name]]
+            if not differ:
+                for split in SPLITS:
+                    ours, theirs = open_split(self.path, split, first), open_split(path, split, manifest)
+                    for i in np.linspace(0, len(ours) - 1, min(samples, len(ours))).astype(int).tolist():
+                        if not np.array_equal(ours[i]["student_ids"], theirs[i]["student_ids"]):
+                            differ.append(f"the student tokens of {split} block {i}")
+                            break
+            if differ:
+                raise ValueError(
+                    f"{path} (--data.other_teachers) does not hold the student blocks of {self.path} (--data.path):"
+                    f" {', '.join(differ)} differ. Prepare every teacher's data with the same --input, --val_input,"
+                    " --student, --max_seq_length, --text_key and --val_fraction; only --teacher and"
+                    " --teacher_max_length may change."
+                )
+
+    def check_tokenizers(self, student_dir: Optional[Path], teacher_dir: Optional[Path], teacher: int = 0) -> None:
+        """Fails unless the tokenizers in these dirs are the files the data was prepared with (the teacher's: that
+        of the data of teacher number `teacher`, in the order of `paths`)."""
         for side, given in (("student", student_dir), ("teacher", teacher_dir)):
             if given is None:
                 continue
-            recorded, file = self.manifest[side], find_tokenizer_file(given)
+            path = self.paths[teacher if side == "teacher" else 0]
+            recorded, file = self.manifests[teacher if side == "teacher" else 0][side], find_tokenizer_file(given)
             sha256 = tokenizer_sha256(file)
             if sha256 != recorded["sha256"]:
                 raise ValueError(
-                    f"The {side} tokenizer is not the one {self.path} was prepared with:\n"
+                    f"The {side} tokenizer is not the one {path} was prepared with:\n"
                     f"  prepared with {recorded['path']} (sha256 {recorded['sha256']})\n"
                     f"  given         {file} (sha256 {sha256})\n"
                     f"Prepare the data again with this {side}, or train with the {side} it was prepared for."
                 )
 
-    def same_vocabulary(self, student_dir: Path, teacher_dir: Optional[Path]) -> bool:
+    def same_vocabulary(self, student_dir: Path, teacher_dir: Optional[Path], teacher: int = 0) -> bool:
         """Whether every student token has the same id in the teacher's vocabulary (what `rho1` and `kld` need).
 
         Derived from the tokenizer files in these dirs (call `check_tokenizers` first: they are then the data's), not
@@ -248,11 +359,13 @@ class VocAgnoData(DataModule):
         vocabularies) still holds.
         """
         if teacher_dir is None:
-            return self.manifest["same_vocabulary"]
+            return self.manifests[teacher]["same_vocabulary"]
         return same_vocabulary(load_tokenizer(student_dir), load_tokenizer(teacher_dir))
 
     def _loader(self, split: str, shuffle: bool) -> StreamingDataLoader:
-        dataset = open_split(self.path, split, self.manifest, shuffle, self.seed, self.teacher_cache)
+        caches = self.teacher_cache or [None] * len(self.paths)
+        others = list(zip(self.paths[1:], caches[1:]))
+        dataset = open_split(self.path, split, self.manifest, shuffle, self.seed, caches[0], others)
         return StreamingDataLoader(
             dataset,
             batch_size=self.batch_size,

@@ -13,7 +13,7 @@ Selection runs under `no_grad`: weights carry no gradient, only the student's pe
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal, NamedTuple, get_args
+from typing import Callable, Literal, NamedTuple, Sequence, get_args
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ Method = Literal["vocagnolm", "ce", "rho1", "kld", "uld", "chunk", "random"]
 Aggregation = Literal["max", "mean"]
 Unmapped = Literal["include", "exclude"]
 Scope = Literal["batch", "sequence", "global"]
+Teachers = Literal["min", "mean"]
 AllGather = Callable[[Tensor], Tensor]
 IGNORE_INDEX = -100  # a target with nothing to predict (padding), as in F.cross_entropy
 
@@ -54,9 +55,14 @@ class GuidanceArgs:
     """kld, uld: weight of the distillation term added to each token's cross-entropy"""
     num_chunks: int = 8
     """chunk: number of chunks of equal token count both sequences are cut into (chunk alignment)"""
+    teachers: Teachers = "min"
+    """With several teachers (vocagnolm, chunk, random, rho1): how each student token's aggregated teacher losses
+    become its reference, before the excess loss and the top-k. min: the teacher best at that token sets it; mean:
+    the mean of the teachers that map it. A token is mapped if any teacher maps it."""
 
     def __post_init__(self) -> None:
-        for name, kind in (("method", Method), ("aggregation", Aggregation), ("unmapped", Unmapped), ("scope", Scope)):
+        kinds = ("method", Method), ("aggregation", Aggregation), ("unmapped", Unmapped), ("scope", Scope), ("teachers", Teachers)
+        for name, kind in kinds:
             if getattr(self, name) not in get_args(kind):
                 raise ValueError(f"guidance.{name} must be one of {get_args(kind)}, got {getattr(self, name)!r}")
         if not 0 < self.top_k <= 1:
@@ -300,6 +306,45 @@ def aggregate_teacher_loss(lt: Tensor, ranges: Tensor, aggregation: Aggregation 
 
 
 @torch.no_grad()
+def teacher_reference(
+    lt: Tensor | Sequence[Tensor],
+    ranges: Tensor | Sequence[Tensor],
+    aggregation: Aggregation = "max",
+    teachers: Teachers = "min",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Each student token's reference loss, from one teacher or several (DESIGN.md §3.2, step 1).
+
+    Each teacher's losses are aggregated over the token's range in that teacher's own window (`aggregate_teacher_loss`);
+    then `min` takes the lowest aggregate among the teachers that map the token (the teacher best at it sets the
+    reference), `mean` their mean. A token is mapped if any teacher maps it. With one teacher: its aggregate, exactly.
+
+    Args:
+        lt: (B, M_k) teacher per-token loss for each teacher k (NaN where unavailable), or one (B, M) tensor; the
+            teachers' windows may differ in length.
+        ranges: (B, T, 2) for each teacher, into its window (a == e: unmapped), or one tensor.
+        aggregation: "max" or "mean" over a range.
+        teachers: "min" or "mean" across teachers.
+
+    Returns: `reference` (B, T) float32, 0 where unmapped; `mapped` (B, T) bool; `best` (B, T) long, the teacher with
+        the lowest aggregate on the token (the first of equals), -1 where unmapped.
+    """
+    lts, rangess = ([lt], [ranges]) if isinstance(lt, Tensor) else (list(lt), list(ranges))
+    if not lts or len(lts) != len(rangess):
+        raise ValueError(f"one ranges tensor per teacher loss: got {len(lts)} losses and {len(rangess)} ranges")
+    if teachers not in get_args(Teachers):
+        raise ValueError(f"teachers must be one of {get_args(Teachers)}, got {teachers!r}")
+    aggregates, maps = zip(*(aggregate_teacher_loss(loss, r, aggregation) for loss, r in zip(lts, rangess)))
+    each, mapped_by = torch.stack(aggregates), torch.stack(maps)  # (K, B, T) each
+    mapped = mapped_by.any(0)  # (B, T)
+    lowest, best = torch.where(mapped_by, each, math.inf).min(0)  # (B, T) each
+    if teachers == "min":
+        reference = lowest
+    else:
+        reference = torch.where(mapped_by, each, 0.0).sum(0) / mapped_by.sum(0).clamp(min=1)
+    return torch.where(mapped, reference, 0.0), mapped, torch.where(mapped, best, -1)
+
+
+@torch.no_grad()
 def select_top_k(
     scores: Tensor,
     candidate: Tensor,
@@ -374,6 +419,9 @@ class Selection(NamedTuple):
     """float32: the aggregated teacher loss of mapped tokens, 0 elsewhere; None for `random`."""
     excess: Tensor | None
     """float32: `ls - reference`, the score the top-k ranks; None for `random`."""
+    best: Tensor | None = None
+    """long: the teacher with the lowest aggregated loss on each mapped token, -1 elsewhere (see `teacher_reference`);
+    None for `random` without teacher losses."""
 
 
 def select(
@@ -403,8 +451,8 @@ def select(
 @torch.no_grad()
 def teacher_guided_selection(
     ls: Tensor,
-    lt: Tensor,
-    ranges: Tensor,
+    lt: Tensor | Sequence[Tensor],
+    ranges: Tensor | Sequence[Tensor],
     valid: Tensor,
     *,
     top_k: float = 0.4,
@@ -413,19 +461,20 @@ def teacher_guided_selection(
     scope: Scope = "batch",
     all_gather: AllGather | None = None,
     rank: int = 0,
+    teachers: Teachers = "min",
 ) -> Selection:
     """`teacher_guided_weights` with what it computed on the way (for metrics); same arguments."""
-    reference, mapped = aggregate_teacher_loss(lt, ranges, aggregation)
+    reference, mapped, best = teacher_reference(lt, ranges, aggregation, teachers)
     excess = ls.float() - reference
     weights, candidate, selected = select(excess, valid, mapped, top_k=top_k, unmapped=unmapped, scope=scope,
                                           all_gather=all_gather, rank=rank)  # fmt: skip
-    return Selection(weights, candidate, selected, reference, excess)
+    return Selection(weights, candidate, selected, reference, excess, best)
 
 
 def teacher_guided_weights(
     ls: Tensor,
-    lt: Tensor,
-    ranges: Tensor,
+    lt: Tensor | Sequence[Tensor],
+    ranges: Tensor | Sequence[Tensor],
     valid: Tensor,
     *,
     top_k: float = 0.4,
@@ -434,23 +483,26 @@ def teacher_guided_weights(
     scope: Scope = "batch",
     all_gather: AllGather | None = None,
     rank: int = 0,
+    teachers: Teachers = "min",
 ) -> Tensor:
     """VocAgnoLM's token weights: the top-k valid mapped tokens by excess loss `ls - agg(lt[range])`.
 
     Args:
         ls: (B, T) student per-token loss (its gradient is not used).
-        lt: (B, M) teacher per-token loss, NaN where unavailable.
-        ranges: (B, T, 2) teacher tokens [a, e) of each student token, a == e unmapped.
+        lt: (B, M) teacher per-token loss, NaN where unavailable; with several teachers, one (B, M_k) per teacher.
+        ranges: (B, T, 2) teacher tokens [a, e) of each student token, a == e unmapped; with several teachers, one
+            per teacher, into its own window.
         valid: (B, T) bool, False for padding.
         top_k: fraction of the valid mapped tokens selected: exactly ceil(top_k * n_mapped) per scope.
         aggregation: "max" or "mean" of the teacher losses in a range.
         unmapped: "include" trains valid unmapped tokens (weight 1), "exclude" does not.
         scope: where the top-k is ranked; see `select_top_k` (with `all_gather` and `rank` for "global").
+        teachers: several teachers: "min" or "mean" of their aggregated losses is the reference (`teacher_reference`).
 
     Returns: (B, T) float32 weights in {0, 1}, no gradient.
     """
     return teacher_guided_selection(ls, lt, ranges, valid, top_k=top_k, aggregation=aggregation, unmapped=unmapped,
-                                    scope=scope, all_gather=all_gather, rank=rank).weights  # fmt: skip
+                                    scope=scope, all_gather=all_gather, rank=rank, teachers=teachers).weights  # fmt: skip
 
 
 def selection_generator(seed: int, rank: int, iter_num: int, device: torch.device) -> torch.Generator:
@@ -593,8 +645,8 @@ def guided_loss(
     ls: Tensor,
     valid: Tensor,
     *,
-    teacher_loss: Tensor | None = None,
-    ranges: Tensor | None = None,
+    teacher_loss: Tensor | list[Tensor] | None = None,
+    ranges: Tensor | list[Tensor] | None = None,
     logits: Tensor | None = None,
     teacher_logits: Tensor | None = None,
     all_gather: AllGather | None = None,
@@ -614,9 +666,11 @@ def guided_loss(
         ls: (B, T) float32 student per-token cross-entropy, with its gradient; 0 where not valid.
         valid: (B, T) bool, False where there is no target (padding).
         teacher_loss: (B, M) teacher per-token loss, NaN = unavailable; vocagnolm, rho1, chunk; random (optional:
-            without it a token is mapped when its range is non-empty).
+            without it a token is mapped when its range is non-empty). Several teachers (not kld, uld): a list, one
+            (B, M_k) per teacher, combined by `args.teachers` (see `teacher_reference`).
         ranges: (B, T, 2) teacher tokens [a, e) of each student token; vocagnolm, chunk (chunk-alignment ranges),
-            random, kld and uld (pairing); rho1 defaults to 1:1 (token i -> [i, i + 1)).
+            random, kld and uld (pairing); rho1 defaults to 1:1 (token i -> [i, i + 1)). Several teachers: a list, one
+            per teacher, as `teacher_loss`.
         logits: kld, uld: (B, T, V) student logits, with their gradient.
         teacher_logits: kld, uld: (B, M, Vt) teacher logits over its window.
         all_gather, rank: scope="global" (see `select_top_k`).
@@ -627,9 +681,14 @@ def guided_loss(
         float32 scalars, no host sync): student_loss (mean CE over valid tokens), trained_fraction (weight sum /
         valid), and for the selecting methods mapped_fraction (of valid), selected_fraction (of valid mapped), plus,
         with a teacher loss, teacher_loss (mean over valid mapped), excess_selected and excess_unselected (mean excess
-        of valid mapped tokens); for kld/uld distill_loss.
+        of valid mapped tokens) and, with several teachers, reference_share_k for each teacher k (the share of the
+        selected tokens where teacher k has the lowest aggregated loss: under `min`, where it set the reference);
+        for kld/uld distill_loss.
     """
     method = args.method
+    several = isinstance(ranges, (list, tuple)) or isinstance(teacher_loss, (list, tuple))
+    if several and method not in ("vocagnolm", "rho1", "chunk", "random"):
+        raise ValueError(f"guidance.method={method!r} takes one teacher; several guide vocagnolm, rho1, chunk, random")
     if method in ("vocagnolm", "rho1", "chunk") and teacher_loss is None:
         raise ValueError(f"guidance.method={method!r} needs teacher_loss (B, M)")
     if method in ("vocagnolm", "chunk", "random", "kld", "uld") and ranges is None:
@@ -639,7 +698,7 @@ def guided_loss(
     if method == "kld" and vocab_size is None:
         raise ValueError("guidance.method='kld' needs vocab_size, the student tokenizer's vocabulary size")
     if method == "rho1" and ranges is None:
-        if teacher_loss.shape != ls.shape:
+        if several or teacher_loss.shape != ls.shape:
             raise ValueError(
                 f"guidance.method='rho1' pairs token i with teacher token i: teacher_loss must be"
                 f" {tuple(ls.shape)}, got {tuple(teacher_loss.shape)} (pass ranges, or use vocagnolm for"
@@ -667,7 +726,7 @@ def guided_loss(
         selection = method_selection(args, ls.detach(), valid, teacher_loss, ranges, all_gather=all_gather, rank=rank,
                                      generator=generator)  # fmt: skip
         weights = selection.weights
-        metrics.update(selection_metrics(selection, n_valid))
+        metrics.update(selection_metrics(selection, n_valid, num_teachers=len(ranges) if several else 1))
 
     weight_sum = weights.sum()
     metrics["trained_fraction"] = weight_sum / n_valid
@@ -695,19 +754,21 @@ def method_selection(
     cross_rank = dict(scope=args.scope, all_gather=all_gather, rank=rank)
     if args.method != "random":
         return teacher_guided_selection(ls, teacher_loss, ranges, valid, top_k=args.top_k, aggregation=args.aggregation,
-                                        unmapped=args.unmapped, **cross_rank)  # fmt: skip
-    mapped, reference, excess = ranges[..., 1] > ranges[..., 0], None, None
-    if teacher_loss is not None:  # what the teacher would have ranked by, for the metrics
-        reference, mapped = aggregate_teacher_loss(teacher_loss, ranges, args.aggregation)
+                                        unmapped=args.unmapped, teachers=args.teachers, **cross_rank)  # fmt: skip
+    every = [ranges] if isinstance(ranges, Tensor) else ranges
+    mapped, reference, excess, best = torch.stack([r[..., 1] > r[..., 0] for r in every]).any(0), None, None, None
+    if teacher_loss is not None:  # what the teachers would have ranked by, for the metrics
+        reference, mapped, best = teacher_reference(teacher_loss, ranges, args.aggregation, args.teachers)
         excess = ls.float() - reference
     selection = random_selection(valid, mapped, args.top_k, args.unmapped, generator, **cross_rank)
-    return selection._replace(reference=reference, excess=excess)
+    return selection._replace(reference=reference, excess=excess, best=best)
 
 
 @torch.no_grad()
-def selection_metrics(selection: Selection, n_valid: Tensor) -> dict[str, Tensor]:
+def selection_metrics(selection: Selection, n_valid: Tensor, num_teachers: int = 1) -> dict[str, Tensor]:
     """Shares of mapped and selected tokens, and (with a teacher) the mean reference and excess losses of the selected
-    and unselected candidates: scalars on the device, no host sync."""
+    and unselected candidates and, with several teachers, each one's share of the selected tokens where it has the
+    lowest aggregated loss (`reference_share_k`): scalars on the device, no host sync."""
     candidate, selected = selection.mapped, selection.selected
     n_candidate, n_selected = candidate.sum(), selected.sum()
     metrics = {"mapped_fraction": n_candidate / n_valid, "selected_fraction": n_selected / n_candidate.clamp(min=1)}
@@ -717,6 +778,9 @@ def selection_metrics(selection: Selection, n_valid: Tensor) -> dict[str, Tensor
         metrics["teacher_loss"] = torch.where(candidate, selection.reference, 0.0).sum() / n_candidate.clamp(min=1)
         metrics["excess_selected"] = torch.where(selected, excess, 0.0).sum() / n_selected.clamp(min=1)
         metrics["excess_unselected"] = torch.where(unselected, excess, 0.0).sum() / unselected.sum().clamp(min=1)
+    if selection.best is not None and num_teachers > 1:
+        for k in range(num_teachers):
+            metrics[f"reference_share_{k}"] = (selected & (selection.best == k)).sum() / n_selected.clamp(min=1)
     return metrics
 
 

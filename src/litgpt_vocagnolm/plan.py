@@ -164,7 +164,7 @@ def head_tile_bytes(vocab: int, rows: int) -> float:
 
 def estimate_memory(
     student: Config,
-    teacher: Config | None,
+    teacher: Config | list[Config] | None,
     *,
     micro_batch: int,
     seq_len: int,
@@ -178,7 +178,8 @@ def estimate_memory(
 
     Args:
         student: the student's config (`bf16-mixed`: float32 parameters, gradients and AdamW state).
-        teacher: the teacher's config when it runs in the step (online guidance, or scoring), else None.
+        teacher: the teacher's config when it runs in the step (online guidance, or scoring), else None; several
+            online teachers: a list (all held, one forward at a time).
         micro_batch: sequences per device per micro-batch (B).
         seq_len: student tokens per sequence (T, max_seq_length).
         window: teacher tokens per sequence (M, the longest teacher window in a batch).
@@ -222,9 +223,11 @@ def estimate_memory(
             "student gradients": 4 * P / W,
             "optimizer temporaries": 0 if fused_optimizer else 3 * 4 * V * D,  # the head: the largest parameter
         }
-    if teacher is not None:
+    teachers = [] if teacher is None else [teacher] if isinstance(teacher, Config) else teacher
+    if teachers:
+        held["teacher parameters"] = sum(2 * parameters(t) / W for t in teachers)
+    for k, teacher in enumerate(teachers):
         Pt, Dt, Vt = parameters(teacher), teacher.n_embd, teacher.padded_vocab_size
-        held["teacher parameters"] = 2 * Pt / W
         per_token, _ = block_bytes_per_token(teacher, train=False)
         N = B * M
         phase = {
@@ -233,7 +236,7 @@ def estimate_memory(
         }
         if W > 1:  # gathered for the teacher's forward, resharded after it
             phase["gathered teacher parameters"] = 2 * (2 * Vt * Dt + 2 * (Pt - 2 * Vt * Dt) / teacher.n_layer)
-        moments["the teacher's forward"] = phase
+        moments["the teacher's forward" if len(teachers) == 1 else f"teacher {k}'s forward"] = phase
     moment = max(moments, key=lambda name: sum(moments[name].values()))
     components = {**held, **moments[moment]}
     return MemoryEstimate(components, sum(components.values()), moment)
@@ -271,16 +274,17 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     world = devices * num_nodes
     T = args.train.max_seq_length or student.block_size
     guidance, teacher_args = args.guidance, args.teacher
-    teacher = None
-    online = guidance.method != "ce" and teacher_args.cache is None
-    if online or teacher_args.checkpoint_dir is not None:
-        directory = Path(teacher_args.checkpoint_dir)
+    online = guidance.method != "ce" and not teacher_args.caches
+    teachers = []
+    for directory in teacher_args.checkpoint_dirs:
         found = directory / "model_config.yaml"
-        teacher = Config.from_file(found) if found.is_file() else Config.from_name(directory.name)
-    if window is None:
+        teachers.append(Config.from_file(found) if found.is_file() else Config.from_name(directory.name))
+    teacher = (teachers[0] if len(teachers) == 1 else teachers) if teachers else None
+    if window is None:  # the longest window of any teacher's prepared data
         data = args.data
-        prepared = isinstance(data, VocAgnoData) and (Path(data.path) / "manifest.json").is_file()
-        window = load_manifest(data.path)["teacher_max_length"] if prepared else T + 1
+        paths = data.paths if isinstance(data, VocAgnoData) else []
+        prepared = [load_manifest(p)["teacher_max_length"] for p in paths if (p / "manifest.json").is_file()]
+        window = max(prepared) if prepared else T + 1
     checkpointing = args.fsdp.activation_checkpointing
 
     def estimate(micro_batch: int, train: bool = True, with_teacher: bool = online) -> MemoryEstimate:
@@ -291,8 +295,9 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     B = args.train.micro_batch_size
     step = estimate(B)
     kind = "teacher online" if online else ("teacher cached" if guidance.method != "ce" else "no teacher")
+    kind += f" ({', '.join(t.name for t in teachers)})" if online else ""
     print(
-        f"{' '.join(map(str, parsed.get('config') or ['The recipe']))}: student {student.name}, {kind}{f' ({teacher.name})' if online else ''}; {world} GPUs"
+        f"{' '.join(map(str, parsed.get('config') or ['The recipe']))}: student {student.name}, {kind}; {world} GPUs"
         f" ({num_nodes} x {devices}), micro-batch {B} x {T} tokens, teacher window {window},"
         f" activation checkpointing {'on' if checkpointing else 'off'}"
     )
@@ -309,8 +314,9 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
             largest += 1
     print(f"Largest micro-batch that fits {gpu_memory:g} GB: {largest or 'none'}"
           + ("" if largest else " (turn on --fsdp.activation_checkpointing, or use more GPUs)"))  # fmt: skip
-    if teacher is not None:  # score-teacher is data-parallel: the whole teacher on each GPU
-        scoring = estimate_memory(student, teacher, micro_batch=B, seq_len=T, window=window, train=False)
+    if teachers:  # score-teacher is data-parallel: the whole teacher on each GPU; one teacher at a time
+        scoring = max((estimate_memory(student, t, micro_batch=B, seq_len=T, window=window, train=False)
+                       for t in teachers), key=lambda e: e.total)  # fmt: skip
         print(f"`vocagnolm score-teacher --batch_size {B}` (the whole teacher on each GPU): {scoring.total / GB:.2f} GB")
     accumulation = args.train.global_batch_size // (world * B) if args.train.global_batch_size else 1
     if args.train.global_batch_size and accumulation * world * B != args.train.global_batch_size:

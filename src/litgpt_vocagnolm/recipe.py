@@ -235,7 +235,8 @@ def main(
     if fabric.global_rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         if isinstance(data, VocAgnoData) and tokenizer_dir is not None:
-            fabric.print(tokenizer_pair_summary(data, tokenizer_dir, teacher_args.checkpoint_dir))
+            for k, teacher_dir in enumerate(teacher_args.checkpoint_dirs or [None] * len(data.paths)):
+                fabric.print(tokenizer_pair_summary(data, tokenizer_dir, teacher_dir, k))
     fabric.seed_everything(seed)  # the same seed on every rank: identical initialisation before sharding
     resume = find_resume_checkpoint(fabric, resume, out_dir)  # before any model: `auto` skips unreadable checkpoints
 
@@ -255,14 +256,13 @@ def main(
         model = torch.compile(model)
     model = fabric.setup(model)
 
-    teacher = None
-    if needs_teacher(guidance) and teacher_args.cache is None:
+    teachers = []  # online: one per prepared dataset, every batch through each
+    for checkpoint_dir in teacher_args.checkpoint_dirs if needs_teacher(guidance) and not teacher_args.caches else []:
         t0 = time.perf_counter()
-        teacher = load_teacher(fabric, teacher_args.checkpoint_dir, teacher_args.dtype(fabric.device))
-        if compile:
-            teacher = torch.compile(teacher)
+        teacher = load_teacher(fabric, checkpoint_dir, teacher_args.dtype(fabric.device))
+        teachers.append(torch.compile(teacher) if compile else teacher)
         fabric.print(
-            f"Teacher {teacher_args.checkpoint_dir} ({num_parameters(teacher):,} parameters, frozen) loaded in"
+            f"Teacher {checkpoint_dir} ({num_parameters(teacher):,} parameters, frozen) loaded in"
             f" {time.perf_counter() - t0:.02f} seconds."
         )
 
@@ -273,7 +273,7 @@ def main(
     if isinstance(data, VocAgnoData):
         num_chunks = guidance.num_chunks if guidance.method == "chunk" else None
         data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length, num_chunks=num_chunks,
-                     teacher_cache=teacher_args.cache)  # fmt: skip
+                     teacher_cache=teacher_args.caches or None)  # fmt: skip
     else:
         data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length)
     with fabric.rank_zero_first():
@@ -301,7 +301,7 @@ def main(
         devices=devices,
         num_nodes=num_nodes,
         state=state,
-        teacher=teacher,
+        teachers=teachers,
         train_dataloader=train_dataloader,
         val_dataloader=val_dataloader,
         out_dir=out_dir,
@@ -340,7 +340,7 @@ def fit(
     devices: int,
     num_nodes: int,
     state: dict,
-    teacher: nn.Module | None,
+    teachers: list[nn.Module],
     train_dataloader,
     val_dataloader,
     out_dir: Path,
@@ -410,7 +410,7 @@ def fit(
         generator = selection_generator(seed, fabric.global_rank, state["iter_num"], fabric.device)
         with fabric.no_backward_sync(model, enabled=is_accumulating):
             loss_sum, weight_sum, metrics = forward_and_loss(
-                model, teacher, batch, guidance, all_gather=all_gather, rank=fabric.global_rank, generator=generator,
+                model, teachers, batch, guidance, all_gather=all_gather, rank=fabric.global_rank, generator=generator,
                 vocab_size=vocab_size, teacher_timer=teacher_timer,
             )  # fmt: skip
             fabric.backward(loss_sum)
@@ -490,7 +490,7 @@ def fit(
 
 def forward_and_loss(
     model: nn.Module,
-    teacher: nn.Module | None,
+    teachers: list[nn.Module],
     batch: dict[str, torch.Tensor] | torch.Tensor,
     guidance: GuidanceArgs,
     *,
@@ -500,18 +500,26 @@ def forward_and_loss(
     vocab_size: int | None = None,
     teacher_timer: contextlib.AbstractContextManager = contextlib.nullcontext(),
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """One micro-batch: teacher scores (online, timed by `teacher_timer`, or from the cache), student forward, guided
-    loss (`vocab_size`: the student tokenizer's, for `kld`). Returns the weighted loss sum, the weight sum and
-    detached metrics (see `loss.guided_loss`)."""
+    """One micro-batch: teacher scores (online, timed by `teacher_timer`, or from the caches), student forward,
+    guided loss (`vocab_size`: the student tokenizer's, for `kld`). `teachers`: the online teachers, one per teacher
+    side of the batch (the batch's own keys, then `more_teachers`); empty with caches or without a teacher. Returns
+    the weighted loss sum, the weight sum and detached metrics (see `loss.guided_loss`)."""
     if isinstance(batch, torch.Tensor):  # a plain LitGPT data module: (B, T + 1) token blocks, `ce` only
         batch = {"input_ids": batch[:, :-1].long(), "targets": batch[:, 1:].long()}
-    teacher_loss, teacher_logits = batch.get("teacher_loss"), None  # a cached loss, from `vocagnolm score-teacher`
-    if teacher_loss is None and teacher is not None:
+    sides = [batch, *batch.get("more_teachers", [])]  # each teacher's windows, ranges (and cached losses)
+    teacher_losses, teacher_logits = [side.get("teacher_loss") for side in sides], None  # cached: `score-teacher`
+    if teacher_losses[0] is None and teachers:
         with teacher_timer, torch.no_grad():
             if guidance.needs_teacher_logits:  # the distillation baselines need the whole distribution, at a cost
-                teacher_logits = teacher(batch["teacher_ids"])  # (B, M, V_teacher)
+                teacher_logits = teachers[0](batch["teacher_ids"])  # (B, M, V_teacher)
             else:
-                teacher_loss = teacher_token_loss(teacher, batch["teacher_ids"], batch["teacher_valid"])  # (B, M)
+                teacher_losses = [
+                    teacher_token_loss(teacher, side["teacher_ids"], side["teacher_valid"])  # (B, M_k)
+                    for teacher, side in zip(teachers, sides, strict=True)
+                ]
+    several = len(sides) > 1  # then lists, one entry per teacher
+    teacher_loss = (teacher_losses if several else teacher_losses[0]) if teacher_losses[0] is not None else None
+    ranges = [side["ranges"] for side in sides] if several else batch.get("ranges")
 
     if guidance.needs_teacher_logits:
         logits = model(batch["input_ids"])  # (B, T, V_student)
@@ -523,7 +531,7 @@ def forward_and_loss(
         ls,
         batch["targets"] != -100,
         teacher_loss=teacher_loss,
-        ranges=batch.get("ranges"),
+        ranges=ranges,
         logits=logits,
         teacher_logits=teacher_logits,
         all_gather=all_gather,
@@ -627,10 +635,12 @@ def validate(fabric: L.Fabric, model: nn.Module, val_dataloader, max_iters: int)
     return metrics
 
 
-def tokenizer_pair_summary(data: VocAgnoData, student_dir: Path, teacher_dir: Path | None) -> str:
-    """One line that makes a wrong pairing visible at once (e.g. 6.32% overlap, 99.9% mapped for TinyLlama/Qwen2.5)."""
-    manifest = data.manifest
-    line = f"Tokenizer pair: {manifest['mapped_share']:.2%} of the prepared student tokens map to teacher tokens"
+def tokenizer_pair_summary(data: VocAgnoData, student_dir: Path, teacher_dir: Path | None, teacher: int = 0) -> str:
+    """One line that makes a wrong pairing visible at once (e.g. 6.32% overlap, 99.9% mapped for TinyLlama/Qwen2.5);
+    for teacher number `teacher` of several, that of its prepared data."""
+    manifest = data.manifests[teacher]
+    which = f" (teacher {teacher}, {data.paths[teacher]})" if len(data.paths) > 1 else ""
+    line = f"Tokenizer pair{which}: {manifest['mapped_share']:.2%} of the prepared student tokens map to teacher tokens"
     if teacher_dir is not None:
         student, teacher = load_tokenizer(student_dir), load_tokenizer(teacher_dir)
         line += (
@@ -774,23 +784,42 @@ def check_setup(
         )
     if isinstance(data, VocAgnoData) and tokenizer_dir is None:
         raise ValueError("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
+    paths = data.paths if isinstance(data, VocAgnoData) else [None]  # each teacher's prepared data
+    if len(paths) > 1 and guidance.method not in ("vocagnolm", "rho1", "chunk", "random"):
+        raise ValueError(
+            f"--data.other_teachers: several teachers guide vocagnolm, rho1, chunk and random, not"
+            f" --guidance.method {guidance.method}. Drop --data.other_teachers, or choose one of those methods."
+        )
     if guidance.method == "ce":
         if isinstance(data, VocAgnoData):  # the student's tokenizer ships in every checkpoint: it must be the data's
             data.check_tokenizers(tokenizer_dir, None)
         return
-    if teacher.cache is not None:
+    caches, checkpoint_dirs = teacher.caches, teacher.checkpoint_dirs
+    for option, given in (("--teacher.cache", caches), ("--teacher.checkpoint_dir", checkpoint_dirs)):
+        if given and len(given) != len(paths):
+            raise ValueError(
+                f"{len(given)} {option} for the data of {len(paths)} teachers (--data.path, then"
+                f" --data.other_teachers): give one per teacher, in that order."
+            )
+    if caches:
         if guidance.needs_teacher_logits:
             raise ValueError(
                 f"--guidance.method {guidance.method} distils the teacher's logits; a --teacher.cache holds only its"
                 " per-token losses. Drop --teacher.cache and pass --teacher.checkpoint_dir."
             )
-        check_cache(teacher.cache, data.path / MANIFEST, teacher.checkpoint_dir)
-    if needs_teacher(guidance) and teacher.cache is None:
-        if teacher.checkpoint_dir is None:
+        for k, (cache, path) in enumerate(zip(caches, paths)):
+            check_cache(cache, path / MANIFEST, checkpoint_dirs[k] if checkpoint_dirs else None)
+    if needs_teacher(guidance) and not caches:
+        if not checkpoint_dirs:
             raise ValueError(
                 f"--guidance.method {guidance.method} needs a teacher: --teacher.checkpoint_dir DIR (or"
                 " --teacher.cache DIR from `vocagnolm score-teacher`)."
             )
-        check_checkpoint_dir(teacher.checkpoint_dir, what="--teacher.checkpoint_dir")
-    data.check_tokenizers(tokenizer_dir, teacher.checkpoint_dir)
-    guidance.check_tokenizers(same_vocabulary=data.same_vocabulary(tokenizer_dir, teacher.checkpoint_dir))
+        for checkpoint_dir in checkpoint_dirs:
+            check_checkpoint_dir(checkpoint_dir, what="--teacher.checkpoint_dir")
+    same_vocabulary = True
+    for k in range(len(paths)):
+        teacher_dir = checkpoint_dirs[k] if checkpoint_dirs else None
+        data.check_tokenizers(tokenizer_dir, teacher_dir, teacher=k)
+        same_vocabulary &= data.same_vocabulary(tokenizer_dir, teacher_dir, teacher=k)
+    guidance.check_tokenizers(same_vocabulary=same_vocabulary)

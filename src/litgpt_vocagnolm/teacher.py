@@ -23,22 +23,40 @@ from litgpt_vocagnolm.model import GPT
 class TeacherArgs:
     """The frozen teacher that guides the student."""
 
-    checkpoint_dir: Path | None = None
+    checkpoint_dir: Path | list[Path] | None = None
     """A LitGPT checkpoint directory (lit_model.pth, model_config.yaml and the tokenizer files): `litgpt download`
-    then use the directory it prints. Not needed for `ce`, nor with `cache`."""
+    then use the directory it prints. Not needed for `ce`, nor with `cache`. Several teachers: a list, one per
+    prepared dataset (`--data.path`, then `--data.other_teachers`), all run on every batch."""
     precision: str | None = None
     """Teacher dtype: "bf16-true" (default on GPU), "16-true" or "32-true" (default on CPU). The teacher only runs
     forward passes under no_grad, so half precision halves its memory at no cost to the student."""
-    cache: Path | None = None
-    """A teacher loss cache written by `vocagnolm score-teacher` for the prepared data: then no teacher is loaded."""
+    cache: Path | list[Path] | None = None
+    """A teacher loss cache written by `vocagnolm score-teacher` for the prepared data: then no teacher is loaded.
+    Several teachers: a list, one cache per prepared dataset, in the order of the data."""
 
     def __post_init__(self) -> None:
         if self.precision not in (None, "bf16-true", "16-true", "32-true"):
             raise ValueError(f"--teacher.precision must be bf16-true, 16-true or 32-true, got {self.precision!r}")
 
+    @property
+    def checkpoint_dirs(self) -> list[Path]:
+        """`checkpoint_dir` as a list, one per teacher; empty without one."""
+        return as_list(self.checkpoint_dir)
+
+    @property
+    def caches(self) -> list[Path]:
+        """`cache` as a list, one per teacher; empty without one."""
+        return as_list(self.cache)
+
     def dtype(self, device: torch.device) -> torch.dtype:
         precision = self.precision or ("bf16-true" if device.type == "cuda" else "32-true")
         return {"bf16-true": torch.bfloat16, "16-true": torch.float16, "32-true": torch.float32}[precision]
+
+
+def as_list(value: Path | list[Path] | None) -> list[Path]:
+    if value is None:
+        return []
+    return [Path(value)] if isinstance(value, (str, Path)) else [Path(v) for v in value]
 
 
 def load_teacher(fabric: L.Fabric, checkpoint_dir: Path, dtype: torch.dtype) -> nn.Module:
