@@ -15,11 +15,12 @@ from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 from litgpt_vocagnolm.demo import METHODS, QUICK, add_noise, compare, demo, read_corpus, split_heldout
 
 METHOD_NAMES = list(METHODS)
+SEEDED = ("ce", "vocagnolm", "vocagnolm-2teachers")
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> tuple[Path, str]:
-    """One quick demo (every method, 2 seeds for ce and vocagnolm): (out_dir, what it printed)."""
+    """One quick demo (every method, 2 seeds for ce, vocagnolm and vocagnolm-2teachers): (out_dir, what it printed)."""
     import contextlib
     import io
 
@@ -41,7 +42,7 @@ def test_results_csv_has_one_row_per_method_with_the_curve(quick_run):
     assert curve == [f"bpb@{tokens_per_eval * (i + 1)}" for i in range(QUICK.evaluations)]
     for row in rows:
         seeds = int(row["seeds"])
-        assert seeds == (2 if row["method"] in ("ce", "vocagnolm") else 1)
+        assert seeds == (2 if row["method"] in SEEDED else 1)
         bpb, low, high = float(row["heldout_bpb"]), float(row["heldout_bpb_min"]), float(row["heldout_bpb_max"])
         assert 0 < low <= bpb <= high < 16, row  # a byte holds 8 bits; an untrained model of ~600 tokens ~4-6
         assert (low == high) == (seeds == 1)
@@ -53,7 +54,7 @@ def test_results_csv_has_one_row_per_method_with_the_curve(quick_run):
 
 def test_runs_are_logged_and_checkpointed(quick_run):
     out_dir, _ = quick_run
-    expected = {"teacher"} | {f"{m}-seed1" for m in METHOD_NAMES} | {"ce-seed2", "vocagnolm-seed2"}
+    expected = {"teacher", "teacher2"} | {f"{m}-seed1" for m in METHOD_NAMES} | {f"{m}-seed2" for m in SEEDED}
     assert {p.name for p in (out_dir / "runs").iterdir() if p.is_dir()} == expected
     teacher = out_dir / "runs" / "teacher" / "final"
     files = {p.name for p in teacher.iterdir()}
@@ -64,6 +65,11 @@ def test_runs_are_logged_and_checkpointed(quick_run):
 
     assert manifest["teacher"]["sha256"] == file_sha256(teacher / "tokenizer.json")
     assert manifest["student"]["sha256"] == file_sha256(out_dir / "tokenizers" / "student" / "tokenizer.json")
+    # The second teacher's: its own data of the students' text, the same student blocks, and its loss cache.
+    second = json.loads((out_dir / "data" / "students-teacher2" / "manifest.json").read_text())
+    assert second["teacher"]["sha256"] == file_sha256(out_dir / "runs" / "teacher2" / "final" / "tokenizer.json")
+    assert second["splits"]["train"]["blocks"] == manifest["splits"]["train"]["blocks"]
+    assert (out_dir / "data" / "teacher2-loss" / "manifest.json").is_file()
 
 
 def test_plot_and_markdown_table_are_written_and_printed(quick_run):
@@ -79,13 +85,17 @@ def test_plot_and_markdown_table_are_written_and_printed(quick_run):
     assert table[0].startswith("| method | seeds | held-out bits/byte")
     assert "| trained tokens touching noise |" in table[0]
     assert len({line.count("|") for line in table}) == 1  # every row has every column
-    assert [line.split("|")[1].strip() for line in table[2:]] == ["teacher (own tokenizer, clean text)", *METHOD_NAMES]
+    teachers = ["teacher (own tokenizer, clean text)", "second teacher (vocagnolm-2teachers)"]
+    assert [line.split("|")[1].strip() for line in table[2:]] == [*teachers, *METHOD_NAMES]
     assert "\n".join(table) in printed
     summary = written.splitlines()[-1]
     assert summary.startswith("Noise: ") and "of the students' training tokens touch noise" in summary
     assert summary in printed
     assert re.search(r"Vocabulary overlap \d+\.\d% of the teacher's", printed)
     assert "vocagnolm vs ce, teacher-guided selection vs naive training" in printed
+    assert "vocagnolm-2teachers vs vocagnolm, two teachers" in printed
+    share = re.search(r"vocagnolm-2teachers: the second teacher set the reference of (\d+\.\d)% of the selected", printed)
+    assert share and 0 <= float(share.group(1)) <= 100
 
 
 def test_tokenizers_are_two_families_that_round_trip(quick_run):
@@ -156,9 +166,9 @@ def test_noise_in_the_trained_tokens(quick_run):
     noise_all = touched[:, 1:].float().mean().item()
     blocks = score_blocks(out_dir / "runs" / "teacher" / "final", blocks)
     run = out_dir / "runs" / "vocagnolm-seed1" / "final"
-    everything = trained_noise_share(run, GuidanceArgs(top_k=1.0), blocks, touched, QUICK, seed=1)
+    everything = trained_noise_share(run, GuidanceArgs(top_k=1.0), [blocks], touched, QUICK, seed=1)
     assert everything == pytest.approx(noise_all)  # top-k 1 trains every token
-    some = trained_noise_share(run, GuidanceArgs(top_k=0.4), blocks, touched, QUICK, seed=1)
+    some = trained_noise_share(run, GuidanceArgs(top_k=0.4), [blocks], touched, QUICK, seed=1)
     assert 0 <= some <= 1 and some != pytest.approx(noise_all)
 
     with open(out_dir / "results.csv", newline="") as f:

@@ -9,15 +9,19 @@ A recipe, read top to bottom: settings, corpus, tokenizers, prepared data, teach
    students should learn to model.
 2. Tokenizers of two families trained on the teacher's text, the paper's hardest pair in miniature: the student's like
    TinyLlama's (SentencePiece-style BPE, Metaspace, digits split, byte fallback), the teacher's like Qwen2.5's
-   (byte-level BPE, Qwen's pre-tokenizer), with twice the vocabulary.
-3. Prepared data: `vocagnolm prepare` on the documents each budget reads once.
-4. Teacher: larger than the students, trained with its own tokenizer on clean text (the recipe with `ce`), frozen.
+   (byte-level BPE, Qwen's pre-tokenizer), with twice the vocabulary; for `vocagnolm-2teachers` a second teacher's, of
+   the student's family with its own merges and size (as Mistral's beside TinyLlama's).
+3. Prepared data: `vocagnolm prepare` on the documents each budget reads once; for two teachers, the students' text
+   once per teacher (the same student blocks, each teacher's windows).
+4. Teacher: larger than the students, trained with its own tokenizer on clean text (the recipe with `ce`), frozen;
+   the second teacher alike, on the same text.
 5. Students: one initialisation per seed, the same noisy text and token budget, one run of the `vocagnolm` recipe
    (`recipe.setup`) per method: `ce` (naive training), `random` (as many tokens as the teacher would pick, drawn
    uniformly: the control), `chunk` (chunk-level alignment), `uld` (logit distillation across vocabularies),
-   `vocagnolm`, and the Table 3 ablations (mean aggregation; unmapped tokens excluded). The selecting methods read the
-   teacher's per-token losses from a cache scored once (`vocagnolm score-teacher`); `uld` needs the teacher's logits,
-   so it runs the teacher on every batch.
+   `vocagnolm`, the Table 3 ablations (mean aggregation; unmapped tokens excluded) and `vocagnolm-2teachers` (both
+   teachers, each token's lower loss as its reference). The selecting methods read the teachers' per-token losses
+   from caches scored once (`vocagnolm score-teacher`); `uld` needs the teacher's logits, so it runs the teacher on
+   every batch.
 6. Evaluation: held-out bits per byte during training (comparable across tokenizers, so the teacher's too); the share
    of training tokens that touch noise, of all of them and of those each method trains (as its final student selects
    them); the table, the plot and the claims the runs support, printed and written to out_dir.
@@ -86,6 +90,9 @@ class DemoSizes:
     """Student vocabulary, 259 special and byte-fallback tokens included."""
     teacher_vocab_size: int = 6000
     """Teacher vocabulary."""
+    second_teacher_vocab_size: int = 4000
+    """The second teacher's vocabulary (`vocagnolm-2teachers`): of the student's family, trained with its own merges,
+    as Mistral's beside TinyLlama's."""
     max_seq_length: int = 128
     """Student tokens per training sequence."""
     micro_batch_size: int = 16
@@ -113,7 +120,8 @@ class DemoSizes:
 
 
 QUICK = DemoSizes(
-    documents=400, heldout_share=0.1, student_vocab_size=600, teacher_vocab_size=1000, max_seq_length=32,
+    documents=400, heldout_share=0.1, student_vocab_size=600, teacher_vocab_size=1000, second_teacher_vocab_size=800,
+    max_seq_length=32,
     micro_batch_size=4, student_layers=1, student_width=32, teacher_layers=1, teacher_width=64,
     teacher_tokens=4096, student_tokens=2048, evaluations=2, eval_batches=4, noise_batches=2,
 )  # fmt: skip
@@ -128,7 +136,9 @@ METHODS: dict[str, dict[str, str]] = {
     "vocagnolm": {"method": "vocagnolm"},
     "vocagnolm-mean": {"method": "vocagnolm", "aggregation": "mean"},
     "vocagnolm-exclude": {"method": "vocagnolm", "unmapped": "exclude"},
+    "vocagnolm-2teachers": {"method": "vocagnolm", "teachers": "min"},
 }
+TWO_TEACHERS = ("vocagnolm-2teachers",)  # guided by both teachers' loss caches, the lower loss of the two per token
 TEACHER_FREE = ("ce", "random")  # `random` draws among the mapped tokens: it needs the alignment, not the teacher
 LOGIT_DISTILLATION = ("uld",)  # needs the teacher's logits: the teacher runs online; the others read the loss cache
 LEARNING_RATE = 2e-3  # AdamW, cosine to a tenth of it; tiny models take a large rate
@@ -138,7 +148,7 @@ def demo(
     out_dir: Path = Path("out/demo"),
     methods: tuple[str, ...] = tuple(METHODS),
     seeds: tuple[int, ...] = (1, 2),
-    seeded_methods: tuple[str, ...] = ("ce", "vocagnolm"),
+    seeded_methods: tuple[str, ...] = ("ce", "vocagnolm", "vocagnolm-2teachers"),
     noise: float = 0.3,
     top_k: float = 0.4,
     sizes: DemoSizes = DemoSizes(),
@@ -155,7 +165,8 @@ def demo(
         out_dir: Where everything goes (corpus, tokenizers, prepared data, runs, results); the demo's folders in it
             are replaced.
         methods: The students, from: ce, random, chunk, uld, vocagnolm, vocagnolm-mean (Table 3: mean aggregation),
-            vocagnolm-exclude (Table 3: unmapped tokens not trained).
+            vocagnolm-exclude (Table 3: unmapped tokens not trained), vocagnolm-2teachers (a second teacher, of
+            another tokenizer family, beside the first: each token's lower teacher loss is its reference).
         seeds: Student seeds (initialisation and data order). Every method runs with the first.
         seeded_methods: The methods run with every seed, to tell a small difference from seed noise.
         noise: Share of each student document's characters replaced by noise (0: clean text).
@@ -207,6 +218,13 @@ def demo(
     student_tokenizer = train_student_tokenizer(teacher_texts, sizes.student_vocab_size, tokenizers / "student")
     teacher_tokenizer = train_teacher_tokenizer(teacher_texts, sizes.teacher_vocab_size, tokenizers / "teacher")
     print(describe_tokenizers(student_tokenizer, teacher_tokenizer, heldout_texts[0]))
+    two_teachers = any(m in TWO_TEACHERS for m in methods)
+    if two_teachers:  # the student's family with its own merges: a third vocabulary, aligned to the same student text
+        teacher2_tokenizer = train_student_tokenizer(teacher_texts, sizes.second_teacher_vocab_size,
+                                                     tokenizers / "teacher2")  # fmt: skip
+        overlap = vocab_overlap(load_tokenizer(student_tokenizer), load_tokenizer(teacher2_tokenizer))
+        print(f"Second teacher: SentencePiece-style BPE, {sizes.second_teacher_vocab_size:,} tokens; vocabulary"
+              f" overlap {overlap:.1%} of its tokens with the student's.")  # fmt: skip
 
     # 3. Prepared data (`vocagnolm prepare`): the documents each budget reads, once. The students' get noise.
     stage("Prepared data (`vocagnolm prepare`)")
@@ -228,6 +246,13 @@ def demo(
                                 corpus / "heldout.jsonl", out_dir / "data" / "students", sizes.max_seq_length, window)
     teacher_data = prepare_data(teacher_tokenizer, teacher_tokenizer, corpus / "teacher.jsonl",
                                 corpus / "heldout.jsonl", out_dir / "data" / "teacher", sizes.max_seq_length, window)
+    if two_teachers:  # the same student blocks, aligned to the second teacher; and its own training data
+        student_data2 = prepare_data(student_tokenizer, teacher2_tokenizer, corpus / "students.jsonl",
+                                     corpus / "heldout.jsonl", out_dir / "data" / "students-teacher2",
+                                     sizes.max_seq_length, window)  # fmt: skip
+        teacher2_data = prepare_data(teacher2_tokenizer, teacher2_tokenizer, corpus / "teacher.jsonl",
+                                     corpus / "heldout.jsonl", out_dir / "data" / "teacher2", sizes.max_seq_length,
+                                     window)  # fmt: skip
 
     # 4-5. Teacher and students: the recipe, `workers` runs at a time in processes of one thread each (on 2 cores
     # small matrices gain little from a second thread, and the threads of a busy machine wait on each other: a tiny
@@ -237,32 +262,49 @@ def demo(
                                   window)
     student_config = model_config("student", sizes.student_vocab_size, sizes.student_layers, sizes.student_width,
                                   sizes.max_seq_length)
+    teacher2_config = model_config("teacher2", sizes.second_teacher_vocab_size, sizes.teacher_layers,
+                                   sizes.teacher_width, window)  # fmt: skip
     teacher_dir = out_dir / "runs" / "teacher" / "final"  # lit_model.pth, model_config.yaml, the tokenizer files
-    cache = out_dir / "data" / "teacher-loss"
+    teacher2_dir = out_dir / "runs" / "teacher2" / "final"
+    cache, cache2 = out_dir / "data" / "teacher-loss", out_dir / "data" / "teacher2-loss"
 
     def student(pool: ProcessPoolExecutor, method: str, seed: int) -> Future:
         kind = METHODS[method]["method"]
         guidance = {**METHODS[method], **({} if kind in ("ce", "uld") else {"top_k": top_k})}
         teacher = None if kind in TEACHER_FREE else teacher_dir
         loss_cache = None if kind in TEACHER_FREE + LOGIT_DISTILLATION else cache
+        more = {}
+        if method in TWO_TEACHERS:  # the second teacher's data beside the first's, a cache for each
+            teacher, loss_cache = [teacher_dir, teacher2_dir], [cache, cache2]
+            more = {"other_teachers": (student_data2,)}
         return pool.submit(train_run, out_dir / "runs" / f"{method}-seed{seed}", student_config, student_data,
-                           student_tokenizer, sizes, sizes.student_tokens, seed, guidance, teacher, loss_cache)
+                           student_tokenizer, sizes, sizes.student_tokens, seed, guidance, teacher, loss_cache, **more)
 
     results: dict[str, list[dict[str, Any]]] = {}
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=one_thread) as pool:
         # The teacher: larger, on clean text with its own tokenizer; then frozen.
         trained = pool.submit(train_run, out_dir / "runs" / "teacher", teacher_config, teacher_data,
                               teacher_tokenizer, sizes, sizes.teacher_tokens, 0, {"method": "ce"})
+        if two_teachers:  # the same clean text and budget (in its own tokens), its own tokenizer and initialisation
+            trained2 = pool.submit(train_run, out_dir / "runs" / "teacher2", teacher2_config, teacher2_data,
+                                   teacher2_tokenizer, sizes, sizes.teacher_tokens, 1, {"method": "ce"})
         # Per seed one initialisation, the same noisy text and budget. Students that need no teacher start at once.
         futures = {student(pool, m, s): (m, s) for m, s in runs if METHODS[m]["method"] in TEACHER_FREE}
         teacher = trained.result()
         print(summarize_run("teacher", teacher))
+        teacher2 = trained2.result() if two_teachers else None
+        if teacher2 is not None:
+            print(summarize_run("second teacher", teacher2))
         # uld runs the teacher on every batch and sorts both vocabularies' probabilities for every token (5x the cost
         # of a `ce` step), so it starts first. The others need only the teacher's per-token losses, scored once.
         futures |= {student(pool, m, s): (m, s) for m, s in runs if METHODS[m]["method"] in LOGIT_DISTILLATION}
         cached = [(m, s) for m, s in runs if METHODS[m]["method"] not in TEACHER_FREE + LOGIT_DISTILLATION]
         if cached:
-            pool.submit(score_run, student_data, teacher_dir, cache).result()
+            scored = [pool.submit(score_run, student_data, teacher_dir, cache)]
+            if two_teachers:
+                scored.append(pool.submit(score_run, student_data2, teacher2_dir, cache2))
+            for future in scored:
+                future.result()
         futures |= {student(pool, m, s): (m, s) for m, s in cached}
         for future in as_completed(futures):
             method, seed = futures[future]
@@ -274,16 +316,20 @@ def demo(
     # claims.
     stage("Noise: the share of training tokens that touch it, of all and of those each method trains")
     blocks, touched = noise_sample(noisy[: len(noisy_texts)], student_tokenizer, teacher_tokenizer, sizes, window)
-    blocks = score_blocks(teacher_dir, blocks)
+    samples = [score_blocks(teacher_dir, blocks)]  # the same student blocks with each teacher's scored windows
+    if two_teachers:
+        blocks2, _ = noise_sample(noisy[: len(noisy_texts)], student_tokenizer, teacher2_tokenizer, sizes, window)
+        samples.append(score_blocks(teacher2_dir, blocks2))
     noise_all = touched[:, 1:].float().mean().item()  # the targets of full blocks
     for method in methods:
         guidance = GuidanceArgs(**{**METHODS[method], "top_k": top_k})
+        scored = samples if method in TWO_TEACHERS else samples[:1]
         for run in results[method]:
             run_dir = out_dir / "runs" / f"{method}-seed{run['seed']}" / "final"
-            run["noise_trained"] = trained_noise_share(run_dir, guidance, blocks, touched, sizes, run["seed"])
+            run["noise_trained"] = trained_noise_share(run_dir, guidance, scored, touched, sizes, run["seed"])
     rows = [method_row(method, results[method], noise_all) for method in methods]
     write_csv(out_dir / "results.csv", rows)
-    table = markdown_table(rows, teacher)
+    table = markdown_table(rows, teacher, teacher2)
     summary = noise_summary(rows, touched[:, 1:].numel())
     (out_dir / "results.md").write_text(f"{table}\n\n{summary}\n", encoding="utf-8")
     plot(out_dir / "bpb.png", results, teacher, noise, top_k)
@@ -488,10 +534,12 @@ def train_run(
     tokens: int,
     seed: int,
     guidance: dict[str, Any],
-    teacher_dir: Path | None = None,
-    teacher_cache: Path | None = None,
+    teacher_dir: Path | list[Path] | None = None,
+    teacher_cache: Path | list[Path] | None = None,
+    other_teachers: tuple[Path, ...] = (),
 ) -> dict[str, Any]:
     """One run of the recipe (`recipe.setup`), its console output in out_dir/train.log; returns what its logs say.
+    Several teachers: `other_teachers` (their prepared data), and a list of checkpoint dirs and of caches.
 
     The budget is rounded down to whole evaluation intervals, so the last evaluation falls on the last step.
     """
@@ -504,7 +552,7 @@ def train_run(
             model_config=config,
             out_dir=out_dir,
             precision="32-true",
-            data=VocAgnoData(path=data_path, num_workers=0, seed=seed),
+            data=VocAgnoData(path=data_path, num_workers=0, seed=seed, other_teachers=list(other_teachers)),
             train=TrainArgs(
                 save_interval=None,
                 log_interval=interval,
@@ -552,8 +600,11 @@ def read_metrics(out_dir: Path, tokens_per_step: int) -> dict[str, Any]:
     with open(path, encoding="utf-8") as f:
         rows = [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
     evaluations = [row for row in rows if "val_bpb" in row]
-    last = [row for row in rows if "loss" in row][-1]
+    logged = [row for row in rows if "loss" in row]
+    last = logged[-1]
+    shares = [row["reference_share_1"] for row in logged if "reference_share_1" in row]  # several teachers only
     return {
+        "second_teacher_share": float(np.mean(shares)) if shares else None,
         "tokens": [int(row["step"] + 1) * tokens_per_step for row in evaluations],  # logged at step - 1
         "bpb": [row["val_bpb"] for row in evaluations],
         "heldout_loss": evaluations[-1]["val_loss"],
@@ -618,27 +669,32 @@ def score_blocks(teacher_dir: Path, blocks: list[dict[str, Any]]) -> list[dict[s
 
 @torch.no_grad()
 def trained_noise_share(
-    student_dir: Path, guidance: GuidanceArgs, blocks: list[dict[str, Any]], touched: torch.Tensor, sizes: DemoSizes,
-    seed: int,
+    student_dir: Path, guidance: GuidanceArgs, samples: list[list[dict[str, Any]]], touched: torch.Tensor,
+    sizes: DemoSizes, seed: int,
 ) -> float:
     """Share of the tokens a method trains that touch noise, with its final student (in `student_dir`) selecting them
-    in `blocks` (scored by `score_blocks`), micro-batch by micro-batch as training ranks them; `random` draws as its
-    run did, without the teacher's losses. `ce` and `uld` train every token.
+    in the blocks of `samples` (one list per teacher, the same student blocks with that teacher's windows scored by
+    `score_blocks`), micro-batch by micro-batch as training ranks them; `random` draws as its run did, without the
+    teacher's losses. `ce` and `uld` train every token.
 
     A selection depends on the student, which changes as it trains: this is the last step's, not the run's average.
     """
     model = load_model(student_dir)
     block_tokens, num_chunks = sizes.max_seq_length + 1, guidance.num_chunks if guidance.method == "chunk" else None
     counts = torch.zeros(2)  # (trained tokens touching noise, trained tokens)
-    for k, start in enumerate(range(0, len(blocks), sizes.micro_batch_size)):
+    for k, start in enumerate(range(0, len(samples[0]), sizes.micro_batch_size)):
         rows = slice(start, start + sizes.micro_batch_size)
-        batch = collate_blocks(blocks[rows], block_tokens, num_chunks)
+        batch, *more = [collate_blocks(blocks[rows], block_tokens, num_chunks) for blocks in samples]
         trained = batch["targets"] != -100  # (B, T)
         if guidance.method not in ("ce", "uld"):
             ls = model(batch["input_ids"], targets=batch["targets"])  # (B, T)
             teacher_loss = None if guidance.method in TEACHER_FREE else batch["teacher_loss"]
+            ranges = batch["ranges"]
+            if more:  # several teachers: each one's losses and ranges
+                teacher_loss = [side["teacher_loss"] for side in (batch, *more)]
+                ranges = [side["ranges"] for side in (batch, *more)]
             generator = selection_generator(seed, 0, k + 1, torch.device("cpu"))
-            selection = method_selection(guidance, ls, trained, teacher_loss, batch["ranges"], generator=generator)
+            selection = method_selection(guidance, ls, trained, teacher_loss, ranges, generator=generator)
             trained = selection.weights > 0
         counts += torch.stack([(trained & touched[rows, 1:]).sum(), trained.sum()])
     return (counts[0] / counts[1]).item()
@@ -684,9 +740,9 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
-def markdown_table(rows: list[dict[str, Any]], teacher: dict[str, Any]) -> str:
+def markdown_table(rows: list[dict[str, Any]], teacher: dict[str, Any], teacher2: dict[str, Any] | None = None) -> str:
     """Held-out bits per byte (the seeds' range where there are several), losses, the share of trained tokens that
-    touch noise and throughput per method, under the teacher's held-out bits per byte (comparable across
+    touch noise and throughput per method, under the teachers' held-out bits per byte (comparable across
     tokenizers)."""
     header = ("method", "seeds", "held-out bits/byte", "held-out loss", "training objective",
               "training CE, all tokens", "trained tokens touching noise", "tokens/s")  # fmt: skip
@@ -696,6 +752,9 @@ def markdown_table(rows: list[dict[str, Any]], teacher: dict[str, Any]) -> str:
         "|---|" + "---:|" * (len(header) - 1),
         f"| teacher (own tokenizer, clean text) | 1 | {bpb:.3f} | | | | | {speed:,.0f} |",
     ]
+    if teacher2 is not None:
+        lines.append(f"| second teacher (vocagnolm-2teachers) | 1 | {teacher2['bpb'][-1]:.3f} | | | | |"
+                     f" {teacher2['tokens_per_sec']:,.0f} |")  # fmt: skip
     for row in rows:
         spread = f" ({row['heldout_bpb_min']:.3f}-{row['heldout_bpb_max']:.3f})" if row["seeds"] > 1 else ""
         lines.append(
@@ -777,8 +836,14 @@ def claims(results: dict[str, list[dict[str, Any]]], teacher: dict[str, Any]) ->
         ("vocagnolm", "uld", "selection vs logit distillation across vocabularies (Table 1)"),
         ("vocagnolm-mean", "vocagnolm", "mean vs max aggregation (Table 3)"),
         ("vocagnolm-exclude", "vocagnolm", "unmapped tokens excluded vs included (Table 3)"),
+        ("vocagnolm-2teachers", "vocagnolm", "two teachers (each token's lower loss) vs the first alone"),
     ]
     for a, b, what in pairs:
         if a in finals and b in finals:
             lines.append(f"{a} vs {b}, {what}: {compare(finals[a], finals[b], spread)}")
+    for method in TWO_TEACHERS:
+        shares = [run["second_teacher_share"] for run in results.get(method, [])]
+        if shares:
+            lines.append(f"{method}: the second teacher set the reference of {np.mean(shares):.1%} of the selected"
+                         " tokens (mean of the logged steps and seeds)")  # fmt: skip
     return lines
