@@ -57,6 +57,7 @@ TEACHERS = {
     "DeepSeekMath-7B": ("deepseek-math-7b-base", None),
 }
 PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.4, "H200": 989.4, "A100": 312.0}  # dense bf16, by device name
+MFU_TARGETS = {"online": 0.40, "cached": 0.45, "score": 0.50}  # on an H100, at the micro-batch the plan fits
 
 
 @dataclass
@@ -266,6 +267,7 @@ def main() -> None:
     teacher_layers = args.teacher_layers or (1 if cpu else None)
     student_config = Config.from_name(STUDENT, **({"n_layer": student_layers} if student_layers else {}))
     print(f"torch {torch.__version__}, {device_name}: {peak / 1e12:.2f} TFLOP/s bf16; {torch.get_num_threads()} threads")
+    print("MFU targets on an H100: " + ", ".join(f"{kind} >= {target:.0%}" for kind, target in MFU_TARGETS.items()))
     print(
         f"student {STUDENT}: {student_config.n_layer} of 22 layers, width {student_config.n_embd}, vocabulary"
         f" {student_config.padded_vocab_size}; sequence {args.seq_len}; precision bf16-mixed, teacher bf16"
@@ -287,6 +289,11 @@ def main() -> None:
             for micro_batch in micro_batches:
                 setting = Setting(name, student_config, teacher_config, micro_batch, args.seq_len, window, checkpoint)
                 times = {}
+                if not checkpoint:  # what the tiling leaves unallocated (as float32: bf16-mixed's module outputs)
+                    student_logits = micro_batch * args.seq_len * student_config.padded_vocab_size * 4
+                    teacher_logits = micro_batch * window * teacher_config.padded_vocab_size * 4
+                    print(f"{'':<20} {micro_batch:>2} whole float32 logits: student {student_logits / 1e9:.2f} GB,"
+                          f" teacher {teacher_logits / 1e9:.2f} GB")  # fmt: skip
                 for kind in kinds:
                     if kind == "score" and checkpoint:
                         continue  # the teacher keeps no activations: checkpointing changes nothing

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from litgpt.utils import save_config
 from litgpt_vocagnolm.models import llama_config
 
 ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # the console scripts of this environment
 TOKENIZERS = ROOT / "tests" / "fixtures" / "tokenizers"
 TINYLLAMA, QWEN, MISTRAL = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5", TOKENIZERS / "mistral-7b-v0.1"
 LLEMMA = TOKENIZERS / "llemma-7b"  # TinyLlama's 32,000 tokens with the same ids, then 16 infill tokens

@@ -9,10 +9,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import BIN, ROOT
 from test_recipe import metrics, recipe_config
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 # The two ways LitGPT's command line starts: its console script, and `python -m litgpt`, which runpy runs as __main__.
 LITGPT = {"console script": [str(BIN / "litgpt")], "python -m": [sys.executable, "-m", "litgpt"]}
 

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import ROOT, TINYLLAMA
+from conftest import BIN, ROOT, TINYLLAMA
 from litgpt import GPT, Config, Tokenizer
 from test_recipe import recipe_config
 
-BIN = Path(sys.executable).parent
 TRANSFORMERS = Path(sys.prefix) / "transformers"  # `make install` puts tests/transformers.txt there
 # Loads the converted weights into LlamaForCausalLM and writes its logits: argv = config JSON, weights, ids, output.
 RUN_TRANSFORMERS = """

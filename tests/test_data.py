@@ -5,7 +5,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -15,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import BIN, LLEMMA, MISTRAL, QWEN, ROOT, TINYLLAMA, tiny_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,10 +36,7 @@ from litgpt_vocagnolm.tokenizer_files import (
     tokenizer_info,
 )
 
-REPO = Path(__file__).parents[1]
-BIN = Path(sys.executable).parent
-TOKENIZERS = REPO / "tests" / "fixtures" / "tokenizers"
-STUDENT, TEACHER = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5"
+STUDENT, TEACHER = TINYLLAMA, QWEN
 BOS, EOS = 1, 151643  # TinyLlama adds BOS only; Qwen2.5 adds nothing, so documents end with its EOS
 MAX_SEQ_LENGTH = 64
 
@@ -72,12 +68,12 @@ def tokenizers():
 
 
 def gsm8k(n):
-    with open(REPO / "data" / "gsm8k" / "train.jsonl", encoding="utf-8") as f:
+    with open(ROOT / "data" / "gsm8k" / "train.jsonl", encoding="utf-8") as f:
         return [json.loads(line) for _, line in zip(range(n), f)]
 
 
 def stackexchange(n):
-    with open(REPO / "data" / "stackexchange" / "math_stackexchange_33votes.jsonl", encoding="utf-8") as f:
+    with open(ROOT / "data" / "stackexchange" / "math_stackexchange_33votes.jsonl", encoding="utf-8") as f:
         return [json.loads(line) for _, line in zip(range(n), f)]
 
 
@@ -365,7 +361,7 @@ def pack(texts: list[str], teacher: Path, max_chars: int) -> tuple[list[dict], S
     return list(pack_blocks(streams, MAX_SEQ_LENGTH + 1, 150, BlockDtypes.fitting(32000, 151665, 150), stats)), stats
 
 
-@pytest.mark.parametrize("teacher", [TEACHER, TOKENIZERS / "mistral-7b-v0.1"])
+@pytest.mark.parametrize("teacher", [TEACHER, MISTRAL])
 def test_long_documents_in_segments_give_the_blocks_of_whole_documents(teacher):
     texts = long_documents()
     assert max(map(len, texts)) > 20 * 2000
@@ -512,10 +508,10 @@ def test_killed_run_is_finished_by_the_next(prepared, corpus, tmp_path):
 def test_ctrl_c_exits_130_stops_the_workers_and_the_next_run_finishes(tmp_path):
     output, log = tmp_path / "out", tmp_path / "log"
     command = [str(BIN / "vocagnolm"), "prepare", "--student", str(STUDENT), "--teacher", str(TEACHER),
-               "--input", str(REPO / "data/gsm8k/train.jsonl"), "--text_key", "question,answer",
+               "--input", str(ROOT / "data/gsm8k/train.jsonl"), "--text_key", "question,answer",
                "--output", str(output), "--max_seq_length", "64", "--num_workers", "1"]  # fmt: skip
     with open(log, "w") as f:  # a session of its own: whatever it leaves running is found by its group id
-        process = subprocess.Popen(command, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     finished_units = output / ".partial" / "stats" / "train"
     deadline = time.monotonic() + 600
     while not any(finished_units.glob("unit-*.json")) and process.poll() is None and time.monotonic() < deadline:
@@ -537,7 +533,7 @@ def test_ctrl_c_exits_130_stops_the_workers_and_the_next_run_finishes(tmp_path):
     assert (output / ".partial" / "val.json").is_file() and not (output / ".partial" / "train.json").exists()
     val_index = (output / ".partial" / "val" / "index.json").stat().st_mtime_ns
 
-    resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert "The val split was written before the interruption." in resumed.stdout
     assert (output / "val" / "index.json").stat().st_mtime_ns == val_index
@@ -592,15 +588,15 @@ def test_val_input_and_joined_fields(tmp_path):
 
 def test_llemma_extends_tinyllama_and_aligns_one_to_one(tinyllama_llemma_data, tmp_path):
     """Table 1's same-vocabulary teacher: Llemma's 32,016 tokens are TinyLlama's 32,000 with the same ids, then 16."""
-    student, llemma = load_tokenizer(STUDENT), load_tokenizer(TOKENIZERS / "llemma-7b")
+    student, llemma = load_tokenizer(STUDENT), load_tokenizer(LLEMMA)
     assert [llemma.id_to_token(i) for i in range(32000)] == [student.id_to_token(i) for i in range(32000)]
     assert llemma.get_vocab_size(with_added_tokens=True) == 32016
     assert same_vocabulary(student, llemma) and same_vocabulary(student, student)
     assert not same_vocabulary(llemma, student)  # the other way round, 16 student tokens are missing
-    assert not same_vocabulary(student, load_tokenizer(TOKENIZERS / "mistral-7b-v0.1"))  # 32,000 other tokens
+    assert not same_vocabulary(student, load_tokenizer(MISTRAL))  # 32,000 other tokens
 
     module = VocAgnoData(tinyllama_llemma_data)
-    assert module.manifest["same_vocabulary"] is True and module.same_vocabulary(STUDENT, TOKENIZERS / "llemma-7b")
+    assert module.manifest["same_vocabulary"] is True and module.same_vocabulary(STUDENT, LLEMMA)
     # Both tokenize the math text alike, so a student token maps to the one teacher token with its id; BOS, a special
     # token with an empty span, is unmapped. Tokens that share one character (the "▁" Metaspace puts before a
     # document's first digit, the byte pieces of a character) each map to that character's tokens, as the alignment
@@ -628,7 +624,7 @@ def test_llemma_extends_tinyllama_and_aligns_one_to_one(tinyllama_llemma_data, t
     shutil.copytree(tinyllama_llemma_data, old)
     manifest = json.loads((old / "manifest.json").read_text())
     (old / "manifest.json").write_text(json.dumps({**manifest, "same_vocabulary": False}))
-    assert VocAgnoData(old).same_vocabulary(STUDENT, TOKENIZERS / "llemma-7b")
+    assert VocAgnoData(old).same_vocabulary(STUDENT, LLEMMA)
     assert not VocAgnoData(old).same_vocabulary(STUDENT, None)  # no teacher tokenizer: the record stands
 
 
@@ -706,7 +702,7 @@ def test_too_few_or_unreadable_documents_say_why_and_a_rerun_starts_over(tmp_pat
 def test_tokenizer_mismatch_names_both(prepared):
     module = VocAgnoData(prepared)
     module.check_tokenizers(STUDENT, TEACHER)
-    other = TOKENIZERS / "mistral-7b-v0.1"
+    other = MISTRAL
     with pytest.raises(ValueError) as error:
         module.check_tokenizers(other, TEACHER)
     message = str(error.value)
@@ -728,7 +724,7 @@ def test_a_missing_or_cut_chunk_is_found_before_training(prepared, tmp_path):
     chunk = sorted((copy / "train").glob("chunk-*.bin"))[-1]
     data = chunk.read_bytes()
     checks = {
-        "prepare_data": VocAgnoData(copy).prepare_data,
+        "check_files": VocAgnoData(copy).check_files,
         "iter_blocks": lambda: next(iter_blocks(copy, "train")),
         "the recipe, before any model": lambda: check_setup(
             VocAgnoData(copy), GuidanceArgs(method="ce"), TeacherArgs(), None, None, False,

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import ROOT
+from test_recipe import metrics
 
 from litgpt_vocagnolm.alignment import vocab_overlap
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.tokenizer_files import load_tokenizer, same_vocabulary
 from litgpt_vocagnolm.demo import METHODS, QUICK, add_noise, compare, demo, read_corpus, split_heldout
 
 METHOD_NAMES = list(METHODS)
@@ -95,7 +97,9 @@ def test_plot_and_markdown_table_are_written_and_printed(quick_run):
     assert "vocagnolm vs ce, teacher-guided selection vs naive training" in printed
     assert "vocagnolm-2teachers vs vocagnolm, two teachers" in printed
     share = re.search(r"vocagnolm-2teachers: the second teacher set the reference of (\d+\.\d)% of the selected", printed)
-    assert share and 0 <= float(share.group(1)) <= 100
+    runs = [metrics(out_dir / "runs" / f"vocagnolm-2teachers-seed{seed}") for seed in (1, 2)]
+    logged = np.mean([np.mean([row["reference_share_1"] for row in rows]) for rows in runs])  # per run, then seeds
+    assert share and float(share.group(1)) == pytest.approx(100 * logged, abs=0.05)
 
 
 def test_tokenizers_are_two_families_that_round_trip(quick_run):
@@ -113,6 +117,9 @@ def test_tokenizers_are_two_families_that_round_trip(quick_run):
     assert student.encode(" 12", add_special_tokens=False).tokens == ["▁", "1", "2"]  # digits split, like Llama
     assert teacher.encode(" hello", add_special_tokens=False).tokens[0].startswith("Ġ")  # byte-level, like Qwen
     assert 0 < vocab_overlap(student, teacher) < 0.5
+    # The second teacher: the student's family, other merges, so other ids (a vocabulary of its own, not an extension).
+    teacher2 = load_tokenizer(out_dir / "tokenizers" / "teacher2")
+    assert teacher2.get_vocab_size() == QUICK.second_teacher_vocab_size and not same_vocabulary(student, teacher2)
 
 
 def test_noise_covers_its_share_and_keeps_length():
@@ -137,9 +144,9 @@ def test_noise_covers_its_share_and_keeps_length():
 def test_noise_in_the_trained_tokens(quick_run):
     """The noise counts: the demo's blocks and which of their tokens touch noise, against the prepared data and a
     per-token loop over the tokenizer's offsets; methods that train every token count the share of all tokens."""
-    from litgpt_vocagnolm.data import decode_block, iter_blocks
-    from litgpt_vocagnolm.demo import DATA, noise_sample, score_blocks, trained_noise_share
-    from litgpt_vocagnolm.loss import GuidanceArgs
+    from litgpt_vocagnolm.data import collate_blocks, decode_block, iter_blocks
+    from litgpt_vocagnolm.demo import DATA, load_model, noise_sample, score_blocks, trained_noise_share
+    from litgpt_vocagnolm.loss import GuidanceArgs, teacher_guided_weights
 
     out_dir, _ = quick_run
     student_dir, teacher_dir = out_dir / "tokenizers" / "student", out_dir / "tokenizers" / "teacher"
@@ -149,13 +156,16 @@ def test_noise_in_the_trained_tokens(quick_run):
     written = [json.loads(line)["text"] for line in (out_dir / "corpus" / "students.jsonl").read_text().splitlines()]
     assert [text for text, _ in noisy[: len(written)]] == written
 
-    blocks, touched = noise_sample(noisy, student_dir, teacher_dir, QUICK, 2 * QUICK.max_seq_length)
+    teacher2_dir = out_dir / "tokenizers" / "teacher2"
+    (blocks, blocks2), touched = noise_sample(noisy, student_dir, [teacher_dir, teacher2_dir], QUICK,
+                                              2 * QUICK.max_seq_length)  # fmt: skip
     block_tokens = QUICK.max_seq_length + 1
     assert touched.shape == (QUICK.noise_batches * QUICK.micro_batch_size, block_tokens)
-    stored = list(iter_blocks(out_dir / "data" / "students", "train"))  # one work unit: in document order
-    for ours, theirs in zip(blocks, stored):
-        ours = decode_block(ours, block_tokens)
-        assert all(np.array_equal(ours[key], theirs[key]) for key in theirs)
+    for sample, data in ((blocks, "students"), (blocks2, "students-teacher2")):  # each teacher's prepared data
+        stored = list(iter_blocks(out_dir / "data" / data, "train"))  # one work unit: in document order
+        for ours, theirs in zip(sample, stored, strict=False):
+            ours = decode_block(ours, block_tokens)
+            assert all(np.array_equal(ours[key], theirs[key]) for key in theirs)
     tokenizer, expected = load_tokenizer(student_dir), []
     for text, mask in noisy[:20]:
         expected.append(False)  # BOS
@@ -169,7 +179,17 @@ def test_noise_in_the_trained_tokens(quick_run):
     everything = trained_noise_share(run, GuidanceArgs(top_k=1.0), [blocks], touched, QUICK, seed=1)
     assert everything == pytest.approx(noise_all)  # top-k 1 trains every token
     some = trained_noise_share(run, GuidanceArgs(top_k=0.4), [blocks], touched, QUICK, seed=1)
-    assert 0 <= some <= 1 and some != pytest.approx(noise_all)
+    # The same count, micro-batch by micro-batch, from the weights `teacher_guided_weights` gives the final student.
+    model, counts = load_model(run), torch.zeros(2)
+    for start in range(0, len(blocks), QUICK.micro_batch_size):
+        rows = slice(start, start + QUICK.micro_batch_size)
+        batch = collate_blocks(blocks[rows], block_tokens)
+        valid = batch["targets"] != -100
+        with torch.no_grad():
+            ls = model(batch["input_ids"], targets=batch["targets"])
+        trained = teacher_guided_weights(ls, batch["teacher_loss"], batch["ranges"], valid, top_k=0.4) > 0
+        counts += torch.stack([(trained & touched[rows, 1:]).sum(), trained.sum()])
+    assert some == pytest.approx((counts[0] / counts[1]).item()) and some != pytest.approx(noise_all)
 
     with open(out_dir / "results.csv", newline="") as f:
         rows = {row["method"]: row for row in csv.DictReader(f)}

@@ -8,14 +8,11 @@ only when a change is meant to alter the numbers.
 import csv
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from conftest import QWEN, ROOT, TINYLLAMA
+from conftest import BIN, QWEN, ROOT, TINYLLAMA
 
 GOLDEN = ROOT / "tests" / "assets" / "losses" / "demo-cpu.json"
-BIN = Path(sys.executable).parent
 
 
 @pytest.mark.slow

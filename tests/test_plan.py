@@ -3,18 +3,15 @@
 import importlib.util
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import lightning as L
 import pytest
-from conftest import ROOT
+from conftest import BIN, ROOT
 from litgpt.config import Config
 
 from litgpt_vocagnolm.models import llama_config
 from litgpt_vocagnolm.plan import estimate_memory, matmul_parameters, parameters
 
-BIN = Path(sys.executable).parent
 
 
 def bench_scale():

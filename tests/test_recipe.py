@@ -6,14 +6,23 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import LLEMMA, MISTRAL, QWEN, ROOT, TINYLLAMA, make_checkpoint, student_config_yaml, tiny_config
+from conftest import (
+    BIN,
+    LLEMMA,
+    MISTRAL,
+    QWEN,
+    ROOT,
+    TINYLLAMA,
+    make_checkpoint,
+    student_config_yaml,
+    tiny_config,
+)
 from jsonargparse import CLI, capture_parser
 
 from litgpt_vocagnolm.loss import GuidanceArgs
@@ -21,7 +30,6 @@ from litgpt_vocagnolm.recipe import setup
 from litgpt_vocagnolm.teacher import TeacherArgs
 from test_loss_distributed import free_port
 
-BIN = Path(sys.executable).parent
 TESTS = Path(__file__).resolve().parent
 
 
@@ -282,6 +290,9 @@ def test_sigusr1_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, tiny
     stopped = int(re.search(r"Stopped after step (\d+) on SIGUSR1", out_0).group(1))
     assert 1 <= stopped < 24
     assert [p.name for p in (tmp_path / "out").glob("step-*")] == [f"step-{stopped:08d}"]
+    # Saving gathers every rank's shards: it completes, with this step's counters, only if rank 1 saved the same step.
+    saved = torch.load(tmp_path / "out" / f"step-{stopped:08d}" / "lit_model.pth", weights_only=True)
+    assert (saved["step_count"], saved["iter_num"]) == (stopped, stopped)
     assert calls.read_text() == "requeue 4242\n"
 
 

@@ -4,7 +4,6 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import MISTRAL, ROOT, make_checkpoint, tiny_config
+from conftest import BIN, MISTRAL, ROOT, make_checkpoint, tiny_config
 from litgpt.config import Config
 from litgpt.model import GPT
 from test_recipe import litgpt_pretrain, metrics, recipe_config
@@ -20,7 +19,6 @@ from test_recipe import litgpt_pretrain, metrics, recipe_config
 from litgpt_vocagnolm.data import iter_blocks
 from litgpt_vocagnolm.teacher_cache import TeacherLossCache, check_cache
 
-BIN = Path(sys.executable).parent
 
 
 def score(data: Path, teacher: Path, output: Path, *args: str) -> subprocess.CompletedProcess:

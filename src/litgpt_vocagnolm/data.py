@@ -121,18 +121,22 @@ def open_split(
     shuffle: bool = False,
     seed: int = 42,
     teacher_cache: Optional[Path] = None,
-    others: Sequence[tuple[Path, Optional[Path]]] = (),
 ) -> BlockDataset:
     """The split's blocks, after checking its files against the manifest (`check_split`); see `BlockDataset`."""
     check_split(path, split, manifest)
-    return BlockDataset(path, split, shuffle=shuffle, seed=seed, teacher_cache=teacher_cache, others=others)
+    return BlockDataset(path, split, shuffle=shuffle, seed=seed, teacher_cache=teacher_cache)
 
 
 def student_side(manifest: dict) -> dict[str, Any]:
     """What decides a prepared dataset's student blocks: the same in the data of every teacher of one run. Input files
     by content (size and hash), not by path."""
     settings = manifest["settings"]
-    content = lambda files: [{k: v for k, v in f.items() if k not in ("path", "mtime_ns")} for f in files]  # noqa: E731
+
+    def content(files: list) -> list:
+        # A file by what it holds, not where it lies; data prepared before content hashes recorded [path, size].
+        return [{k: v for k, v in f.items() if k not in ("path", "mtime_ns")} if isinstance(f, dict) else f[1:]
+                for f in files]  # fmt: skip
+
     counts = {f"{split} {k}": manifest["splits"][split][k] for split in SPLITS for k in ("blocks", "student_tokens")}
     return {
         "student tokenizer": settings["student"]["sha256"],
@@ -276,20 +280,19 @@ class VocAgnoData(DataModule):
         max_seq_length: Optional[int] = None,
         *,
         num_chunks: Optional[int] = None,
-        teacher_cache: Optional[Path | list[Path]] = None,
+        teacher_cache: Optional[list[Path]] = None,
     ) -> None:
         """LitGPT's late arguments, and two of the recipe's: `num_chunks` replaces every block's ranges by chunk
         alignment (`--guidance.method chunk`), `teacher_cache` attaches each block's cached teacher losses
         (`--teacher.cache`: one cache per teacher, in the order of `paths`)."""
         if num_chunks is not None and num_chunks < 1:
             raise ValueError(f"num_chunks must be at least 1, got {num_chunks}.")
-        caches = None if teacher_cache is None else [teacher_cache] if isinstance(teacher_cache, (str, Path)) else list(teacher_cache)
-        if caches is not None and len(caches) != len(self.paths):
+        if teacher_cache is not None and len(teacher_cache) != len(self.paths):
             raise ValueError(
-                f"{len(caches)} teacher loss caches for the data of {len(self.paths)} teachers (--data.path and"
+                f"{len(teacher_cache)} teacher loss caches for the data of {len(self.paths)} teachers (--data.path and"
                 " --data.other_teachers): give one --teacher.cache per teacher, in the same order."
             )
-        self.batch_size, self.num_chunks, self.teacher_cache = batch_size, num_chunks, caches
+        self.batch_size, self.num_chunks, self.teacher_cache = batch_size, num_chunks, teacher_cache
         prepared = self.manifest["max_seq_length"]
         if max_seq_length is not None and max_seq_length != prepared:
             raise ValueError(
@@ -297,9 +300,6 @@ class VocAgnoData(DataModule):
                 f" Prepare it again with `vocagnolm prepare --max_seq_length {max_seq_length}`, or train with"
                 f" --train.max_seq_length {prepared}."
             )
-
-    def prepare_data(self) -> None:
-        self.check_files()  # fails now, saying how to fix it, rather than in a loader worker
 
     def check_files(self) -> None:
         """Fails, naming the file and the fix, unless the manifests and both splits' files are as prepared, and every
@@ -313,15 +313,17 @@ class VocAgnoData(DataModule):
         """With several teachers: fails, saying what differs, unless each further teacher's data was prepared with the
         first's student tokenizer, input files and settings, holds as many blocks and student tokens per split, and
         the same student tokens in `samples` blocks spread over each split. Loading checks every block again."""
-        first = self.manifest
+        if len(self.paths) == 1:
+            return
+        expected = student_side(self.manifest)
         for path, manifest in zip(self.paths[1:], self.manifests[1:]):
-            ours, theirs = student_side(first), student_side(manifest)
-            differ = [name for name in ours if ours[name] != theirs[name]]
-            if not differ:
+            found = student_side(manifest)
+            differ = [name for name in expected if expected[name] != found[name]]
+            if not differ:  # the files were checked: read the blocks without checking them again
                 for split in SPLITS:
-                    ours, theirs = open_split(self.path, split, first), open_split(path, split, manifest)
-                    for i in np.linspace(0, len(ours) - 1, min(samples, len(ours))).astype(int).tolist():
-                        if not np.array_equal(ours[i]["student_ids"], theirs[i]["student_ids"]):
+                    first, other = BlockDataset(self.path, split, False, 0), BlockDataset(path, split, False, 0)
+                    for i in np.linspace(0, len(first) - 1, min(samples, len(first))).astype(int).tolist():
+                        if not np.array_equal(first[i]["student_ids"], other[i]["student_ids"]):
                             differ.append(f"the student tokens of {split} block {i}")
                             break
             if differ:
@@ -338,8 +340,8 @@ class VocAgnoData(DataModule):
         for side, given in (("student", student_dir), ("teacher", teacher_dir)):
             if given is None:
                 continue
-            path = self.paths[teacher if side == "teacher" else 0]
-            recorded, file = self.manifests[teacher if side == "teacher" else 0][side], find_tokenizer_file(given)
+            k = teacher if side == "teacher" else 0  # the student is the same in every teacher's data
+            path, recorded, file = self.paths[k], self.manifests[k][side], find_tokenizer_file(given)
             sha256 = tokenizer_sha256(file)
             if sha256 != recorded["sha256"]:
                 raise ValueError(
@@ -363,9 +365,11 @@ class VocAgnoData(DataModule):
         return same_vocabulary(load_tokenizer(student_dir), load_tokenizer(teacher_dir))
 
     def _loader(self, split: str, shuffle: bool) -> StreamingDataLoader:
+        # No file checks here (a stat per chunk, each split's index hashed): call `check_files` once before training,
+        # as the recipe's `check_setup` does.
         caches = self.teacher_cache or [None] * len(self.paths)
         others = list(zip(self.paths[1:], caches[1:]))
-        dataset = open_split(self.path, split, self.manifest, shuffle, self.seed, caches[0], others)
+        dataset = BlockDataset(self.path, split, shuffle, self.seed, caches[0], others)
         return StreamingDataLoader(
             dataset,
             batch_size=self.batch_size,

@@ -37,6 +37,7 @@ import hashlib
 import itertools
 import json
 import logging
+import resource
 import shutil
 import string
 import time
@@ -80,7 +81,7 @@ QWEN_PATTERN = (
 
 @dataclass
 class DemoSizes:
-    """How big the miniature is. The defaults take about 4 minutes on 2 idle CPU cores, 7 on busy ones."""
+    """How big the miniature is. The defaults take about 5 minutes on 2 idle CPU cores (the demo prints its time)."""
 
     documents: int | None = None
     """Documents read from the corpus (None: all 8,461); the budgets take what they need of them."""
@@ -91,8 +92,8 @@ class DemoSizes:
     teacher_vocab_size: int = 6000
     """Teacher vocabulary."""
     second_teacher_vocab_size: int = 4000
-    """The second teacher's vocabulary (`vocagnolm-2teachers`): of the student's family, trained with its own merges,
-    as Mistral's beside TinyLlama's."""
+    """The second teacher's vocabulary (`vocagnolm-2teachers`): of the student's family, its merges learnt from half
+    the teacher's text, so that its ids differ from the student's, as Mistral's from TinyLlama's."""
     max_seq_length: int = 128
     """Student tokens per training sequence."""
     micro_batch_size: int = 16
@@ -219,12 +220,14 @@ def demo(
     teacher_tokenizer = train_teacher_tokenizer(teacher_texts, sizes.teacher_vocab_size, tokenizers / "teacher")
     print(describe_tokenizers(student_tokenizer, teacher_tokenizer, heldout_texts[0]))
     two_teachers = any(m in TWO_TEACHERS for m in methods)
-    if two_teachers:  # the student's family with its own merges: a third vocabulary, aligned to the same student text
-        teacher2_tokenizer = train_student_tokenizer(teacher_texts, sizes.second_teacher_vocab_size,
+    if two_teachers:  # the student's family, its merges learnt from half the text: a third vocabulary, other ids
+        teacher2_tokenizer = train_student_tokenizer(teacher_texts[1::2], sizes.second_teacher_vocab_size,
                                                      tokenizers / "teacher2")  # fmt: skip
-        overlap = vocab_overlap(load_tokenizer(student_tokenizer), load_tokenizer(teacher2_tokenizer))
-        print(f"Second teacher: SentencePiece-style BPE, {sizes.second_teacher_vocab_size:,} tokens; vocabulary"
-              f" overlap {overlap:.1%} of its tokens with the student's.")  # fmt: skip
+        ours = load_tokenizer(student_tokenizer).get_vocab()
+        theirs = load_tokenizer(teacher2_tokenizer).get_vocab()
+        print(f"Second teacher: SentencePiece-style BPE from half the teacher's text, {len(theirs):,} tokens; it holds"
+              f" {len(ours.keys() & theirs.keys()):,} of the student's {len(ours):,},"
+              f" {sum(theirs.get(token) == i for token, i in ours.items()):,} with the same id.")  # fmt: skip
 
     # 3. Prepared data (`vocagnolm prepare`): the documents each budget reads, once. The students' get noise.
     stage("Prepared data (`vocagnolm prepare`)")
@@ -315,11 +318,10 @@ def demo(
     # 6. Evaluation: held-out bits per byte (logged by the runs); noise in the tokens each method trains; table, plot,
     # claims.
     stage("Noise: the share of training tokens that touch it, of all and of those each method trains")
-    blocks, touched = noise_sample(noisy[: len(noisy_texts)], student_tokenizer, teacher_tokenizer, sizes, window)
-    samples = [score_blocks(teacher_dir, blocks)]  # the same student blocks with each teacher's scored windows
-    if two_teachers:
-        blocks2, _ = noise_sample(noisy[: len(noisy_texts)], student_tokenizer, teacher2_tokenizer, sizes, window)
-        samples.append(score_blocks(teacher2_dir, blocks2))
+    teachers = [(teacher_tokenizer, teacher_dir)] + ([(teacher2_tokenizer, teacher2_dir)] if two_teachers else [])
+    samples, touched = noise_sample(noisy[: len(noisy_texts)], student_tokenizer, [t for t, _ in teachers], sizes,
+                                    window)  # fmt: skip
+    samples = [score_blocks(d, blocks) for (_, d), blocks in zip(teachers, samples)]  # each teacher's losses
     noise_all = touched[:, 1:].float().mean().item()  # the targets of full blocks
     for method in methods:
         guidance = GuidanceArgs(**{**METHODS[method], "top_k": top_k})
@@ -337,7 +339,10 @@ def demo(
     print(table)
     stage("What these runs show")
     print("\n".join([summary, *claims(results, teacher)]))
-    print(f"Wrote {out_dir / 'results.csv'}, {out_dir / 'results.md'} and {out_dir / 'bpb.png'}.")
+    # ru_maxrss: KiB on Linux; the children's is the largest of the training processes, once the pool has ended.
+    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) * 1024
+    print(f"Wrote {out_dir / 'results.csv'}, {out_dir / 'results.md'} and {out_dir / 'bpb.png'}"
+          f" in {time.perf_counter() - t0:.0f} s; the largest process peaked at {peak / 1e9:.1f} GB.")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -626,16 +631,16 @@ def summarize_run(name: str, run: dict[str, Any]) -> str:
 
 
 def noise_sample(
-    documents: list[tuple[str, np.ndarray]], student_dir: Path, teacher_dir: Path, sizes: DemoSizes, window: int
-) -> tuple[list[dict[str, Any]], torch.Tensor]:
+    documents: list[tuple[str, np.ndarray]], student_dir: Path, teacher_dirs: list[Path], sizes: DemoSizes, window: int
+) -> tuple[list[list[dict[str, Any]]], torch.Tensor]:
     """The students' first `noise_batches` micro-batches of training blocks, packed from their first documents as
     `vocagnolm prepare` packs them (`packing.pack_blocks`, the same tokenizers and teacher window), and which student
     tokens of them touch noise: a token does when a character of its span lies in a noisy stretch (added tokens never).
 
-    documents: (text, noisy characters) per document, from `add_noise`. Returns the blocks as stored and
-    (blocks, max_seq_length + 1) bool.
+    documents: (text, noisy characters) per document, from `add_noise`. Returns, for each teacher, the blocks as stored
+    (the same student tokens, that teacher's windows), and (blocks, max_seq_length + 1) bool.
     """
-    student, teacher = (tokenizer_info(find_tokenizer_file(d)) for d in (student_dir, teacher_dir))
+    student = tokenizer_info(find_tokenizer_file(student_dir))
     block_tokens, wanted = sizes.max_seq_length + 1, sizes.noise_batches * sizes.micro_batch_size
     added = (int(student.bos_id is not None), int(student.eos_id is not None))  # BOS, EOS per document
     texts, touched = [], []
@@ -647,12 +652,14 @@ def noise_sample(
         texts.append(text)
         if sum(map(len, touched)) >= wanted * block_tokens:
             break
-    dtypes = BlockDtypes.fitting(student.vocab_size, teacher.vocab_size, window)
-    whole = (Segment(text, context="", first=True, last=True) for text in texts)  # each document one piece, as above
-    streams = aligned_streams(whole, student, teacher, Stats())
-    blocks = list(itertools.islice(pack_blocks(streams, block_tokens, window, dtypes, Stats()), wanted))
+    samples = []
+    for teacher in (tokenizer_info(find_tokenizer_file(d)) for d in teacher_dirs):
+        dtypes = BlockDtypes.fitting(student.vocab_size, teacher.vocab_size, window)
+        whole = (Segment(text, context="", first=True, last=True) for text in texts)  # each document whole, as above
+        streams = aligned_streams(whole, student, teacher, Stats())
+        samples.append(list(itertools.islice(pack_blocks(streams, block_tokens, window, dtypes, Stats()), wanted)))
     touched = np.concatenate(touched)[: wanted * block_tokens].reshape(wanted, block_tokens)  # the blocks' cut
-    return blocks, torch.from_numpy(touched)
+    return samples, torch.from_numpy(touched)
 
 
 @torch.no_grad()
@@ -688,11 +695,9 @@ def trained_noise_share(
         trained = batch["targets"] != -100  # (B, T)
         if guidance.method not in ("ce", "uld"):
             ls = model(batch["input_ids"], targets=batch["targets"])  # (B, T)
-            teacher_loss = None if guidance.method in TEACHER_FREE else batch["teacher_loss"]
-            ranges = batch["ranges"]
-            if more:  # several teachers: each one's losses and ranges
-                teacher_loss = [side["teacher_loss"] for side in (batch, *more)]
-                ranges = [side["ranges"] for side in (batch, *more)]
+            sides = [batch, *more]  # each teacher's losses and ranges
+            teacher_loss = None if guidance.method in TEACHER_FREE else [side["teacher_loss"] for side in sides]
+            ranges = [side["ranges"] for side in sides]
             generator = selection_generator(seed, 0, k + 1, torch.device("cpu"))
             selection = method_selection(guidance, ls, trained, teacher_loss, ranges, generator=generator)
             trained = selection.weights > 0

@@ -61,8 +61,8 @@ class GuidanceArgs:
     the mean of the teachers that map it. A token is mapped if any teacher maps it."""
 
     def __post_init__(self) -> None:
-        kinds = ("method", Method), ("aggregation", Aggregation), ("unmapped", Unmapped), ("scope", Scope), ("teachers", Teachers)
-        for name, kind in kinds:
+        kinds = {"method": Method, "aggregation": Aggregation, "unmapped": Unmapped, "scope": Scope, "teachers": Teachers}
+        for name, kind in kinds.items():
             if getattr(self, name) not in get_args(kind):
                 raise ValueError(f"guidance.{name} must be one of {get_args(kind)}, got {getattr(self, name)!r}")
         if not 0 < self.top_k <= 1:
@@ -305,6 +305,19 @@ def aggregate_teacher_loss(lt: Tensor, ranges: Tensor, aggregation: Aggregation 
     return torch.where(mapped, agg, 0.0), mapped
 
 
+def per_teacher(values: Tensor | Sequence[Tensor]) -> list[Tensor]:
+    """One tensor per teacher: a bare tensor is the one teacher's."""
+    return [values] if isinstance(values, Tensor) else list(values)
+
+
+def one_or_several(values: Tensor | Sequence[Tensor] | None) -> Tensor | list[Tensor] | None:
+    """A tensor for one teacher (a list of one included), a list for several, None for none."""
+    if values is None:
+        return None
+    values = per_teacher(values)
+    return values[0] if len(values) == 1 else values
+
+
 @torch.no_grad()
 def teacher_reference(
     lt: Tensor | Sequence[Tensor],
@@ -328,7 +341,7 @@ def teacher_reference(
     Returns: `reference` (B, T) float32, 0 where unmapped; `mapped` (B, T) bool; `best` (B, T) long, the teacher with
         the lowest aggregate on the token (the first of equals), -1 where unmapped.
     """
-    lts, rangess = ([lt], [ranges]) if isinstance(lt, Tensor) else (list(lt), list(ranges))
+    lts, rangess = per_teacher(lt), per_teacher(ranges)
     if not lts or len(lts) != len(rangess):
         raise ValueError(f"one ranges tensor per teacher loss: got {len(lts)} losses and {len(rangess)} ranges")
     if teachers not in get_args(Teachers):
@@ -666,8 +679,8 @@ def guided_loss(
         ls: (B, T) float32 student per-token cross-entropy, with its gradient; 0 where not valid.
         valid: (B, T) bool, False where there is no target (padding).
         teacher_loss: (B, M) teacher per-token loss, NaN = unavailable; vocagnolm, rho1, chunk; random (optional:
-            without it a token is mapped when its range is non-empty). Several teachers (not kld, uld): a list, one
-            (B, M_k) per teacher, combined by `args.teachers` (see `teacher_reference`).
+            without it a token is mapped when its range is non-empty). A list: one (B, M_k) per teacher; several
+            (not kld, uld) are combined by `args.teachers` (see `teacher_reference`).
         ranges: (B, T, 2) teacher tokens [a, e) of each student token; vocagnolm, chunk (chunk-alignment ranges),
             random, kld and uld (pairing); rho1 defaults to 1:1 (token i -> [i, i + 1)). Several teachers: a list, one
             per teacher, as `teacher_loss`.
@@ -686,7 +699,9 @@ def guided_loss(
         for kld/uld distill_loss.
     """
     method = args.method
-    several = isinstance(ranges, (list, tuple)) or isinstance(teacher_loss, (list, tuple))
+    teacher_loss, ranges = one_or_several(teacher_loss), one_or_several(ranges)
+    num_teachers = max(len(x) if isinstance(x, list) else 1 for x in (teacher_loss, ranges))
+    several = num_teachers > 1
     if several and method not in ("vocagnolm", "rho1", "chunk", "random"):
         raise ValueError(f"guidance.method={method!r} takes one teacher; several guide vocagnolm, rho1, chunk, random")
     if method in ("vocagnolm", "rho1", "chunk") and teacher_loss is None:
@@ -726,7 +741,7 @@ def guided_loss(
         selection = method_selection(args, ls.detach(), valid, teacher_loss, ranges, all_gather=all_gather, rank=rank,
                                      generator=generator)  # fmt: skip
         weights = selection.weights
-        metrics.update(selection_metrics(selection, n_valid, num_teachers=len(ranges) if several else 1))
+        metrics.update(selection_metrics(selection, n_valid, num_teachers))
 
     weight_sum = weights.sum()
     metrics["trained_fraction"] = weight_sum / n_valid
@@ -755,8 +770,8 @@ def method_selection(
     if args.method != "random":
         return teacher_guided_selection(ls, teacher_loss, ranges, valid, top_k=args.top_k, aggregation=args.aggregation,
                                         unmapped=args.unmapped, teachers=args.teachers, **cross_rank)  # fmt: skip
-    every = [ranges] if isinstance(ranges, Tensor) else ranges
-    mapped, reference, excess, best = torch.stack([r[..., 1] > r[..., 0] for r in every]).any(0), None, None, None
+    mapped = torch.stack([r[..., 1] > r[..., 0] for r in per_teacher(ranges)]).any(0)  # by any teacher
+    reference, excess, best = None, None, None
     if teacher_loss is not None:  # what the teachers would have ranked by, for the metrics
         reference, mapped, best = teacher_reference(teacher_loss, ranges, args.aggregation, args.teachers)
         excess = ls.float() - reference

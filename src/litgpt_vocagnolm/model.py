@@ -1,7 +1,8 @@
 """LitGPT's `GPT`, able to return each target's loss instead of the logits: the student and the teacher both run it.
 
 A 1.1B student at micro-batch 8 and sequence 2048 would hold (8, 2048, 32000) logits, 2.1 GB in float32, and a 7B
-teacher (8, ~2100, 152064), 5.1 GB in bf16 and 10.2 GB more once `bf16-mixed` returns module outputs in float32. Given
+teacher (8, 1888, 152064), 4.6 GB in bf16 and 9.2 GB more once `bf16-mixed` returns module outputs in float32
+(`vocagnolm plan` prints these sizes for a recipe). Given
 `targets`, `forward` runs the transformer once and the head and the loss together over tiles of rows
 (`loss.linear_cross_entropy`), so neither logits tensor ever exists whole, and what leaves the module (where Fabric
 casts outputs to float32) is one float per token. Without `targets` it is LitGPT's `GPT` unchanged (generation, the

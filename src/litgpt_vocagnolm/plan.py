@@ -30,7 +30,6 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
@@ -314,6 +313,14 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
             largest += 1
     print(f"Largest micro-batch that fits {gpu_memory:g} GB: {largest or 'none'}"
           + ("" if largest else " (turn on --fsdp.activation_checkpointing, or use more GPUs)"))  # fmt: skip
+    # What the tiled head and loss (`loss.linear_cross_entropy`) leave unallocated at this micro-batch.
+    logits = B * T * student.padded_vocab_size
+    whole = f"Whole logits, never allocated: the student's {logits * 4 / GB:.2f} GB (float32)"
+    for t in teachers if online else []:
+        logits = B * window * t.padded_vocab_size
+        whole += f"; {t.name}'s {logits * 2 / GB:.2f} GB (bf16) and {logits * 4 / GB:.2f} GB more as bf16-mixed's"
+        whole += " float32 copy"
+    print(whole + ".")
     if teachers:  # score-teacher is data-parallel: the whole teacher on each GPU; one teacher at a time
         scoring = max((estimate_memory(student, t, micro_batch=B, seq_len=T, window=window, train=False)
                        for t in teachers), key=lambda e: e.total)  # fmt: skip

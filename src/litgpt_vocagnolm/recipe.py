@@ -277,7 +277,7 @@ def main(
     else:
         data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length)
     with fabric.rank_zero_first():
-        data.prepare_data()
+        data.prepare_data()  # LitGPT's data modules download here; VocAgnoData's files were checked by `check_setup`
     data.setup()
     train_dataloader = data.train_dataloader()
     stateful = hasattr(train_dataloader, "state_dict")  # LitData's loaders: a resumed run continues mid-epoch
@@ -407,7 +407,9 @@ def fit(
         state["iter_num"] += 1
         iter_t0 = time.perf_counter()
         is_accumulating = state["iter_num"] % accumulation != 0
-        generator = selection_generator(seed, fabric.global_rank, state["iter_num"], fabric.device)
+        generator = None  # `random`'s draws, seeded by position: a resumed run repeats them without saved state
+        if guidance.method == "random":
+            generator = selection_generator(seed, fabric.global_rank, state["iter_num"], fabric.device)
         with fabric.no_backward_sync(model, enabled=is_accumulating):
             loss_sum, weight_sum, metrics = forward_and_loss(
                 model, teachers, batch, guidance, all_gather=all_gather, rank=fabric.global_rank, generator=generator,
@@ -517,9 +519,8 @@ def forward_and_loss(
                     teacher_token_loss(teacher, side["teacher_ids"], side["teacher_valid"])  # (B, M_k)
                     for teacher, side in zip(teachers, sides, strict=True)
                 ]
-    several = len(sides) > 1  # then lists, one entry per teacher
-    teacher_loss = (teacher_losses if several else teacher_losses[0]) if teacher_losses[0] is not None else None
-    ranges = [side["ranges"] for side in sides] if several else batch.get("ranges")
+    teacher_loss = teacher_losses if teacher_losses[0] is not None else None  # one per teacher
+    ranges = [side["ranges"] for side in sides] if "ranges" in batch else None
 
     if guidance.needs_teacher_logits:
         logits = model(batch["input_ids"])  # (B, T, V_student)
