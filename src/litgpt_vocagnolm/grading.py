@@ -16,7 +16,9 @@ Where a verdict can still differ from the harness's (tests/test_grading.py holds
   sympy function that parses or prints strings, and quotes only around the whole answer. Anything else goes straight
   to latex2sympy; the harness would have eval'ed it, which for such text is an error in all but contrived cases.
 - The time limit is SIGALRM's, in the main thread only (elsewhere comparisons run unbounded), and 3 s of this
-  machine's time: a comparison near the limit can end on either side of it.
+  machine's time: a comparison near the limit can end on either side of it. A signal waits for the Python code it
+  interrupts, so one long computation in C (a power tower of integers) overruns the limit before it scores wrong,
+  where the harness ends its process at 3 s.
 """
 
 import builtins
