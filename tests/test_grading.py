@@ -16,6 +16,7 @@ import json
 import re
 
 import pytest
+from sympy import N
 from sympy.parsing.sympy_parser import parse_expr
 
 from litgpt_vocagnolm import grading
@@ -160,19 +161,19 @@ def test_extracted_answers_are_the_harness_predictions(completion, task, predict
     assert extract_answer(completion, TASKS[task]) == prediction
 
 
-def test_python_answers_never_run_code(tmp_path):
-    # parse_expr would run these (the harness would); grading must not, and the verdict is still wrong.
-    target = tmp_path / "ran"
-    payloads = [
-        f"open({str(target)!r},'w')",
-        f"sympify(chr(111)+chr(112)+chr(101)+chr(110)+chr(40)+{str(target)!r}+chr(44)+chr(39)+chr(119)+chr(39)+chr(41))",
-        f"(0).__class__.__base__.__subclasses__() or open({str(target)!r},'w')",
-    ]
+def test_python_answers_never_run_code(tmp_path, monkeypatch):
+    # Each would write the file "ran" where the harness grades it (parse_expr, then N of a quoted answer's text).
+    monkeypatch.chdir(tmp_path)
+    payloads = ["open(sstr(ran),chr(119))", '"open(sstr(ran),chr(119))"', "(0).__class__ or open(sstr(ran),chr(119))"]
     for payload in payloads:
         assert math_equal(payload, "7") is False
-        assert not target.exists()
-    parse_expr(payloads[0])  # the payload is live: eval'ed, it writes the file
-    assert target.exists()
+        assert not (tmp_path / "ran").exists()
+    parse_expr(payloads[0])  # the payloads are live
+    assert (tmp_path / "ran").exists()
+    (tmp_path / "ran").unlink()
+    with pytest.raises(Exception):
+        N(parse_expr(payloads[1]))
+    assert (tmp_path / "ran").exists()
 
 
 def test_python_answers_the_harness_grades_are_evaluated():

@@ -6,8 +6,7 @@ VocAgnoLM reports accuracy the way Rho-1 and ProX do, with the math evaluation h
 `eval_data/licenses/`). For its `cot` prompt type and these tasks, this module re-implements what the harness does at
 commit dcfa46a, so that our numbers compare with the paper's: `data_loader.py` (reading the test files), `utils.py`
 (`load_prompt`, `construct_prompt`), `parser.py` (`parse_question`, `parse_ground_truth`, `extract_answer`,
-`strip_string`), `evaluate.py` (which references it scores) and `python_executor.py`/`run_execute` (an empty generation's answer is
-`None`, scored wrong); grading (`grader.py`) is in grading.py.
+`strip_string`, `run_execute`) and `evaluate.py` (which references it scores). Its `grader.py` is grading.py.
 
 MATH comes in the harness's two settings. `minerva_math`, Table 1's MATH column as in the harness's base-model table
 (scripts/run_eval.sh, README footnote 1): MATH-500, the 500-problem OpenAI subset (`data_loader.py` reads
@@ -31,10 +30,7 @@ Deliberate differences from the harness, none of which changes a score (grading.
 
 import ast
 import json
-import math
 import re
-import signal
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
