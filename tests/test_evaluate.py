@@ -8,7 +8,6 @@ import json
 import math
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from litgpt.utils import save_config
 from tokenizers import Tokenizer as HFTokenizer
 
 from litgpt_vocagnolm import evaluate as evaluate_module
-from litgpt_vocagnolm import math_tasks
 from litgpt_vocagnolm.evaluate import (
     bits_per_byte,
     bits_per_byte_of_documents,
@@ -188,8 +186,8 @@ def test_default_tasks_are_the_harness_table_in_its_order():
         ("Final Answer: The final answer is $5 \\text{ cm}$. I hope it is correct.", "math", "5"),
         ("The final answer is (B).", "mmlu_stem", "B"),
         ("the choice is c, since", "mathqa", "C"),
-        ("I cannot decide.", "sat_math", ""),
-        ("No idea.\n\nProblem:\nThe answer is (A)", "mathqa", ""),  # a new problem is not this one's answer
+        ("I cannot decide.", "sat_math", "placeholder"),  # the harness's word for no answer
+        ("No idea.\n\nProblem:\nThe answer is (A)", "mathqa", "placeholder"),  # a new problem is not this one's answer
     ],
 )
 def test_extract_answer(generation, task, expected):
@@ -215,13 +213,6 @@ def test_extract_answer(generation, task, expected):
 )
 def test_math_equal(prediction, reference, equal):
     assert math_equal(prediction, reference) is equal
-
-
-def test_is_correct_gives_up_after_the_time_limit(monkeypatch):
-    monkeypatch.setattr(math_tasks, "math_equal", lambda prediction, reference: time.sleep(5) or True)
-    start = time.perf_counter()
-    assert is_correct("1", "2", timeout=0.05) is False
-    assert time.perf_counter() - start < 1
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ VocAgnoLM reports accuracy the way Rho-1 and ProX do, with the math evaluation h
 `eval_data/licenses/`). For its `cot` prompt type and these tasks, this module re-implements what the harness does at
 commit dcfa46a, so that our numbers compare with the paper's: `data_loader.py` (reading the test files), `utils.py`
 (`load_prompt`, `construct_prompt`), `parser.py` (`parse_question`, `parse_ground_truth`, `extract_answer`,
-`strip_string`), `evaluate.py` (which references it scores) and `grader.py` (`math_equal`, `symbolic_equal`).
+`strip_string`, `run_execute`) and `evaluate.py` (which references it scores). Its `grader.py` is grading.py.
 
 MATH comes in the harness's two settings. `minerva_math`, Table 1's MATH column as in the harness's base-model table
 (scripts/run_eval.sh, README footnote 1): MATH-500, the 500-problem OpenAI subset (`data_loader.py` reads
@@ -22,24 +22,21 @@ Few-shot prompts: `eval_data/prompts/*.md` are the harness's `prompts/cot/*.md`,
 The two Minerva-derived files double every LaTeX backslash (`\\\\frac`); that is how the harness ships them, and
 grading undoes it (`symbolic_equal`), so it is kept.
 
-Deliberate differences from the harness, none of which changes a score on well-formed answers:
-- Symbolic equality parses with sympy's LaTeX parser only: the harness also tries `sympy.parse_expr`, which runs
-  `eval` on model output, and latex2sympy2, whose pins conflict with current sympy.
+Deliberate differences from the harness, none of which changes a score (grading.py lists where a verdict can):
 - MathQA options written as a Python list are read with `ast.literal_eval`, not `eval`.
-- An unanswered multiple-choice question extracts "" instead of "placeholder" (both score 0).
-- One comparison is limited to 3 s by a SIGALRM timer instead of a process pool with a 3 s timeout.
+- `strip_string` leaves out the harness's unwrapping of `{x}`, `(x)`, `[x]` when `isalnum()`: no bracketed string is
+  alphanumeric, so it never runs there.
 """
 
 import ast
 import json
-import math
 import re
-import signal
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from word2number import w2n
+
+from litgpt_vocagnolm.grading import check_latex_parser, is_correct, math_equal  # noqa: F401 (evaluate's imports)
 
 DATA_DIR = Path(__file__).parent / "eval_data"
 PROMPT_DIR = DATA_DIR / "prompts"
@@ -95,8 +92,18 @@ def load_examples(task: Task, data_dir: Path = DATA_DIR) -> list[dict]:
         # TabMWP's own format: {pid: problem}.
         problems = json.loads(path.read_text(encoding="utf-8"))
         return [{"idx": i, "pid": pid, **problem} for i, (pid, problem) in enumerate(problems.items())]
+    examples = []
     with open(path, encoding="utf-8") as f:
-        examples = [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                examples.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{path}, line {number}: not a JSON object ({error.msg}, column {error.colno}). Each line of a"
+                    f" test file holds one example as JSON; fix or remove that line"
+                ) from error
     if examples and "idx" not in examples[0]:
         examples = [{"idx": i, **example} for i, example in enumerate(examples)]
     return sorted(examples, key=lambda example: example["idx"])
@@ -201,10 +208,13 @@ def parse_question(example: dict, task: Task) -> str:
 # Answer extraction (harness parser.py)
 
 
-def extract_answer(generation: str, task: Task) -> str:
+def extract_answer(generation: str, task: Task) -> str | None:
     """The normalized final answer in a generation: a choice letter, or what `\\boxed{}`, "The answer is" or the
     last number says. Normalized twice for open answers, as the harness does (in `extract_answer`, again in
-    `run_execute`)."""
+    `run_execute`). `None` for an empty generation (or one reading "error"), as `run_execute` gives: it equals no
+    reference, not even one that normalizes to "" (`\\text{east}`)."""
+    if generation.strip() in ("", "error"):
+        return None
     if task.multiple_choice:
         return strip_string(_extract_choice(generation))
     return strip_string(_extract_open_answer(generation))
@@ -238,7 +248,7 @@ def _extract_open_answer(generation: str) -> str:
 def _extract_choice(generation: str) -> str:
     generation = generation.split("Problem:", 1)[0].replace("choice is", "answer is")
     match = re.search(r"answer is \(?(?P<answer>[abcde])\)?", generation.lower())
-    return match.group("answer").upper() if match else ""
+    return match.group("answer").upper() if match else "placeholder"  # the harness's word for no answer: wrong
 
 
 def _boxed_content(after_boxed: str) -> str:
@@ -311,6 +321,7 @@ def strip_string(answer) -> str:
     string = string.replace("infinity", "\\infty")
     if "\\infty" not in string:
         string = string.replace("inf", "\\infty")
+    string = string.replace("+\\inity", "\\infty")
     string = string.replace("and", "").replace("\\mathbf", "")
     string = re.sub(r"\\mbox{.*?}", "", string)
     if "j" in string and "i" not in string:
@@ -369,186 +380,3 @@ def _fix_a_slash_b(string: str) -> str:
     if string != f"{numerator}/{denominator}":
         return string
     return "\\frac{" + str(numerator) + "}{" + str(denominator) + "}"
-
-
-# Grading (harness grader.py)
-
-
-def math_equal(prediction: str, reference: str, include_percentage: bool = True) -> bool:
-    """Whether two normalized answers are the same: as strings, as numbers (within 1e-4 relative, also the reference
-    as a percentage), element-wise for tuples, intervals and matrices, or symbolically (sympy)."""
-    if prediction == reference:
-        return True
-    prediction_number, reference_number = _parse_digits(prediction), _parse_digits(reference)
-    if prediction_number is not None and reference_number is not None:
-        candidates = [reference_number]
-        if include_percentage:
-            candidates = [reference_number / 100, reference_number, reference_number * 100]
-        return any(_numeric_equal(prediction_number, candidate) for candidate in candidates)
-    if not prediction:
-        return False
-
-    prediction, reference = prediction.strip(), reference.strip()
-    if "pmatrix" in prediction and "pmatrix" not in reference:
-        reference = _str_to_pmatrix(reference)
-
-    # Brackets: "[1,2]" vs "1,2", "(a)" vs "a".
-    prediction_text, reference_text = prediction, reference
-    if (prediction.startswith("[") and prediction.endswith("]") and not reference.startswith("(")) or (
-        prediction.startswith("(") and prediction.endswith(")") and not reference.startswith("[")
-    ):
-        prediction_text, reference_text = prediction_text.strip("[]()"), reference_text.strip("[]()")
-    for bracket in "{}()":
-        prediction_text, reference_text = prediction_text.replace(bracket, ""), reference_text.replace(bracket, "")
-    if prediction_text.lower() == reference_text.lower():
-        return True
-
-    # (a, b) vs (c, d): element by element.
-    bracketed = r"(\(|\[).+(\)|\])"
-    if re.match(bracketed, prediction) and re.match(bracketed, reference):
-        prediction_parts, reference_parts = prediction[1:-1].split(","), reference[1:-1].split(",")
-        if len(prediction_parts) == len(reference_parts) and all(
-            math_equal(p, r, include_percentage) for p, r in zip(prediction_parts, reference_parts)
-        ):
-            return True
-
-    if _is_matrix(prediction) and _is_matrix(reference):
-        prediction_rows, reference_rows = _matrix_rows(prediction), _matrix_rows(reference)
-        if len(prediction_rows) == len(reference_rows) and all(
-            len(p) == len(r) and all(math_equal(a, b, include_percentage) for a, b in zip(p, r))
-            for p, r in zip(prediction_rows, reference_rows)
-        ):
-            return True
-
-    # Equations: "x + y = 1" vs "y = 1 - x"; "x = 3" vs "3".
-    if prediction.count("=") == 1 and reference.count("=") == 1:
-        prediction_zero = "{} - ({})".format(*(side.strip() for side in prediction.split("=")))
-        reference_zero = "{} - ({})".format(*(side.strip() for side in reference.split("=")))
-        if symbolic_equal(prediction_zero, reference_zero) or symbolic_equal(f"-({prediction_zero})", reference_zero):
-            return True
-    elif prediction.count("=") == 1 and len(prediction.split("=")[0].strip()) <= 2 and "=" not in reference:
-        if math_equal(prediction.split("=")[1], reference, include_percentage):
-            return True
-    elif reference.count("=") == 1 and len(reference.split("=")[0].strip()) <= 2 and "=" not in prediction:
-        if math_equal(prediction, reference.split("=")[1], include_percentage):
-            return True
-
-    return symbolic_equal(prediction, reference)
-
-
-def _parse_digits(text: str) -> float | None:
-    text = str(text).replace(",", "")
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    if text.endswith("%"):
-        text = text[:-1].removesuffix("\\")
-        try:
-            return float(text) / 100
-        except ValueError:
-            pass
-    return None
-
-
-def _numeric_equal(prediction: float, reference: float) -> bool:
-    return math.isclose(reference, prediction, rel_tol=1e-4)
-
-
-def _str_to_pmatrix(text: str) -> str:
-    """`{1,2}` -> `\\begin{pmatrix}1\\2\\end{pmatrix}`, for references written as sets."""
-    matrices = re.findall(r"\{.*,.*\}", text.strip())
-    return ", ".join(r"\begin{pmatrix}" + m.strip("{}").replace(",", "\\") + r"\end{pmatrix}" for m in matrices)
-
-
-def _is_matrix(text: str) -> bool:
-    begins, ends = ("\\begin{pmatrix}", "\\begin{bmatrix}"), ("\\end{pmatrix}", "\\end{bmatrix}")
-    return text.startswith(begins) and text.endswith(ends)
-
-
-def _matrix_rows(text: str) -> list[list[str]]:
-    body = text[len("\\begin{pmatrix}") : -len("\\end{pmatrix}")]
-    return [line.strip().split("&") for line in body.split("\\\\") if line.strip()]
-
-
-def symbolic_equal(a: str, b: str) -> bool:
-    """Equality of two LaTeX expressions under sympy: identical, simplifying to a zero difference, equal equations,
-    numerically equal, or equal matrices to 3 decimals."""
-    from sympy import N, simplify
-
-    a, b = _parse_latex(a), _parse_latex(b)
-    try:
-        if str(a) == str(b) or a == b:
-            return True
-    except Exception:
-        pass
-    try:
-        if a.equals(b) or simplify(a - b) == 0:
-            return True
-    except Exception:
-        pass
-    try:
-        if (abs(a.lhs - a.rhs)).equals(abs(b.lhs - b.rhs)):
-            return True
-    except Exception:
-        pass
-    try:
-        if _numeric_equal(float(N(a)), float(N(b))):
-            return True
-    except Exception:
-        pass
-    try:
-        if a.shape == b.shape and a.applyfunc(lambda x: round(x, 3)).equals(b.applyfunc(lambda x: round(x, 3))):
-            return True
-    except Exception:
-        pass
-    return False
-
-
-def _parse_latex(text: str):
-    """A sympy expression, or the text itself when it does not parse. Doubled backslashes (the Minerva prompts')
-    are tried as single ones first."""
-    from sympy.parsing.latex import parse_latex
-
-    for candidate in (text.replace("\\\\", "\\"), text):
-        try:
-            return parse_latex(candidate)
-        except ImportError:  # no ANTLR 4.11: never grade without symbolic equality (see `check_latex_parser`)
-            raise
-        except Exception:
-            pass
-    return text
-
-
-def check_latex_parser() -> None:
-    """Fails, naming the fix, where sympy's LaTeX parser cannot run: it needs antlr4-python3-runtime 4.11."""
-    from sympy.parsing.latex import parse_latex
-
-    try:
-        parse_latex("1")
-    except ImportError as error:
-        raise ImportError(f"{error}. Grading needs it: pip install 'antlr4-python3-runtime==4.11.*'") from error
-
-
-class _Timeout(BaseException):
-    """A BaseException, so that the `except Exception` around sympy calls cannot swallow it."""
-
-
-def is_correct(prediction: str, reference: str, timeout: float = 3.0) -> bool:
-    """`math_equal` under a time limit (sympy's simplify can run for minutes on a long generated expression); a
-    comparison that runs out of time is wrong. The limit needs SIGALRM, so it applies in the main thread only."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        return math_equal(prediction, reference)
-
-    def _raise(signum, frame):
-        raise _Timeout
-
-    previous = signal.signal(signal.SIGALRM, _raise)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
-    try:
-        return math_equal(prediction, reference)
-    except _Timeout:
-        return False
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
