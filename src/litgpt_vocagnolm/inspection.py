@@ -349,7 +349,7 @@ def inspect(
             `chunks`, one entry per chunk count with `num_chunks`, `chunk_span_iou`, `chunk_span_ios`,
             `per_token_iou` and `per_token_ios`.
         chunks: Chunk counts for the chunk-alignment baseline (the paper's Table 2 and Figure 3).
-        rows: How many rows of the alignment to print.
+        rows: How many rows of the alignment to print (0: none).
     """
     if text is not None and file is not None:
         raise ValueError("Pass --text or --file, not both.")
@@ -367,8 +367,9 @@ def inspect(
     report = pair_report(student_tokenizer, teacher_tokenizer, text, chunks)
     summary = format_report(report, str(student), str(teacher), source)
     print(summary)
-    print()
-    print(format_rows(report, student_tokenizer, teacher_tokenizer, rows))
+    if rows:
+        print()
+        print(format_rows(report, student_tokenizer, teacher_tokenizer, rows))
     if html is not None:
         Path(html).write_text(format_html(report, student_tokenizer, teacher_tokenizer, summary), encoding="utf-8")
         print(f"\nWrote {html}")
