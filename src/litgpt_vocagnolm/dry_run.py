@@ -170,6 +170,7 @@ def hours(value: float) -> str:
 
 def format_dry_run(figures: dict) -> str:
     f = figures
+    per_gb = 1e9 / f["input_text_bytes"]
     lines = [
         f"Measured on the input's first {scaled(f['sample_bytes'], 'B')} of text ({f['sample_documents']:,} documents,"
         f" {f['sample_student_tokens']:,} student tokens) in {f['sample_seconds']:.1f} s, one worker:",
@@ -177,6 +178,9 @@ def format_dry_run(figures: dict) -> str:
         f"  {f['bytes_per_student_token']:.2f} bytes of text per student token,"
         f" {f['teacher_per_student_token']:.3f} teacher tokens per student token",
         f"  {f['shard_bytes_per_student_token']:.2f} bytes of shards per student token",
+        f"  per GB of text: {tokens(per_gb * f['student_tokens'], 'student')},"
+        f" {per_gb * f['prepare_hours'] * f['num_workers']:.2f} worker-hours, {scaled(per_gb * f['shard_bytes'], 'B')}"
+        f" of shards, {scaled(per_gb * f['cache_bytes'], 'B')} of loss cache",
         f"The whole input, about {scaled(f['input_text_bytes'], 'B')} of text:",
         f"  {tokens(f['student_tokens'], 'student')}, {tokens(f['teacher_window_tokens'], 'teacher')} in the blocks'"
         " windows",
