@@ -44,12 +44,19 @@ def openwebmath_like(tmp_path_factory) -> tuple[Path, list[str]]:
     return folder, texts
 
 
-def test_prepare_reads_openwebmath_parquet(tmp_path, openwebmath_like):
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, openwebmath_like) -> dict:
+    """The manifest of `vocagnolm prepare` on those files, with its defaults (`--text_key text`)."""
+    output = tmp_path_factory.mktemp("prepared") / "owm"
+    folder = openwebmath_like[0]
+    prepare(student=TINYLLAMA, teacher=QWEN, input=folder, output=output, max_seq_length=128, num_workers=1)
+    return load_manifest(output)
+
+
+def test_prepare_reads_openwebmath_parquet(openwebmath_like, prepared):
     folder, texts = openwebmath_like
     assert pq.read_schema(next(folder.glob("*.parquet"))) == SCHEMA
-    output = tmp_path / "owm"
-    prepare(student=TINYLLAMA, teacher=QWEN, input=folder, output=output, max_seq_length=128, num_workers=1)
-    manifest = load_manifest(output)
+    manifest = prepared
     splits = manifest["splits"].values()
     # Every row's `text`, and nothing of the other columns: documents, characters and tokens all add up.
     assert sum(s["documents"] for s in splits) == len(texts)
@@ -61,16 +68,14 @@ def test_prepare_reads_openwebmath_parquet(tmp_path, openwebmath_like):
     assert manifest["skipped_records"] == {} and manifest["skipped_files"] == []
 
 
-def test_dry_run_predicts_the_real_run(tmp_path, capsys, openwebmath_like):
+def test_dry_run_predicts_the_real_run(tmp_path, capsys, openwebmath_like, prepared):
     folder, texts = openwebmath_like
     files = sorted(folder.glob("*.parquet"))
     # The text column's size read from the parquet metadata, without reading a row: a little high, as its page
     # headers and statistics (a page's smallest and largest string) count too.
     assert text_bytes(files[0], ["text"]) == pytest.approx(sum(len(t.encode("utf-8")) for t in texts[:60]), rel=0.05)
 
-    output = tmp_path / "owm"
-    prepare(student=TINYLLAMA, teacher=QWEN, input=folder, output=output, max_seq_length=128, num_workers=1)
-    manifest = load_manifest(output)
+    manifest = prepared
     student = tokenizer_info(find_tokenizer_file(TINYLLAMA))
     teacher = tokenizer_info(find_tokenizer_file(QWEN))
     figures = measure_prepare(
