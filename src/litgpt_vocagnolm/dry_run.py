@@ -114,7 +114,7 @@ def measure_prepare(
     segments = limited(split_documents(sample, keys, "train", None, stats), SAMPLE_CHARS, sampled)
     streams = aligned_streams(segments, student, teacher, stats)
     for block in pack_blocks(streams, block_tokens, teacher_max_length, dtypes, stats):
-        block_bytes += sum(value.nbytes for value in block.values() if isinstance(value, np.ndarray)) + 8
+        block_bytes += sum(value.nbytes for value in block.values() if isinstance(value, np.ndarray)) + 8  # + num_bytes
         window_tokens += len(block["teacher_ids"])
     seconds = time.perf_counter() - start
     if stats.student_tokens == 0:
