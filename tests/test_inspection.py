@@ -1,3 +1,4 @@
+import json
 import re
 from pathlib import Path
 
@@ -5,6 +6,7 @@ import numpy as np
 import pytest
 from jsonargparse import CLI
 
+from litgpt_vocagnolm.alignment import chunk_span_ios_iou, encode
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 from litgpt_vocagnolm.inspection import (
     KINDS,
@@ -18,6 +20,13 @@ from litgpt_vocagnolm.inspection import (
 
 TOKENIZERS = Path(__file__).resolve().parent / "fixtures/tokenizers"
 TINYLLAMA, QWEN, MISTRAL = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5", TOKENIZERS / "mistral-7b-v0.1"
+MATH_STACKEXCHANGE = Path(__file__).resolve().parents[1] / "data/stackexchange/math_stackexchange_33votes.jsonl"
+
+
+def math_text(documents: int) -> str:
+    """The first `documents` questions of the math StackExchange sample shipped in data/, one text."""
+    with open(MATH_STACKEXCHANGE, encoding="utf-8") as f:
+        return "\n\n".join(json.loads(next(f))["input"] for _ in range(documents))
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +84,12 @@ def test_pair_report_on_real_tokenizers(tokenizers):
     assert report["student_covered"] == report["teacher_covered"] == len(SAMPLE)
     # Token-level alignment covers every student span; one chunk does too but with a far lower IoU.
     assert report["token_level"][0] == 1.0
-    assert report["chunks"][1][0] == 1.0 and report["chunks"][1][1] < report["token_level"][1] / 10
-    assert report["chunks"][8][0] < 1.0
+    # Per student token, one chunk maps every student token to the whole teacher text: full IoS, a tiny IoU.
+    assert report["chunks"][1]["per_token"][0] == 1.0
+    assert report["chunks"][1]["per_token"][1] < report["token_level"][1] / 10
+    assert report["chunks"][8]["per_token"][0] < 1.0
+    # As chunk spans, one chunk is the whole text on both sides.
+    assert report["chunks"][1]["chunk_span"] == (1.0, 1.0) and report["chunks"][8]["chunk_span"][1] < 1.0
 
 
 def test_pair_report_counts_dropped_characters(tokenizers):
@@ -111,7 +124,8 @@ def test_inspect_prints_the_report(capsys, tmp_path, tokenizers):
     out = capsys.readouterr().out
     assert "Vocabulary overlap: 9,587 token strings, 6.32% of the teacher's vocabulary" in out
     assert f"Text: built-in math sample, {len(SAMPLE):,} characters" in out
-    assert re.search(r"token-level\s+100\.00%", out) and re.search(r"4 chunks\s+\d+\.\d\d%", out)
+    assert re.search(r"token-level\s+—\s+—\s+100\.00%\s+\d+\.\d\d%\n", out)
+    assert re.search(r"4 chunks(\s+\d+\.\d\d%){4}\n", out)
     assert "IoS is below 100%" not in out
     # The first rows: "A" and " train" are cut the same way by both tokenizers.
     assert re.search(r'"A"\s+▁A\s+A\n\s+" train"\s+▁train\s+Ġtrain\n', out)
@@ -151,3 +165,94 @@ def test_inspect_command_line(capsys):
     with pytest.raises(SystemExit):
         CLI(inspect, args=["--help"])
     assert "--teacher TEACHER" in capsys.readouterr().out
+
+
+def reference_chunk_span_ios_iou(student_offsets, teacher_offsets, num_chunks):
+    """Brute force: each chunk's characters as a Python set, chunk c holding tokens [c * n // C, (c + 1) * n // C)."""
+
+    def chunk_sets(offsets):
+        n = len(offsets)
+        sets = [set() for _ in range(num_chunks)]
+        for c in range(num_chunks):
+            for i in range(c * n // num_chunks, (c + 1) * n // num_chunks):
+                sets[c].update(range(offsets[i][0], offsets[i][1]))
+        return sets
+
+    ios, iou = [], []
+    for s, t in zip(chunk_sets(student_offsets.tolist()), chunk_sets(teacher_offsets.tolist())):
+        if s:
+            ios.append(len(s & t) / len(s))
+        if s | t:
+            iou.append(len(s & t) / len(s | t))
+    return np.mean(ios), np.mean(iou)
+
+
+def test_chunk_span_overlap_matches_character_sets(tokenizers):
+    # Real math text, plus characters that byte-level BPE splits across tokens (a token then spans a whole character
+    # its neighbour shares) and that Qwen's NFC drops (a character in no teacher token).
+    text = math_text(3) + " 名前は 🙂🙂 e\u0301 ∫₀¹"
+    (_, student), (_, teacher) = (encode(tokenizer, text) for tokenizer in tokenizers)
+    for pair in [(student, teacher), (teacher, student)]:
+        for num_chunks in [1, 2, 7, 16, 64, 300, len(teacher) + 5]:
+            assert chunk_span_ios_iou(*pair, num_chunks) == pytest.approx(
+                reference_chunk_span_ios_iou(*pair, num_chunks), abs=1e-12
+            )
+    # Both chunk counts above and below the token counts; an empty side measures nothing.
+    assert np.isnan(chunk_span_ios_iou(np.zeros((0, 2), dtype=np.int64), teacher, 4)[0])
+
+
+def test_chunk_span_overlap_falls_as_chunks_get_finer(tokenizers):
+    # The paper's Figure 3 direction on real math text, TinyLlama vs Qwen2.5: both figures fall as chunks get finer,
+    # while token-level alignment keeps IoS at 100%.
+    report = pair_report(*tokenizers, math_text(20), chunks=[1, 4, 16, 64, 256])
+    spans = [report["chunks"][c]["chunk_span"] for c in [1, 4, 16, 64, 256]]
+    assert spans[0] == (1.0, 1.0)
+    for (ios, iou), (finer_ios, finer_iou) in zip(spans, spans[1:]):
+        assert finer_ios < ios and finer_iou < iou
+    assert spans[-1][1] < 0.5
+    assert report["token_level"][0] == 1.0 and report["token_level"][1] > spans[-1][1]
+    # The per-token view of the same chunks goes the other way for IoU: it is not Figure 3's measure.
+    assert report["chunks"][256]["per_token"][1] > report["chunks"][1]["per_token"][1]
+
+
+def test_inspect_writes_json_and_plot(capsys, tmp_path, tokenizers):
+    file = tmp_path / "math.txt"
+    file.write_text(math_text(5), encoding="utf-8")
+    CLI(
+        inspect,
+        args=[
+            "--student", str(TINYLLAMA), "--teacher", str(QWEN), "--file", str(file), "--chunks=[1, 16, 64]",
+            "--json", str(tmp_path / "figure3.json"), "--plot", str(tmp_path / "figure3.png"), "--rows", "0",
+        ],
+    )
+    out = capsys.readouterr().out
+    assert re.search(r"chunk spans\s+per student token", out) and "the paper's measure" in out
+    figures = json.loads((tmp_path / "figure3.json").read_text(encoding="utf-8"))
+    report = pair_report(*tokenizers, file.read_text(encoding="utf-8"), chunks=[1, 16, 64])
+    assert (figures["ios"], figures["iou"]) == report["token_level"]
+    assert [entry["num_chunks"] for entry in figures["chunks"]] == [1, 16, 64]
+    for entry in figures["chunks"]:
+        c = entry["num_chunks"]
+        assert (entry["chunk_span_ios"], entry["chunk_span_iou"]) == report["chunks"][c]["chunk_span"]
+        assert (entry["per_token_ios"], entry["per_token_iou"]) == report["chunks"][c]["per_token"]
+        # Fractions, and the printed table shows the same numbers as percentages.
+        assert 0 <= entry["chunk_span_iou"] <= 1
+        assert f"{entry['chunk_span_ios']:.2%}" in out and f"{entry['chunk_span_iou']:.2%}" in out
+    assert (tmp_path / "figure3.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_inspect_file_errors_name_the_problem(tmp_path):
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    (tmp_path / "latin1.txt").write_bytes("Lösung: x = 2".encode("latin-1"))
+    (tmp_path / "folder").mkdir()
+    cases = [
+        (tmp_path / "missing.txt", r"--file .*missing.txt does not exist: pass a UTF-8 text file"),
+        (tmp_path / "folder", r"--file .*folder is a folder: pass one UTF-8 text file"),
+        (tmp_path / "latin1.txt", r"--file .*latin1.txt is not UTF-8 text \(byte 1: invalid start byte\): convert"),
+        (tmp_path / "empty.txt", r"--file .*empty.txt is empty: give some text to inspect"),
+    ]
+    for file, message in cases:
+        with pytest.raises(ValueError, match=message):
+            inspect(student=TINYLLAMA, teacher=MISTRAL, file=file)
+    with pytest.raises(ValueError, match="--text is empty"):
+        inspect(student=TINYLLAMA, teacher=MISTRAL, text="")

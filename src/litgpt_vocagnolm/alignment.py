@@ -304,10 +304,70 @@ def chunk_align(num_student: int, num_teacher: int, num_chunks: int) -> np.ndarr
         raise ValueError(f"num_chunks must be at least 1, got {num_chunks}.")
     if num_student < 0 or num_teacher < 0:
         raise ValueError(f"Token counts must be non-negative; got {num_student} student, {num_teacher} teacher.")
-    student_bounds = np.arange(num_chunks + 1) * num_student // num_chunks  # (C + 1,)
     teacher_bounds = np.arange(num_chunks + 1) * num_teacher // num_chunks  # (C + 1,)
-    chunk = np.searchsorted(student_bounds, np.arange(num_student), side="right") - 1  # (N,)
+    chunk = token_chunks(num_student, num_chunks)  # (N,)
     return np.stack([teacher_bounds[chunk], teacher_bounds[chunk + 1]], axis=1)
+
+
+def token_chunks(num_tokens: int, num_chunks: int) -> np.ndarray:
+    """(num_tokens,) int64: the chunk of each token, chunk c holding tokens `[c * n // C, (c + 1) * n // C)`."""
+    bounds = np.arange(num_chunks + 1) * num_tokens // num_chunks  # (C + 1,)
+    return np.searchsorted(bounds, np.arange(num_tokens), side="right") - 1
+
+
+def chunk_span_ios_iou(
+    student_offsets: np.ndarray, teacher_offsets: np.ndarray, num_chunks: int
+) -> tuple[float, float]:
+    """Chunk alignment's overlap as chunk spans (the paper's Figure 3): the characters of student chunk c against those
+    of teacher chunk c, chunks as in `chunk_align`.
+
+    A chunk's characters are those inside the spans of its tokens. Per chunk, IoS = |S_c ∩ T_c| / |S_c| and
+    IoU = |S_c ∩ T_c| / |S_c ∪ T_c|; both fall as chunks get finer, since the two sequences' chunk boundaries fall
+    on different characters. (`token_ios_iou` over `chunk_align` ranges measures something else: each student token
+    against its whole teacher chunk, whose IoU rises as chunks shrink towards tokens.)
+
+    Arguments:
+        student_offsets: (N, 2) character spans of the student tokens.
+        teacher_offsets: (M, 2) character spans of the teacher tokens of the same text.
+        num_chunks: C, chunks per sequence.
+
+    Returns:
+        ios, iou: the means over chunks whose student (IoS) or either (IoU) side holds characters; NaN if none does.
+    """
+    student = _check_offsets(student_offsets, "student_offsets")
+    teacher = _check_offsets(teacher_offsets, "teacher_offsets")
+    if num_chunks < 1:
+        raise ValueError(f"num_chunks must be at least 1, got {num_chunks}.")
+    length = int(max(student[:, 1].max(initial=0), teacher[:, 1].max(initial=0)))
+
+    def chunk_bounds(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(length,) each: the first and last chunk of the tokens covering a character; (C, -1) where none does."""
+        chunk = token_chunks(len(offsets), num_chunks)  # (n,)
+        lengths = offsets[:, 1] - offsets[:, 0]  # (n,)
+        # Every (character, chunk) pair a token covers: a token split inside a character (byte-level BPE) shares it
+        # with its neighbour, which may sit in the next chunk.
+        chars = np.repeat(offsets[:, 0] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+        chunks = np.repeat(chunk, lengths)
+        first, last = np.full(length, num_chunks), np.full(length, -1)
+        np.minimum.at(first, chars, chunks)
+        np.maximum.at(last, chars, chunks)
+        return first, last
+
+    def count(first: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """(C,): characters whose chunk range [first, last] holds chunk c."""
+        kept = first <= last
+        size = num_chunks + 1
+        depth = np.bincount(first[kept], minlength=size) - np.bincount(last[kept] + 1, minlength=size)  # (C + 1,)
+        return np.cumsum(depth)[:num_chunks]
+
+    s_first, s_last = chunk_bounds(student)
+    t_first, t_last = chunk_bounds(teacher)
+    s_size, t_size = count(s_first, s_last), count(t_first, t_last)  # (C,) each
+    inter = count(np.maximum(s_first, t_first), np.minimum(s_last, t_last))  # (C,)
+    union = s_size + t_size - inter
+    ios = inter[s_size > 0] / s_size[s_size > 0]
+    iou = inter[union > 0] / union[union > 0]
+    return (float(ios.mean()) if ios.size else float("nan"), float(iou.mean()) if iou.size else float("nan"))
 
 
 def token_ios_iou(

@@ -2,19 +2,24 @@
 
 A report for a tokenizer pair: vocabulary sizes and overlap, tokens per character, how student and teacher tokens
 group (1:1, 1:many, many:1, many:many), teacher tokens per student token, unmapped tokens, IoS/IoU of token-level
-against chunk alignment (the paper's Figure 3), and the alignment of the text drawn side by side, in the terminal and,
-on request, as an HTML page.
+against chunk alignment (the paper's Figure 3, see docs/figure-3.md), and the alignment of the text drawn side by side,
+in the terminal and, on request, as an HTML page; the overlap figures also as a plot and as JSON.
+
+Chunk alignment's overlap is reported two ways, labelled apart. Chunk spans, the paper's measure: the characters of
+student chunk c against those of teacher chunk c; both IoS and IoU fall as chunks get finer. Per student token: each
+student token against the teacher span it is mapped to, which for chunk alignment is its whole teacher chunk, so its
+IoU rises as chunks shrink towards tokens; for token-level alignment this is the only view, and its IoS is 100%.
 """
 
 import html as html_lib
-import json
+import json as json_lib
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from litgpt_vocagnolm.alignment import align, chunk_align, encode, ios_iou
+from litgpt_vocagnolm.alignment import align, chunk_align, chunk_span_ios_iou, encode, ios_iou
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 # Written for this project: word problems, LaTeX and the Unicode that math text carries.
@@ -103,7 +108,12 @@ def pair_report(student: Tokenizer, teacher: Tokenizer, text: str, chunks: list[
         "teacher_covered": int(covered_characters(teacher_offsets, len(text)).sum()),
         "token_level": ios_iou(student_offsets, teacher_offsets, ranges),
         "chunks": {
-            c: ios_iou(student_offsets, teacher_offsets, chunk_align(len(student_ids), len(teacher_ids), c))
+            c: {
+                "chunk_span": chunk_span_ios_iou(student_offsets, teacher_offsets, c),
+                "per_token": ios_iou(
+                    student_offsets, teacher_offsets, chunk_align(len(student_ids), len(teacher_ids), c)
+                ),
+            }
             for c in chunks
         },
     }
@@ -131,7 +141,7 @@ def alignment_rows(report: dict, limit: int) -> list[tuple[int, int, list[int], 
 
 def _shown(text: str) -> str:
     """`text` with line breaks, tabs and other control characters escaped, so one row stays one line."""
-    return json.dumps(text, ensure_ascii=False)[1:-1]
+    return json_lib.dumps(text, ensure_ascii=False)[1:-1]
 
 
 def format_report(report: dict, student_name: str, teacher_name: str, source: str) -> str:
@@ -165,11 +175,27 @@ def format_report(report: dict, student_name: str, teacher_name: str, source: st
         lines.append(f"  {label:<13}{count:>10,}  {bar}")
     if report["student_special"]:
         lines.append(f"  ({report['student_special']} student tokens have empty spans and are left out: unmapped)")
-    lines += ["", "Alignment quality, mean over student tokens (IoS: share of a student span its teacher span covers):"]
-    lines.append(f"  {'alignment':<16}{'IoS':>9}{'IoU':>9}")
-    lines.append(f"  {'token-level':<16}{report['token_level'][0]:>9.2%}{report['token_level'][1]:>9.2%}")
-    for c, (ios, iou) in report["chunks"].items():
-        lines.append(f"  {f'{c} chunk' + ('s' if c > 1 else ''):<16}{ios:>9.2%}{iou:>9.2%}")
+    lines += [
+        "",
+        "Alignment quality (the paper's Figure 3; IoS: the share of the student side the teacher side covers):",
+        f"  {'':<16}{'chunk spans':^20}{'per student token':^20}",
+        f"  {'alignment':<16}{'IoS':>10}{'IoU':>10}{'IoS':>10}{'IoU':>10}",
+    ]
+    token_ios, token_iou = report["token_level"]
+    lines.append(f"  {'token-level':<16}{'—':>10}{'—':>10}{token_ios:>10.2%}{token_iou:>10.2%}")
+    for c, figures in report["chunks"].items():
+        (span_ios, span_iou), (token_ios, token_iou) = figures["chunk_span"], figures["per_token"]
+        lines.append(
+            f"  {f'{c} chunk' + ('s' if c > 1 else ''):<16}{span_ios:>10.2%}{span_iou:>10.2%}{token_ios:>10.2%}"
+            f"{token_iou:>10.2%}"
+        )
+    if report["chunks"]:
+        lines += [
+            "  chunk spans: the characters of student chunk c against those of teacher chunk c, mean over chunks",
+            "    (the paper's measure: both fall as chunks get finer).",
+            "  per student token: each student token's span against the span of the teacher tokens it maps to, mean",
+            "    over student tokens (under chunk alignment, its whole teacher chunk: IoU rises as chunks get finer).",
+        ]
     if report["token_level"][0] < 1:
         dropped = n_chars - report["teacher_covered"]
         lines.append(
@@ -188,7 +214,7 @@ def format_rows(report: dict, student: Tokenizer, teacher: Tokenizer, rows: int)
     lines.append(f"  {'text':<{width}}  {'student':<{width}}  teacher")
     for start, stop, s, t, _ in alignment_rows(report, rows):
         pieces = [
-            json.dumps(report["text"][start:stop], ensure_ascii=False),
+            json_lib.dumps(report["text"][start:stop], ensure_ascii=False),
             " ".join(_shown(student.id_to_token(int(report["student_ids"][i]))) for i in s) or "—",
             " ".join(_shown(teacher.id_to_token(int(report["teacher_ids"][j]))) for j in t) or "—",
         ]
@@ -228,6 +254,76 @@ pre {{ background: #f8f9fa; padding: 1em; }}
 """
 
 
+def overlap_figures(report: dict) -> dict:
+    """The report's overlap numbers as `--json` writes them: fractions, None where nothing was measured."""
+
+    def number(x: float) -> Optional[float]:
+        return None if np.isnan(x) else x
+
+    return {
+        "ios": number(report["token_level"][0]),
+        "iou": number(report["token_level"][1]),
+        "chunks": [
+            {
+                "num_chunks": c,
+                "chunk_span_ios": number(figures["chunk_span"][0]),
+                "chunk_span_iou": number(figures["chunk_span"][1]),
+                "per_token_ios": number(figures["per_token"][0]),
+                "per_token_iou": number(figures["per_token"][1]),
+            }
+            for c, figures in report["chunks"].items()
+        ],
+    }
+
+
+def plot_overlap(figures: dict, path: Path, title: str) -> None:
+    """Figure 3 as a plot: overlap against the chunk count, chunk spans and per student token, token-level as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chunks = figures["chunks"]
+    counts = [entry["num_chunks"] for entry in chunks]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label, style in [
+        ("chunk_span_ios", "chunk spans, IoS", "o-C0"),
+        ("chunk_span_iou", "chunk spans, IoU", "s-C1"),
+        ("per_token_ios", "per student token, IoS", "o:C0"),
+        ("per_token_iou", "per student token, IoU", "s:C1"),
+    ]:
+        values = [100 * entry[key] if entry[key] is not None else np.nan for entry in chunks]
+        ax.plot(counts, values, style, label=label, alpha=1.0 if key.startswith("chunk") else 0.5)
+    for key, label, color in [("ios", "token-level, IoS", "C0"), ("iou", "token-level, IoU", "C1")]:
+        if figures[key] is not None:
+            ax.axhline(100 * figures[key], color=color, linestyle="--", linewidth=1, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("chunks per sequence")
+    ax.set_ylabel("overlap (%)")
+    ax.set_ylim(0, 102)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def read_text_file(file: Path) -> str:
+    """The contents of `--file`, or one clear error naming what is wrong with it and what to pass instead."""
+    file = Path(file)
+    if not file.exists():
+        raise ValueError(f"--file {file} does not exist: pass a UTF-8 text file.")
+    if file.is_dir():
+        raise ValueError(f"--file {file} is a folder: pass one UTF-8 text file in it.")
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"--file {file} is not UTF-8 text (byte {error.start}: {error.reason}): convert it first, e.g."
+            f" `iconv -f latin1 -t utf-8 {file}`."
+        ) from None
+
+
 def inspect(
     *,
     student: Path,
@@ -235,6 +331,8 @@ def inspect(
     text: Optional[str] = None,
     file: Optional[Path] = None,
     html: Optional[Path] = None,
+    plot: Optional[Path] = None,
+    json: Optional[Path] = None,
     chunks: list[int] = [1, 4, 16, 64, 256],
     rows: int = 40,
 ) -> None:
@@ -246,25 +344,41 @@ def inspect(
         text: The text to inspect. Without `text` or `file`, a built-in math sample.
         file: A UTF-8 text file to inspect instead.
         html: Also write the report, with the alignment drawn token by token (up to 5,000 groups), to this HTML file.
+        plot: Also draw the overlap against the chunk count (the paper's Figure 3) to this image (.png, .pdf, .svg).
+        json: Also write the overlap figures, as fractions, to this JSON file: token-level `iou` and `ios`, and
+            `chunks`, one entry per chunk count with `num_chunks`, `chunk_span_iou`, `chunk_span_ios`,
+            `per_token_iou` and `per_token_ios`.
         chunks: Chunk counts for the chunk-alignment baseline (the paper's Table 2 and Figure 3).
-        rows: How many rows of the alignment to print.
+        rows: How many rows of the alignment to print (0: none).
     """
     if text is not None and file is not None:
         raise ValueError("Pass --text or --file, not both.")
     if any(c < 1 for c in chunks):
         raise ValueError(f"Chunk counts must be at least 1, got {chunks}.")
     if file is not None:
-        source, text = str(file), Path(file).read_text(encoding="utf-8")
+        source, text = str(file), read_text_file(file)
     elif text is not None:
         source = "--text"
     else:
         source, text = "built-in math sample", SAMPLE
+    if not text:
+        raise ValueError(f"{'--file ' + source if file is not None else '--text'} is empty: give some text to inspect.")
     student_tokenizer, teacher_tokenizer = load_tokenizer(student), load_tokenizer(teacher)
     report = pair_report(student_tokenizer, teacher_tokenizer, text, chunks)
     summary = format_report(report, str(student), str(teacher), source)
     print(summary)
-    print()
-    print(format_rows(report, student_tokenizer, teacher_tokenizer, rows))
+    if rows:
+        print()
+        print(format_rows(report, student_tokenizer, teacher_tokenizer, rows))
     if html is not None:
         Path(html).write_text(format_html(report, student_tokenizer, teacher_tokenizer, summary), encoding="utf-8")
         print(f"\nWrote {html}")
+    figures = overlap_figures(report)
+    if json is not None:
+        record = {"student": str(student), "teacher": str(teacher), "text": source, "characters": len(text), **figures}
+        Path(json).write_text(json_lib.dumps(record, indent=2) + "\n", encoding="utf-8")
+        print(f"Wrote {json}")
+    if plot is not None:
+        title = f"{Path(student).name} vs {Path(teacher).name}: {source}, {len(text):,} characters"
+        plot_overlap(figures, Path(plot), title)
+        print(f"Wrote {plot}")

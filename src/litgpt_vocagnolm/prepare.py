@@ -45,6 +45,7 @@ from litgpt_vocagnolm.documents import (
     smallest_hash,
     split_documents,
 )
+from litgpt_vocagnolm.dry_run import format_dry_run, measure_prepare
 from litgpt_vocagnolm.files import file_fingerprint, file_sha256, write_json
 from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
 from litgpt_vocagnolm.tokenizer_files import (
@@ -321,6 +322,7 @@ def prepare(
     text_key: str = "text",
     val_fraction: Optional[float] = None,
     val_input: Optional[Union[list[Path], Path]] = None,
+    dry_run: bool = False,
 ) -> None:
     """Tokenize text with both tokenizers, align them and pack it into LitData shards for `--data VocAgnoData`.
 
@@ -345,6 +347,9 @@ def prepare(
         val_fraction: Share of the documents for validation, chosen by a hash of their text (so the same on every
             run); if that leaves none, the document with the smallest hash. Default: 0.01, unless --val_input is given.
         val_input: Files or directories (as --input) for validation instead of a share of --input.
+        dry_run: Write nothing: prepare the input's first 2M characters in this process, time it, and print what the
+            whole input will take (hours at --num_workers, tokens, passes 15B tokens make, disk for the shards and
+            the teacher loss cache).
     """
     # Every check before any work.
     if max_seq_length < 1:
@@ -368,6 +373,16 @@ def prepare(
     for path in val_files:
         check_input_file(path, keys, "--val_input")
     student_file, teacher_file = find_tokenizer_file(student), find_tokenizer_file(teacher)
+    if dry_run:
+        student_info, teacher_info = tokenizer_info(student_file), tokenizer_info(teacher_file)
+        units, block_tokens = plan_units(files), max_seq_length + 1
+        derived = block_settings(units, keys, student_info, teacher_info, block_tokens, teacher_max_length)
+        dtypes, cap = BlockDtypes(**derived["dtypes"]), derived["teacher_max_length"]
+        figures = measure_prepare(
+            files, keys, student_info, teacher_info, block_tokens, cap, dtypes, val_fraction, num_workers, teacher
+        )
+        print(format_dry_run(figures))
+        return
     settings = {
         "format": FORMAT,
         "student": {"path": str(student_file.resolve()), "sha256": tokenizer_sha256(student_file)},
