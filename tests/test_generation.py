@@ -192,3 +192,89 @@ def test_stop_strings_are_found_in_the_new_text_at_the_step_the_whole_text_holds
                 if "\ufffd" not in whole:
                     assert continuation.text == whole
     assert set(found) == set(stops)  # each is found somewhere
+
+
+# Results kept across runs
+
+
+@pytest.fixture(scope="module")
+def small_test_sets(tmp_path_factory) -> Path:
+    """GSM8K and SVAMP test files of 3 questions each, in the harness layout."""
+    data_dir = tmp_path_factory.mktemp("data")
+    for name in ("gsm8k", "svamp"):
+        (data_dir / name).mkdir()
+        lines = (DATA_DIR / TASKS[name].file).read_text(encoding="utf-8").splitlines()[:3]
+        (data_dir / TASKS[name].file).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return data_dir
+
+
+@pytest.fixture(scope="module")
+def small_checkpoint(tmp_path_factory) -> Path:
+    config = tiny_config("tiny", 32000, n_layer=2, n_embd=64, block_size=1024)
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "small", config, TINYLLAMA)
+
+
+def results(out: Path) -> list[tuple]:
+    with open(out / "results.csv", newline="") as f:
+        return [(row["task"], row["limit"], row["questions"], row["max_new_tokens"]) for row in csv.DictReader(f)]
+
+
+def test_later_runs_keep_earlier_results_and_limited_runs_say_so(small_checkpoint, small_test_sets, tmp_path):
+    out = tmp_path / "out"
+
+    def run(tasks, limit=None, max_new_tokens=3, checkpoint=small_checkpoint):
+        evaluate(checkpoint, tasks=tasks, data_dir=small_test_sets, limit=limit, max_new_tokens=max_new_tokens,
+                 out_dir=out, precision="32-true")  # fmt: skip
+
+    run("gsm8k")
+    gsm8k = (out / "gsm8k.jsonl").read_bytes()
+    run("svamp")  # another task: a row beside GSM8K's
+    assert results(out) == [("gsm8k", "", "3", "3"), ("svamp", "", "3", "3")]
+    run("gsm8k", limit=1)  # a quick check: its own predictions and row, the whole run's kept
+    assert (out / "gsm8k.jsonl").read_bytes() == gsm8k
+    assert len((out / "gsm8k.limit-1.jsonl").read_text().splitlines()) == 1
+    assert results(out) == [("gsm8k", "", "3", "3"), ("gsm8k", "1", "1", "3"), ("svamp", "", "3", "3")]
+    run("svamp", max_new_tokens=2)  # a re-run replaces the task's row
+    assert results(out) == [("gsm8k", "", "3", "3"), ("gsm8k", "1", "1", "3"), ("svamp", "", "3", "2")]
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {row["checkpoint"] for row in rows} == {str(small_checkpoint)} and all(row["date"] for row in rows)
+    predictions = {row["task"]: [json.loads(line) for line in open(out / row["predictions"])] for row in rows[::2]}
+    accuracy = {task: 100 * sum(p["score"] for p in rows) / 3 for task, rows in predictions.items()}
+    assert [float(row["accuracy"]) for row in rows[::2]] == pytest.approx([accuracy["gsm8k"], accuracy["svamp"]])
+
+    table_1 = (out / "results.md").read_text().splitlines()[:3]
+    # Table 1 takes each task's whole run; nothing in it is limited, so nothing is marked.
+    assert table_1[0] == "| model | GSM8K | SVAMP | AVG |"
+    average = (accuracy["gsm8k"] + accuracy["svamp"]) / 2
+    assert table_1[2] == f"| {small_checkpoint} | {accuracy['gsm8k']:.1f} | {accuracy['svamp']:.1f} | {average:.1f} |"
+
+    other = make_checkpoint(tmp_path / "other", tiny_config("tiny", 32000, n_layer=2, n_embd=64, block_size=1024),
+                            TINYLLAMA, seed=1)  # fmt: skip
+    run("svamp", limit=2, checkpoint=other)  # only a limited run of this checkpoint: marked
+    lines = (out / "results.md").read_text().splitlines()
+    limited = next(line for line in lines if line.startswith(f"| {other} |"))
+    assert limited.endswith("*") or limited.endswith("* |")
+    assert limited.split("|")[2].strip() == "" and limited.split("|")[3].strip().endswith("*")
+    assert any(line.startswith("\\* A `--limit` run") for line in lines)
+    assert results(out)[-1] == ("svamp", "2", "2", "3")
+
+
+def test_an_earlier_results_table_of_another_layout_is_refused_before_the_model_loads(
+    small_checkpoint, small_test_sets, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(evaluate_module, "load_model", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    (tmp_path / "results.csv").write_text("model,GSM8K,AVG\nckpt,10.0,10.0\n")
+    with pytest.raises(ValueError, match="results.csv has columns .* move it away to keep it"):
+        evaluate(small_checkpoint, tasks="gsm8k", data_dir=small_test_sets, out_dir=tmp_path)
+    assert (tmp_path / "results.csv").read_text() == "model,GSM8K,AVG\nckpt,10.0,10.0\n"
+
+
+def test_help_says_that_results_are_kept_and_how_limited_runs_are_named(capsys):
+    from jsonargparse import CLI
+
+    with pytest.raises(SystemExit):
+        CLI(evaluate, args=["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Earlier results in `out_dir` are kept" in text and "`<task>.limit-N.jsonl`" in text
+    assert "within the model's block size after its own prompt" in text

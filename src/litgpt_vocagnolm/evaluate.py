@@ -67,13 +67,8 @@ def evaluate(
 ) -> None:
     """Evaluates a LitGPT checkpoint on the paper's math benchmarks and/or bits per byte of held-out text.
 
-    Writes, under `out_dir`: `<task>.jsonl` (every question's generation, extracted answer and score; a `--limit N`
-    run writes `<task>.limit-N.jsonl`, so that it never replaces a whole run's), `results.csv` and `results.md`, and
-    with `--bpb` also `bpb.csv` and `bpb.md`. Earlier results in `out_dir` are kept: `results.csv` holds one row per
-    task and limit, each with its run's settings (accuracy, questions, limit, max_new_tokens, checkpoint, date), and a
-    new run of a task with the same limit replaces that row only. `results.md` shows them as Table 1 (one row per
-    checkpoint, tasks in its column order, then the unweighted average; a task only run with `--limit` is marked so)
-    above the table of every row and its settings.
+    Writes, under `out_dir`: `<task>.jsonl` (every question's generation, extracted answer and score),
+    `results.csv` and `results.md` (see `--out_dir`), and with `--bpb` also `bpb.csv` and `bpb.md`.
 
     Arguments:
         checkpoint_dir: A LitGPT checkpoint directory: lit_model.pth, model_config.yaml, tokenizer.json (or
@@ -84,8 +79,9 @@ def evaluate(
             Default: Table 1's nine (all but `math`), or none when `--bpb` is given.
         data_dir: Directory with the test files in the harness layout (`gsm8k/test.jsonl`, `math_oai/test.jsonl`,
             ..., `tabmwp/problems_test1k.json`). Default: the copies shipped with this package.
-        limit: Evaluate only the first N questions of each task (a quick check; the paper uses all). Its results are
-            kept apart from a whole run's (see above).
+        limit: Evaluate only the first N questions of each task (a quick check; the paper uses all). Such a run
+            writes `<task>.limit-N.jsonl` and a row of its own in results.csv, marked * where results.md's Table 1
+            shows it: it never replaces a whole run's predictions or row.
         batch_size: Questions decoded together (and text windows scored together for `--bpb`). Default: as many as
             the KV cache of a whole block fits in 80% of the device's free memory (on CPU, at most 32), printed at
             start; 8 text windows for `--bpb`. A question that ends leaves its row to the next waiting one.
@@ -98,7 +94,11 @@ def evaluate(
             per row. Every record must be readable.
         text_key: The field(s) of a --bpb record that hold its text; several, comma-separated, are joined with a
             blank line between them.
-        out_dir: Where to write the results; earlier results there are kept (see above). Default:
+        out_dir: Where to write the results. Earlier results in `out_dir` are kept: results.csv holds one row per
+            task and limit with its run's settings (accuracy, questions, limit, max_new_tokens, checkpoint, date),
+            and a new run of a task replaces only that task's row (of the same limit) and predictions file.
+            results.md shows Table 1 (a row per checkpoint: the tasks in the paper's column order, each from its
+            whole run if there is one, then their unweighted average) above every row with its settings. Default:
             `checkpoint_dir/evaluate`.
         precision: Fabric precision, e.g. "bf16-true" or "32-true". Default: bf16 (16-bit on GPUs without bf16).
     """
