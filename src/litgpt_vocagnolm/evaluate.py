@@ -47,7 +47,7 @@ from litgpt_vocagnolm.math_tasks import (
 
 # Prompt tokens per prefill forward.
 PREFILL_CHUNK = 512
-# The most questions decoded at a time on CPU, where a larger batch adds little throughput.
+# The most questions decoded at a time on CPU by default: a bound on a CPU run's memory and on its wait for results.
 CPU_BATCH_SIZE = 32
 # Example fields copied into the predictions file, for per-subject and per-level breakdowns.
 EXTRA_FIELDS = ("type", "subject", "level", "pid", "ques_type", "ans_type")
