@@ -194,6 +194,24 @@ def test_stop_strings_are_found_in_the_new_text_at_the_step_the_whole_text_holds
     assert set(found) == set(stops)  # each is found somewhere
 
 
+def test_default_batch_is_what_free_memory_holds(tinyllama_model, monkeypatch, capsys):
+    model, _ = tinyllama_model
+    config = model.config  # 2 layers, 2 heads of 32 (as many key-value heads), a block of 1024, float32
+    cache = 2 * config.n_layer * 2 * 1024 * 32 * 4  # keys and values of every layer
+    buffers = ((2 * 32 + 1) * 2 * 1024 + 32000) * 4  # one layer's keys, values and scores per head; the logits
+    page = 4096
+    pages = {"SC_PAGE_SIZE": page}
+    monkeypatch.setattr(evaluate_module.os, "sysconf", lambda name: pages[name])
+    pages["SC_AVPHYS_PAGES"] = (10 * (cache + buffers) // 8 * 10 + page) // page  # 80% of it holds 10 rows
+    assert default_batch_size(model) == 10
+    assert "Decoding 10 questions at a time" in capsys.readouterr().out
+    pages["SC_AVPHYS_PAGES"] = 10**9 // page * 100  # 100 GB: the bound on CPU
+    assert default_batch_size(model) == evaluate_module.CPU_BATCH_SIZE
+    pages["SC_AVPHYS_PAGES"] = 1
+    with pytest.raises(MemoryError, match="decoding one question needs 2 MiB, more than 80% of the 0 MiB free"):
+        default_batch_size(model)
+
+
 # Results kept across runs
 
 
