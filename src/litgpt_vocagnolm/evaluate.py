@@ -112,7 +112,7 @@ def evaluate(
     if selected:
         check_latex_parser()
     documents = read_whole_files(bpb, parse_text_key(text_key), "--bpb") if bpb else {}
-    earlier = read_results(out_dir) if selected else []
+    results = read_results(out_dir) if selected else []  # earlier runs' rows: kept
     for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens), ("limit", limit)):
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be at least 1, got {value}")
@@ -132,17 +132,16 @@ def evaluate(
 
     if selected and batch_size is None:
         batch_size = default_batch_size(model)
-    results = earlier
     for task in selected:
         predictions = evaluate_task(model, tokenizer, task, data_dir, limit, batch_size, max_new_tokens)
         name = f"{task.name}.jsonl" if limit is None else f"{task.name}.limit-{limit}.jsonl"
         with open(out_dir / name, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in predictions)
-        row = {"task": task.name, "accuracy": 100 * sum(row["score"] for row in predictions) / len(predictions),
-               "questions": len(predictions), "limit": limit, "max_new_tokens": max_new_tokens,
-               "checkpoint": str(checkpoint_dir), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "predictions": name}  # fmt: skip
-        results = merge_results(results, row)
+        accuracy = 100 * sum(prediction["score"] for prediction in predictions) / len(predictions)
+        result = {"task": task.name, "accuracy": accuracy, "questions": len(predictions), "limit": limit,
+                  "max_new_tokens": max_new_tokens, "checkpoint": str(checkpoint_dir),
+                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "predictions": name}  # fmt: skip
+        results = merge_results(results, result)
         write_accuracy_tables(results, out_dir)  # after each task: a later task's failure loses nothing
     if selected:
         print((out_dir / "results.md").read_text(encoding="utf-8"))
