@@ -4,7 +4,6 @@ batch, and results that later runs add to without losing them."""
 
 import csv
 import gzip
-import inspect
 import json
 import random
 from pathlib import Path

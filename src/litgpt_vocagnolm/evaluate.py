@@ -67,7 +67,7 @@ def evaluate(
 ) -> None:
     """Evaluates a LitGPT checkpoint on the paper's math benchmarks and/or bits per byte of held-out text.
 
-    Writes, under `out_dir`: `<task>.jsonl` (every question's generation, extracted answer and score),
+    Writes, under `out_dir`: `<task>.jsonl` (every question's generation, new tokens, extracted answer and score),
     `results.csv` and `results.md` (see `--out_dir`), and with `--bpb` also `bpb.csv` and `bpb.md`.
 
     Arguments:
