@@ -1,5 +1,5 @@
-"""`vocagnolm evaluate`: harness grading on the nine real test sets, batched greedy decoding against LitGPT's own,
-bits per byte against an independent expectation, the whole command on a tiny model, and bad input."""
+"""`vocagnolm evaluate`: harness grading on the nine real test sets, bits per byte against an independent
+expectation, the whole command on a tiny model, and bad input. Generation and the result tables: test_generation.py."""
 
 import csv
 import gzip
@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from litgpt import GPT, Config
-from litgpt.generate.base import generate
 from litgpt.utils import save_config
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -23,7 +22,6 @@ from litgpt_vocagnolm.evaluate import (
     bits_per_byte,
     bits_per_byte_of_documents,
     evaluate,
-    generate_greedy,
     load_model,
 )
 from litgpt_vocagnolm.math_tasks import (
@@ -254,48 +252,6 @@ def test_prompts_have_the_papers_shots():
         assert load_prompt(TASKS[task]) == load_prompt(TASKS["gsm8k"])
 
 
-# Generation
-
-
-def test_batched_greedy_decoding_matches_litgpt_one_prompt_at_a_time(tiny_checkpoint):
-    model, tokenizer = load_model(tiny_checkpoint, precision="32-true")
-    long = build_prompt("What is 2 + 2?", TASKS["gsm8k"], load_prompt(TASKS["gsm8k"]))
-    texts = ["Question: 2 + 2?", "Olivia has $23. She bought five bagels for $3 each.", "Hi", long]
-    prompts = [tokenizer.encode(text).tolist() for text in texts]
-    # Different lengths, so left padding matters, and one prompt prefilled in several chunks.
-    assert len({len(p) for p in prompts}) == 4 and len(prompts[-1]) > 512
-
-    batched = generate_greedy(model, tokenizer, prompts, max_new_tokens=12)
-
-    for prompt, ours in zip(prompts, batched):
-        model.set_kv_cache(batch_size=1)
-        ids = generate(model, torch.tensor(prompt), len(prompt) + 12, temperature=0.0, eos_id=tokenizer.eos_id)
-        model.clear_kv_cache()
-        assert ours == tokenizer.decode(ids[len(prompt) :])
-        assert len(ours) > 0
-
-
-def test_rows_stop_at_stop_strings_and_leave_the_others_alone(tiny_checkpoint):
-    model, tokenizer = load_model(tiny_checkpoint, precision="32-true")
-    prompts = [tokenizer.encode(text).tolist() for text in ("The answer is", "Problem:\nFind x.", "1, 2, 3,")]
-    free = generate_greedy(model, tokenizer, prompts, max_new_tokens=16)
-    # A stop string that the first row writes early and the others never do.
-    stop = next(
-        free[0][i : i + 3] for i in range(1, len(free[0]) - 3) if all(free[0][i : i + 3] not in t for t in free[1:])
-    )
-
-    stopped = generate_greedy(model, tokenizer, prompts, max_new_tokens=16, stop_strings=[stop])
-
-    assert stopped == [free[0][: free[0].index(stop)], free[1], free[2]]
-
-
-def test_sliding_window_shorter_than_the_sequence_is_refused(tiny_checkpoint):
-    model, tokenizer = load_model(tiny_checkpoint, precision="32-true")
-    model.config.sliding_window_size, model.config.sliding_window_indices = 8, [1]
-    with pytest.raises(NotImplementedError, match="sliding-window attention over 8 tokens with 10 prompt and new"):
-        generate_greedy(model, tokenizer, [[1, 2, 3, 4, 5]], max_new_tokens=5)
-
-
 # Bits per byte
 
 
@@ -359,29 +315,33 @@ def test_every_table_1_task_runs_end_to_end_and_writes_the_tables(tiny_checkpoin
     evaluate(tiny_checkpoint, limit=5, batch_size=3, max_new_tokens=4, out_dir=out, precision="32-true")
 
     with open(out / "results.csv") as f:
-        header, values = list(csv.reader(f))
-    assert header == ["model", *COLUMNS, "AVG"] and values[0] == str(tiny_checkpoint)
+        results = list(csv.DictReader(f))
+    assert [row["task"] for row in results] == HARNESS_DATA_NAMES.split(",")
     markdown = (out / "results.md").read_text().splitlines()
     assert markdown[0] == "| model | " + " | ".join(COLUMNS) + " | AVG |"
-    assert sorted(p.stem for p in out.glob("*.jsonl")) == sorted(HARNESS_DATA_NAMES.split(","))
+    values = [cell.strip() for cell in markdown[2].strip("|").split("|")]
+    assert values[0] == str(tiny_checkpoint)
+    names = HARNESS_DATA_NAMES.split(",")
+    assert sorted(p.name for p in out.glob("*.jsonl")) == sorted(f"{name}.limit-5.jsonl" for name in names)
     accuracies = []
-    for name, column in zip(HARNESS_DATA_NAMES.split(","), COLUMNS):
-        rows = [json.loads(line) for line in open(out / f"{name}.jsonl")]
+    for name, column, result in zip(HARNESS_DATA_NAMES.split(","), COLUMNS, results):
+        rows = [json.loads(line) for line in open(out / f"{name}.limit-5.jsonl")]
         assert [row["idx"] for row in rows] == [e["idx"] for e in load_examples(TASKS[name])[:5]]
         assert all(row["pred"] == extract_answer(row["generation"], TASKS[name]) for row in rows)
         accuracies.append(100 * sum(row["score"] for row in rows) / 5)
-        assert values[header.index(column)] == f"{accuracies[-1]:.1f}"
-    assert values[-1] == f"{sum(accuracies) / 9:.1f}"
+        assert float(result["accuracy"]) == pytest.approx(accuracies[-1])
+        assert (result["questions"], result["limit"], result["max_new_tokens"]) == ("5", "5", "4")
+        assert values[1 + COLUMNS.index(column)] == f"{accuracies[-1]:.1f}*"  # marked: a --limit run
+    assert values[-1] == f"{sum(accuracies) / 9:.1f}*"
 
 
 def test_full_math_test_set_runs_when_asked_in_its_own_column(tiny_checkpoint, tmp_path):
     evaluate(tiny_checkpoint, tasks="math,gsm8k,minerva_math", limit=2, max_new_tokens=2, out_dir=tmp_path,
              precision="32-true")  # fmt: skip
-    with open(tmp_path / "results.csv") as f:
-        header, _ = list(csv.reader(f))
-    assert header == ["model", "GSM8K", "MATH", "MATH-5000", "AVG"]
-    math = [json.loads(line) for line in open(tmp_path / "math.jsonl")]
-    minerva = [json.loads(line) for line in open(tmp_path / "minerva_math.jsonl")]
+    header = (tmp_path / "results.md").read_text().splitlines()[0]
+    assert header == "| model | GSM8K | MATH | MATH-5000 | AVG |"
+    math = [json.loads(line) for line in open(tmp_path / "math.limit-2.jsonl")]
+    minerva = [json.loads(line) for line in open(tmp_path / "minerva_math.limit-2.jsonl")]
     assert [row["question"] for row in math] == [e["problem"] for e in load_examples(TASKS["math"])[:2]]
     assert [row["question"] for row in minerva] == [e["problem"] for e in load_examples(TASKS["minerva_math"])[:2]]
     assert minerva[0]["subject"] == "Precalculus" and math[0]["type"] == "Algebra"  # kept for breakdowns

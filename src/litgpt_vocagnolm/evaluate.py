@@ -1,9 +1,10 @@
 """`vocagnolm evaluate`: the paper's nine math benchmarks (few-shot chain of thought, greedy) and bits per byte.
 
 Accuracy is measured as the math evaluation harness of Rho-1, ProX and the paper measures it (prompts, extraction
-and grading in math_tasks.py), offline, from a LitGPT checkpoint. Generation is LitGPT's `GPT` with its KV cache,
-batched: a batch's prompts are left-padded and a per-row mask hides the padding, so a batch costs one prefill and one
-forward per new token, and rows that finish leave the batch.
+and grading in math_tasks.py), offline, from a LitGPT checkpoint. Generation is greedy, LitGPT's `GPT` with a KV cache
+whose rows each hold one question at its own positions (continuous batching, as vLLM, which the harness runs, does):
+a step is one forward of every row, and a question that ends leaves its row to the next waiting one, so the device
+is never busy with rows that have ended. Each question gets the harness's budget within its own context.
 
 Accuracy of a 1B model trained on a laptop is ~0, so there is also bits per byte of held-out text: summed token losses
 divided by the bytes of the text they encode. It does not depend on the tokenizer, so a TinyLlama student and a Qwen
@@ -12,12 +13,17 @@ teacher are measured in the same unit.
 
 import csv
 import json
-from collections.abc import Sequence
+import os
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 import torch.nn.functional as F
+from litgpt.model import KVCache
 from tqdm import tqdm
 
 from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, load_weights
@@ -41,6 +47,8 @@ from litgpt_vocagnolm.math_tasks import (
 
 # Prompt tokens per prefill forward.
 PREFILL_CHUNK = 512
+# The most questions decoded at a time on CPU by default: a bound on a CPU run's memory and on its wait for results.
+CPU_BATCH_SIZE = 32
 # Example fields copied into the predictions file, for per-subject and per-level breakdowns.
 EXTRA_FIELDS = ("type", "subject", "level", "pid", "ques_type", "ans_type")
 
@@ -50,7 +58,7 @@ def evaluate(
     tasks: Optional[str] = None,
     data_dir: Optional[Path] = None,
     limit: Optional[int] = None,
-    batch_size: int = 8,
+    batch_size: Optional[int] = None,
     max_new_tokens: int = 1024,
     bpb: Optional[Union[Path, list[Path]]] = None,
     text_key: str = "text",
@@ -59,9 +67,8 @@ def evaluate(
 ) -> None:
     """Evaluates a LitGPT checkpoint on the paper's math benchmarks and/or bits per byte of held-out text.
 
-    Writes, under `out_dir`: `results.csv` and `results.md` (accuracy per task in the paper's Table 1 column order,
-    then the unweighted average), `<task>.jsonl` (every question's generation, extracted answer and score), and with
-    `--bpb` also `bpb.csv` and `bpb.md`.
+    Writes, under `out_dir`: `<task>.jsonl` (every question's generation, new tokens, extracted answer and score),
+    `results.csv` and `results.md` (see `--out_dir`), and with `--bpb` also `bpb.csv` and `bpb.md`.
 
     Arguments:
         checkpoint_dir: A LitGPT checkpoint directory: lit_model.pth, model_config.yaml, tokenizer.json (or
@@ -72,16 +79,27 @@ def evaluate(
             Default: Table 1's nine (all but `math`), or none when `--bpb` is given.
         data_dir: Directory with the test files in the harness layout (`gsm8k/test.jsonl`, `math_oai/test.jsonl`,
             ..., `tabmwp/problems_test1k.json`). Default: the copies shipped with this package.
-        limit: Evaluate only the first N questions of each task (a quick check; the paper uses all).
-        batch_size: Questions decoded together (and text windows scored together for `--bpb`).
-        max_new_tokens: Most tokens generated per question; the harness's 1024. Generation also stops at the
-            harness's stop strings and at EOS, and where the model's block size is full.
+        limit: Evaluate only the first N questions of each task (a quick check; the paper uses all). Such a run
+            writes `<task>.limit-N.jsonl` and a row of its own in results.csv, marked * where results.md's Table 1
+            shows it: it never replaces a whole run's predictions or row.
+        batch_size: Questions decoded together (and text windows scored together for `--bpb`). Default: as many as
+            the KV cache of a whole block fits in 80% of the device's free memory (on CPU, at most 32), printed at
+            start; 8 text windows for `--bpb`. A question that ends leaves its row to the next waiting one.
+        max_new_tokens: Most tokens generated per question; the harness's 1024. Each question gets its own: up to
+            `max_new_tokens` within the model's block size after its own prompt (a prompt longer than the block keeps
+            its last tokens, with room for one new token). Generation also stops at the harness's stop strings and at
+            EOS.
         bpb: Text to report bits per byte on: files or directories, as `vocagnolm prepare --input` reads them
             (`--bpb [a.txt,b.jsonl]`): a .txt file is one document, a .jsonl file one per line, a .parquet file one
             per row. Every record must be readable.
         text_key: The field(s) of a --bpb record that hold its text; several, comma-separated, are joined with a
             blank line between them.
-        out_dir: Where to write the results. Default: `checkpoint_dir/evaluate`.
+        out_dir: Where to write the results. Earlier results in `out_dir` are kept: results.csv holds one row per
+            task and limit with its run's settings (accuracy, questions, limit, max_new_tokens, checkpoint, date),
+            and a new run of a task replaces only that task's row (of the same limit) and predictions file.
+            results.md shows Table 1 (a row per checkpoint: the tasks in the paper's column order, each from its
+            whole run if there is one, then their unweighted average) above every row with its settings. Default:
+            `checkpoint_dir/evaluate`.
         precision: Fabric precision, e.g. "bf16-true" or "32-true". Default: bf16 (16-bit on GPUs without bf16).
     """
     checkpoint_dir = Path(checkpoint_dir)
@@ -94,6 +112,7 @@ def evaluate(
     if selected:
         check_latex_parser()
     documents = read_whole_files(bpb, parse_text_key(text_key), "--bpb") if bpb else {}
+    results = read_results(out_dir) if selected else []  # earlier runs' rows: kept
     for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens), ("limit", limit)):
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be at least 1, got {value}")
@@ -105,20 +124,26 @@ def evaluate(
 
     if documents:
         rows = [
-            {"file": str(path)} | bits_per_byte_of_documents(model, tokenizer, texts, batch_size)
+            {"file": str(path)} | bits_per_byte_of_documents(model, tokenizer, texts, batch_size or 8)
             for path, texts in documents.items()
         ]
         write_bpb_tables(rows, out_dir)
         print((out_dir / "bpb.md").read_text(encoding="utf-8"))
 
-    accuracy = {}
+    if selected and batch_size is None:
+        batch_size = default_batch_size(model)
     for task in selected:
         predictions = evaluate_task(model, tokenizer, task, data_dir, limit, batch_size, max_new_tokens)
-        with open(out_dir / f"{task.name}.jsonl", "w", encoding="utf-8") as f:
+        name = f"{task.name}.jsonl" if limit is None else f"{task.name}.limit-{limit}.jsonl"
+        with open(out_dir / name, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in predictions)
-        accuracy[task.name] = 100 * sum(row["score"] for row in predictions) / len(predictions)
-    if accuracy:
-        write_accuracy_tables(accuracy, out_dir, model_name=str(checkpoint_dir))
+        accuracy = 100 * sum(prediction["score"] for prediction in predictions) / len(predictions)
+        result = {"task": task.name, "accuracy": accuracy, "questions": len(predictions), "limit": limit,
+                  "max_new_tokens": max_new_tokens, "checkpoint": str(checkpoint_dir),
+                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "predictions": name}  # fmt: skip
+        results = merge_results(results, result)
+        write_accuracy_tables(results, out_dir)  # after each task: a later task's failure loses nothing
+    if selected:
         print((out_dir / "results.md").read_text(encoding="utf-8"))
     print(f"Wrote results to {out_dir}")
 
@@ -168,78 +193,229 @@ def load_model(checkpoint_dir: Path, precision: Optional[str] = None):
     return model, tokenizer
 
 
+# Generation
+
+
+def default_batch_size(model) -> int:
+    """The most questions whose decoding fits in 80% of the device's free memory (the rest is for a prefill's
+    activations), at most `CPU_BATCH_SIZE` on CPU; printed. A row holds the KV cache of a whole block and, for one
+    layer at a time, its keys and values repeated for every query head (grouped-query attention), its attention
+    scores and its logits."""
+    config, param = model.config, next(model.parameters())
+    # A row's KV cache as LitGPT shapes it; on the meta device, where nothing is allocated.
+    model.set_kv_cache(batch_size=1, max_seq_length=config.block_size, device=torch.device("meta"), dtype=param.dtype)
+    cache = sum(block.attn.kv_cache.k.nbytes + block.attn.kv_cache.v.nbytes for block in model.transformer.h)
+    model.clear_kv_cache()
+    buffers = ((2 * config.head_size + 1) * config.n_head * config.block_size + config.padded_vocab_size) * 4  # fp32
+    per_row = cache + buffers
+    on_gpu = param.device.type == "cuda"
+    if on_gpu:
+        free, where = torch.cuda.mem_get_info(param.device)[0], torch.cuda.get_device_name(param.device)
+    else:
+        free, where = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "RAM"
+    fits = int(0.8 * free) // per_row
+    if fits < 1:
+        raise MemoryError(
+            f"decoding one question needs {per_row / 2**20:.0f} MiB, more than 80% of the {free / 2**20:.0f} MiB free"
+            f" in {where}: free memory, or evaluate on a larger device"
+        )
+    batch = fits if on_gpu else min(fits, CPU_BATCH_SIZE)
+    print(
+        f"Decoding {batch} questions at a time: a row (its KV cache for a block of {config.block_size} tokens and its"
+        f" buffers) takes {per_row / 2**20:.1f} MiB, and 80% of the {free / 2**30:.1f} GiB free in {where} holds"
+        f" {fits}" + ("" if on_gpu else f" (at most {CPU_BATCH_SIZE} on CPU)") + "; --batch_size sets another"
+    )
+    return batch
+
+
+class RowKVCache(KVCache):
+    """LitGPT's KV cache with rows that hold different questions at different positions.
+
+    LitGPT's own cache writes rows 0 .. bs-1, with a Python loop over the rows when their positions differ. This one
+    writes a decode step's token of every row at that row's own position in one `scatter_`, and a prefill into one
+    row, `row`, leaving the others as they are: a waiting question takes the place of a finished one in its row.
+    """
+
+    row: Optional[int] = None
+    """The row a prefill writes; None for a decode step, which writes every row."""
+
+    def forward(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`input_pos` (T,) for a prefill of `row`, (B, 1) for a decode step; `k`, `v` (1 or B, groups, T, head size).
+        Returns the keys and values of the rows written, (1 or B, groups, cache length, head size)."""
+        if self.k.dtype != k.dtype:  # the activations' dtype, as LitGPT's cache does under autocast
+            self.k, self.v = self.k.to(k.dtype), self.v.to(v.dtype)
+        rows = slice(None) if self.row is None else slice(self.row, self.row + 1)
+        index = input_pos.expand(k.shape[0], -1)[:, None, :, None]  # (1 or B, 1, T, 1)
+        self.k[rows].scatter_(2, index.expand_as(k), k)
+        self.v[rows].scatter_(2, index.expand_as(v), v)
+        return self.k[rows], self.v[rows]
+
+
+def set_row_kv_cache(model, batch_size: int, max_seq_length: int) -> list[RowKVCache]:
+    """Gives every block of `model` a `RowKVCache` of `batch_size` rows and `max_seq_length` positions; returns them.
+    LitGPT's `set_kv_cache` (for one row) builds its causal mask and tells each cache's shape."""
+    param = next(model.parameters())
+    model.set_kv_cache(batch_size=1, max_seq_length=max_seq_length, device=param.device, dtype=param.dtype)
+    caches = []
+    for block in model.transformer.h:
+        one = block.attn.kv_cache
+        cache = RowKVCache((batch_size, *one.k.shape[1:]), (batch_size, *one.v.shape[1:]), param.device, param.dtype)
+        block.attn.kv_cache = cache
+        caches.append(cache)
+    return caches
+
+
+def prefill(model, caches: list[RowKVCache], row: int, prompt: Sequence[int]) -> int:
+    """Writes `prompt`'s keys and values into `row` of the caches; returns the greedy first new token.
+
+    Only the last position's logits are needed, so the head is skipped before it (for a tiny model the
+    (T, vocab) projection is most of the cost), and chunks bound the (heads, chunk, T) attention scores."""
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(prompt, dtype=torch.int64, device=device)[None]  # (1, T)
+    length = ids.shape[1]
+    for cache in caches:
+        cache.row = row
+    head, model.lm_head = model.lm_head, torch.nn.Identity()
+    try:
+        for start in range(0, length - 1, PREFILL_CHUNK):
+            end = min(start + PREFILL_CHUNK, length - 1)
+            model(ids[:, start:end], torch.arange(start, end, device=device), input_pos_maxp1=end)
+    finally:
+        model.lm_head = head
+    logits = model(ids[:, -1:], torch.tensor([length - 1], device=device), input_pos_maxp1=length)  # (1, 1, vocab)
+    for cache in caches:
+        cache.row = None
+    return int(logits[0, -1].argmax())  # a CPU-GPU sync per question: its first token may end it
+
+
+@dataclass
+class Continuation:
+    """One question's new tokens, and their text decoded a few tokens at a time, as vLLM's incremental detokenizer
+    does: the text of `tokens[start:]` less that of `tokens[start:read]` is what the tokens after `read` add. The
+    context before `read` keeps what a tokenizer does at a text's start (SentencePiece's leading space) out of the
+    middle; a text that ends in an unfinished character (U+FFFD) waits for the next tokens."""
+
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    start: int = 0
+    read: int = 0
+
+    def add(self, token: int, decode: Callable[[list[int]], str], stop_strings: Sequence[str] = ()) -> bool:
+        """Appends `token`; whether the text it adds completes a stop string. The stop strings are looked for in that
+        text and the characters before it where one could start, not in the whole text."""
+        self.tokens.append(token)
+        known, new = decode(self.tokens[self.start : self.read]), decode(self.tokens[self.start :])
+        if len(new) <= len(known) or new.endswith("\ufffd"):
+            return False
+        piece = new[len(known) :]
+        self.text += piece
+        self.start, self.read = self.read, len(self.tokens)
+        tail = self.text[-(len(piece) + max(map(len, stop_strings), default=1) - 1) :]
+        return any(stop in tail for stop in stop_strings)
+
+
+class Generation(NamedTuple):
+    text: str
+    """The decoded new tokens, cut at the first stop string."""
+    new_tokens: int
+    """Tokens generated: up to the one that completed a stop string, EOS not counted."""
+
+
 @torch.inference_mode()
 def generate_greedy(
-    model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_strings: Sequence[str] = ()
-) -> list[str]:
-    """Greedy continuations of prompts of different lengths, decoded together with LitGPT's KV cache.
+    model,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    stop_strings: Sequence[str] = (),
+    batch_size: int = 8,
+    desc: Optional[str] = None,
+) -> list[Generation]:
+    """Greedy continuations of `prompts`, decoded together with continuous batching.
 
-    The prompts are left-padded to the longest, T0. All rows share positions 0 .. T0 + max_new_tokens - 1 and a
-    (B, 1, S, S) mask, put in place of the model's causal mask cache, hides every padding key. RoPE attention depends
-    on relative positions only, so each row continues as it would alone (up to float rounding). A row stops at EOS or
-    once its text holds a stop string, and is cut there; finished rows leave the batch and the KV cache.
+    Each prompt gets its own budget: up to `max_new_tokens` new tokens within the model's block size, so a prompt of
+    T tokens gets min(max_new_tokens, block_size - T). Prompts must be shorter than the block. Up to `batch_size`
+    questions are decoded at once, longest prompts first, each in its own row of a `RowKVCache` at its own positions;
+    one step is one forward of every row (its last token at its next position, a (B, 1) `input_pos` that LitGPT
+    turns into per-row RoPE angles and causal masks). A question ends at EOS, once its text holds a stop string, or
+    at its budget; the next waiting question is then prefilled into its row. Stop strings are looked for in the text
+    that the step's token adds (and the characters before it that a stop string could start in), not in the whole
+    text. The returned text is the whole of a question's new tokens decoded at once, cut at its first stop string.
+    Each row computes what it would alone (up to float rounding). `desc` shows a progress bar of questions.
     """
-    param = next(model.parameters())
-    device = param.device
-    batch, longest = len(prompts), max(len(prompt) for prompt in prompts)
-    seq_len = longest + max_new_tokens
+    block_size = model.config.block_size
+    too_long = [len(prompt) for prompt in prompts if not 0 < len(prompt) < block_size]
+    if too_long:
+        raise ValueError(f"prompts need 1 to {block_size - 1} tokens (a block of {block_size} less one new token),"
+                         f" got {too_long[0]}")  # fmt: skip
+    if not prompts:
+        return []
+    budgets = [min(max_new_tokens, block_size - len(prompt)) for prompt in prompts]
+    seq_len = max(len(prompt) + budget for prompt, budget in zip(prompts, budgets))
     window = model.config.sliding_window_size
     if window is not None and any(model.config.sliding_window_indices) and window < seq_len:
-        # The mask below has no window, and LitGPT's ring-buffer KV cache cannot prefill past one.
+        # The causal mask has no window, and LitGPT's ring-buffer KV cache cannot prefill past one.
         raise NotImplementedError(
             f"sliding-window attention over {window} tokens with {seq_len} prompt and new tokens is not supported;"
             " lower --max_new_tokens or evaluate a model whose window covers its block size"
         )
-    ids = torch.zeros(batch, longest, dtype=torch.int64, device=device)  # padding id 0, never attended to
-    real = torch.ones(batch, seq_len, dtype=torch.bool, device=device)  # (B, S): key is not padding
-    for row, prompt in enumerate(prompts):
-        ids[row, longest - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.int64)
-        real[row, : longest - len(prompt)] = False
-    model.set_kv_cache(batch_size=batch, max_seq_length=seq_len, device=device, dtype=param.dtype)
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
-    itself = torch.eye(seq_len, dtype=torch.bool, device=device)
-    # A padding query sees only itself: a fully masked row gives NaN, and NaN times a zero weight spreads through V.
-    model.mask_cache = (causal & (real[:, None, :] | itself))[:, None]  # (B, 1, S, S)
+    device = next(model.parameters()).device
+    decode, eos = tokenizer.processor.decode, tokenizer.eos_id
+    continuations = [Continuation() for _ in prompts]
+    # Longest first: running out of memory shows at once, and the short prompts fill the last rows.
+    waiting = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
+    progress = tqdm(total=len(prompts), desc=desc, unit="question", disable=desc is None)
 
-    # Prefill: only the last position's logits are needed, so the head is skipped before it (for a tiny model the
-    # (B, T0, vocab) projection is most of the cost), and chunks bound the (B, heads, chunk, T0) attention scores.
-    head, model.lm_head = model.lm_head, torch.nn.Identity()
+    def ends(i: int, token: int) -> bool:
+        """Adds `token` to question i; whether the question has ended."""
+        if token == eos:
+            return True
+        return continuations[i].add(token, decode, stop_strings) or len(continuations[i].tokens) == budgets[i]
+
+    batch = min(batch_size, len(prompts))
+    caches = set_row_kv_cache(model, batch, seq_len)
+    questions: list[Optional[int]] = [None] * batch  # the question in each row of the caches; None: nothing left
+    positions, last = [0] * batch, [0] * batch  # each row's next position, and the token that goes there
+
+    def fill(row: int) -> None:
+        """Prefills waiting questions into `row` until one needs more than its first token."""
+        questions[row] = None
+        while waiting:
+            i = waiting.popleft()
+            token = prefill(model, caches, row, prompts[i])
+            if not ends(i, token):
+                questions[row], positions[row], last[row] = i, len(prompts[i]), token
+                return
+            progress.update()
+
     try:
-        for start in range(0, longest - 1, PREFILL_CHUNK):
-            end = min(start + PREFILL_CHUNK, longest - 1)
-            model(ids[:, start:end], torch.arange(start, end, device=device), input_pos_maxp1=end)
+        for row in range(batch):
+            fill(row)
+        while any(i is not None for i in questions):
+            keep = [row for row, i in enumerate(questions) if i is not None]
+            if len(keep) < len(questions):  # nothing waits for these rows: the batch shrinks
+                index = torch.tensor(keep, device=device)
+                for cache in caches:
+                    cache.k, cache.v = cache.k.index_select(0, index), cache.v.index_select(0, index)
+                questions, positions, last = ([values[row] for row in keep] for values in (questions, positions, last))
+            input_pos = torch.tensor(positions, device=device)[:, None]  # (B, 1)
+            tokens = torch.tensor(last, device=device)[:, None]  # (B, 1)
+            logits = model(tokens, input_pos, input_pos_maxp1=max(positions) + 1)  # (B, 1, vocab)
+            new = logits[:, -1].argmax(dim=-1).tolist()  # a CPU-GPU sync per step: stop strings are found in text
+            for row, token in enumerate(new):
+                positions[row] += 1
+                if ends(questions[row], token):
+                    progress.update()
+                    fill(row)
+                else:
+                    last[row] = token
     finally:
-        model.lm_head = head
-    last = torch.tensor([longest - 1], device=device)
-    next_tokens = model(ids[:, -1:], last, input_pos_maxp1=longest)[:, -1].argmax(dim=-1)  # (B,)
+        progress.close()
+        model.clear_kv_cache()
+    # Each question's new tokens decoded at once, as the harness does; the incremental text only found the stop.
+    texts = [tokenizer.decode(torch.tensor(c.tokens)) if c.tokens else "" for c in continuations]
+    return [Generation(cut_at_stop(text, stop_strings), len(c.tokens)) for text, c in zip(texts, continuations)]
 
-    rows = list(range(batch))  # the prompt index of each row still in the batch
-    generated: list[list[int]] = [[] for _ in range(batch)]
-    texts = [""] * batch
-    for step in range(max_new_tokens):
-        new = next_tokens.tolist()  # a CPU-GPU sync per step: stop strings are found in the text
-        stay = []
-        for position, (row, token) in enumerate(zip(rows, new)):
-            if token == tokenizer.eos_id:
-                continue
-            generated[row].append(token)
-            texts[row] = tokenizer.decode(torch.tensor(generated[row]))
-            if not any(stop in texts[row] for stop in stop_strings):
-                stay.append(position)
-        if not stay or step == max_new_tokens - 1:
-            break
-        if len(stay) < len(rows):
-            keep = torch.tensor(stay, device=device)
-            for block in model.transformer.h:
-                block.attn.kv_cache.k = block.attn.kv_cache.k.index_select(0, keep)
-                block.attn.kv_cache.v = block.attn.kv_cache.v.index_select(0, keep)
-            model.mask_cache = model.mask_cache.index_select(0, keep)
-            rows, next_tokens = [rows[p] for p in stay], next_tokens[keep]
-        position = longest + step
-        logits = model(next_tokens[:, None], torch.tensor([position], device=device), input_pos_maxp1=position + 1)
-        next_tokens = logits[:, -1].argmax(dim=-1)
-    model.clear_kv_cache()
-    return [cut_at_stop(text, stop_strings) for text in texts]
 
 
 def cut_at_stop(text: str, stop_strings: Sequence[str]) -> str:
@@ -264,45 +440,87 @@ def evaluate_task(
         question = parse_question(example, task)
         ids = tokenizer.encode(build_prompt(question, task, shots)).tolist()
         row = {"idx": example["idx"], "question": question, "gt": parse_ground_truth(example, task)}
-        if len(ids) >= block_size:  # keep the end, where the question is, and room for one new token
+        if len(ids) >= block_size:  # keep the end, where the question is: the block has room for one new token
             ids, row["prompt_truncated"] = ids[len(ids) - block_size + 1 :], True
         rows.append(row | {key: example[key] for key in EXTRA_FIELDS if key in example})
         prompts.append(ids)
 
     lengths = sorted(len(prompt) for prompt in prompts)
     truncated = sum("prompt_truncated" in row for row in rows)
+    short = sum(length + max_new_tokens > block_size for length in lengths)
     print(
         f"{task.name}: {len(rows)} questions, {task.prompt} shots, prompts of {lengths[0]}-{lengths[-1]} tokens"
-        f" (median {lengths[len(lengths) // 2]}), up to {max_new_tokens} new tokens in a block of {block_size}"
-        + (f"; {truncated} prompts cut to fit the block" if truncated else "")
+        f" (median {lengths[len(lengths) // 2]}), up to {max_new_tokens} new tokens each within a block of"
+        f" {block_size}" + (f" ({short} get fewer: the block ends first)" if short else "")
+        + (f"; {truncated} prompts cut to fit the block, with room for one new token" if truncated else "")
     )
-    # Longest first: similar lengths share a batch (little padding), and running out of memory shows at once.
-    order = sorted(range(len(rows)), key=lambda i: -len(prompts[i]))
-    with tqdm(total=len(rows), desc=task.name, unit="question") as progress:
-        for start in range(0, len(order), batch_size):
-            batch = order[start : start + batch_size]
-            new_tokens = min(max_new_tokens, block_size - max(len(prompts[i]) for i in batch))
-            generations = generate_greedy(model, tokenizer, [prompts[i] for i in batch], new_tokens, STOP_STRINGS)
-            for i, generation in zip(batch, generations):
-                # The harness strips the generation; the answer is extracted from what remains.
-                generation = generation.strip()
-                prediction = extract_answer(generation, task)
-                score = is_correct(prediction, rows[i]["gt"])
-                rows[i] |= {"pred": prediction, "score": score, "generation": generation}
-            progress.update(len(batch))
+    generations = generate_greedy(model, tokenizer, prompts, max_new_tokens, STOP_STRINGS, batch_size, task.name)
+    for row, (generation, new_tokens) in zip(rows, generations):
+        # The harness strips the generation; the answer is extracted from what remains.
+        generation = generation.strip()
+        prediction = extract_answer(generation, task)
+        row |= {"pred": prediction, "score": is_correct(prediction, row["gt"]), "generation": generation,
+                "new_tokens": new_tokens}  # fmt: skip
     return rows
 
 
-def write_accuracy_tables(accuracy: dict[str, float], out_dir: Path, model_name: str) -> None:
-    """`results.csv` and `results.md`: one row, the tasks in Table 1 order, then the unweighted average."""
-    names = [name for name in TASKS if name in accuracy]
-    columns = [TASKS[name].column for name in names] + ["AVG"]
-    values = [accuracy[name] for name in names]
-    cells = [f"{value:.1f}" for value in values + [sum(values) / len(values)]]
+RESULT_FIELDS = ("task", "accuracy", "questions", "limit", "max_new_tokens", "checkpoint", "date", "predictions")
+
+
+def read_results(out_dir: Path) -> list[dict]:
+    """The rows of `out_dir/results.csv` (none if it does not exist); a file of another layout is refused."""
+    path = out_dir / "results.csv"
+    if not path.is_file():
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    if tuple(reader.fieldnames or ()) != RESULT_FIELDS:
+        raise ValueError(
+            f"{path} has columns {reader.fieldnames}, not those of this version ({', '.join(RESULT_FIELDS)}): move it"
+            " away to keep it, or give another --out_dir"
+        )
+    return [
+        row | {"accuracy": float(row["accuracy"]), "limit": int(row["limit"]) if row["limit"] else None}
+        for row in rows
+    ]
+
+
+def merge_results(rows: list[dict], new: dict) -> list[dict]:
+    """`rows` with `new` in place of the row of its task and limit; in Table 1 order, a task's whole run first, then
+    its `--limit` runs from the largest limit."""
+    rows = [row for row in rows if (row["task"], row["limit"]) != (new["task"], new["limit"])] + [new]
+    order = list(TASKS)
+    return sorted(rows, key=lambda row: (order.index(row["task"]), row["limit"] is not None, -(row["limit"] or 0)))
+
+
+def write_accuracy_tables(rows: list[dict], out_dir: Path) -> None:
+    """`results.csv`: `rows`, as `merge_results` orders them. `results.md`: Table 1, one row per checkpoint (each task
+    from its whole run, else from its largest `--limit` run, marked *; then the unweighted average), above every row
+    with its settings."""
     with open(out_dir / "results.csv", "w", newline="", encoding="utf-8") as f:
-        csv.writer(f).writerows([["model", *columns], [model_name, *cells]])
-    lines = [["model", *columns], ["---"] + ["---:"] * len(columns), [model_name, *cells]]
-    (out_dir / "results.md").write_text("".join(f"| {' | '.join(line)} |\n" for line in lines), encoding="utf-8")
+        writer = csv.DictWriter(f, RESULT_FIELDS)
+        writer.writeheader()
+        writer.writerows(row | {"limit": "" if row["limit"] is None else row["limit"]} for row in rows)
+
+    names = [name for name in TASKS if any(row["task"] == name for row in rows)]
+    table_1 = [["model", *(TASKS[name].column for name in names), "AVG"], ["---"] + ["---:"] * (len(names) + 1)]
+    for checkpoint in dict.fromkeys(row["checkpoint"] for row in rows):
+        shown = [next((r for r in rows if (r["task"], r["checkpoint"]) == (name, checkpoint)), None) for name in names]
+        cells = ["" if run is None else f"{run['accuracy']:.1f}" + "*" * (run["limit"] is not None) for run in shown]
+        values = [run["accuracy"] for run in shown if run is not None]
+        limited = any(cell.endswith("*") for cell in cells)
+        table_1.append([checkpoint, *cells, f"{sum(values) / len(values):.1f}" + "*" * limited])
+    settings = [list(RESULT_FIELDS), ["---", "---:", "---:", "---:", "---:", "---", "---", "---"]]
+    settings += [[f"{row['accuracy']:.1f}" if c == "accuracy" else str(row[c] or "") for c in RESULT_FIELDS]
+                 for row in rows]  # fmt: skip
+    any_limited = any(row[-1].endswith("*") for row in table_1[2:])
+    note = "\n\\* A `--limit` run: its first questions only (the table below says how many).\n" if any_limited else ""
+    (out_dir / "results.md").write_text(markdown(table_1) + note + "\n" + markdown(settings), encoding="utf-8")
+
+
+def markdown(lines: list[list[str]]) -> str:
+    return "".join(f"| {' | '.join(line)} |\n" for line in lines)
 
 
 # Bits per byte
@@ -354,4 +572,4 @@ def write_bpb_tables(rows: list[dict], out_dir: Path) -> None:
     columns.remove("nats")
     lines = [columns, ["---"] + ["---:"] * (len(columns) - 1)]
     lines += [[str(row[c]) for c in columns[:-1]] + [f"{row['bits_per_byte']:.4f}"] for row in rows]
-    (out_dir / "bpb.md").write_text("".join(f"| {' | '.join(line)} |\n" for line in lines), encoding="utf-8")
+    (out_dir / "bpb.md").write_text(markdown(lines), encoding="utf-8")
