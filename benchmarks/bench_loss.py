@@ -14,7 +14,8 @@ import time
 import torch
 from litgpt.utils import chunked_cross_entropy
 
-from litgpt_vocagnolm.loss import GuidanceArgs, guided_loss, per_token_cross_entropy
+from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
+from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
 
 
 def synthetic_alignment(B: int, T: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,11 +37,13 @@ from litgpt.config import Config
 from torch.profiler import record_function
 
 from litgpt_vocagnolm.alignment import encode
-from litgpt_vocagnolm.loss import GuidanceArgs, guided_loss, per_token_cross_entropy
-from litgpt_vocagnolm.model import GPT
-from litgpt_vocagnolm.models import register
+from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
+from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
+from litgpt_vocagnolm.gpt import GPT
+from litgpt_vocagnolm.model_configs import register
 from litgpt_vocagnolm.plan import cpu_peak_bytes, estimate_memory, matmul_parameters
-from litgpt_vocagnolm.recipe import checkpoint_activations, forward_and_loss
+from litgpt_vocagnolm.distributed import checkpoint_activations
+from litgpt_vocagnolm.recipe import forward_and_loss
 from litgpt_vocagnolm.teacher import teacher_token_loss
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 

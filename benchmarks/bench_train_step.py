@@ -39,13 +39,16 @@ from litgpt.config import Config
 from litgpt.model import GPT
 from litgpt.utils import estimate_flops, flops_per_param, num_parameters, save_config
 
+from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
 from litgpt_vocagnolm.data import block_tokens, collate_blocks, load_manifest, open_split
-from litgpt_vocagnolm.loss import GuidanceArgs, guided_loss, per_token_cross_entropy
-from litgpt_vocagnolm.models import llama_config
-from litgpt_vocagnolm.recipe import Stopwatch, forward_and_loss
+from litgpt_vocagnolm.gpt import load_model
+from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
+from litgpt_vocagnolm.model_configs import llama_config
+from litgpt_vocagnolm.recipe import forward_and_loss
+from litgpt_vocagnolm.stopwatch import Stopwatch
 from litgpt_vocagnolm.prepare import prepare
 from litgpt_vocagnolm.score_teacher import score_teacher
-from litgpt_vocagnolm.teacher import load_teacher, teacher_token_loss
+from litgpt_vocagnolm.teacher import teacher_token_loss
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "data" / "gsm8k" / "train.jsonl"
@@ -183,7 +186,7 @@ def main() -> None:
         t0 = time.perf_counter()
         data, teacher_dir, manifest = prepared_pair(tmp, args)
         batches = scored_batches(data, teacher_dir, manifest, tmp, args.batch_size, args.batches)
-        teacher = load_teacher(fabric, teacher_dir, torch.float32)
+        teacher = load_model(teacher_dir, fabric, torch.float32)
         setup_seconds = time.perf_counter() - t0
 
     # The cache holds what the online teacher computes, to float16 rounding (losses of a few nats: 1e-2 is ~2 ulp).

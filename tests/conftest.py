@@ -11,7 +11,7 @@ from litgpt.config import Config
 from litgpt.model import GPT
 from litgpt.utils import save_config
 
-from litgpt_vocagnolm.models import llama_config
+from litgpt_vocagnolm.model_configs import llama_config
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the console scripts of this environment

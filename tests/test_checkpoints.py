@@ -9,14 +9,13 @@ import torch
 from conftest import MISTRAL, QWEN, TINYLLAMA, make_checkpoint, tiny_config
 from litgpt.args import TrainArgs
 
-from litgpt_vocagnolm import checkpoints
+from litgpt_vocagnolm import checkpoints, gpt
 from litgpt_vocagnolm.checkpoints import UnreadableCheckpoint, find_resume_checkpoint, read_weights
 from litgpt_vocagnolm.data import VocAgnoData
 from litgpt_vocagnolm.evaluate import evaluate, load_model
-from litgpt_vocagnolm.loss import GuidanceArgs
+from litgpt_vocagnolm.methods import GuidanceArgs
 from litgpt_vocagnolm.recipe import setup
 from litgpt_vocagnolm.score_teacher import score_teacher
-from litgpt_vocagnolm.teacher import load_teacher
 
 
 class Payload:
@@ -56,7 +55,8 @@ def setup_args(tmp_path: Path, data: Path, **overrides) -> dict:
 LOADING_PATHS = {
     "evaluate": lambda ckpt, tmp_path, data: evaluate(ckpt, tasks="gsm8k", limit=1, out_dir=tmp_path / "eval"),
     "evaluate's loader": lambda ckpt, tmp_path, data: load_model(ckpt, precision="32-true"),
-    "teacher": lambda ckpt, tmp_path, data: load_teacher(L.Fabric(accelerator="cpu", devices=1), ckpt, torch.float32),
+    "teacher": lambda ckpt, tmp_path, data: gpt.load_model(ckpt, L.Fabric(accelerator="cpu", devices=1), torch.float32),
+    "demo": lambda ckpt, tmp_path, data: gpt.load_model(ckpt),
     "score-teacher": lambda ckpt, tmp_path, data: score_teacher(data=data, teacher=ckpt, output=tmp_path / "cache"),
     "initial checkpoint": lambda ckpt, tmp_path, data: setup(**setup_args(tmp_path, data, initial_checkpoint_dir=ckpt)),
     "resume": lambda ckpt, tmp_path, data: setup(**setup_args(tmp_path, data, resume=ckpt / "lit_model.pth")),

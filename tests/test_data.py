@@ -715,8 +715,8 @@ def test_tokenizer_mismatch_names_both(prepared):
 def test_a_missing_or_cut_chunk_is_found_before_training(prepared, tmp_path):
     from litgpt.args import TrainArgs
 
-    from litgpt_vocagnolm.loss import GuidanceArgs
-    from litgpt_vocagnolm.recipe import check_setup
+    from litgpt_vocagnolm.methods import GuidanceArgs
+    from litgpt_vocagnolm.checks import check_setup
     from litgpt_vocagnolm.teacher import TeacherArgs
 
     copy = tmp_path / "copy"
@@ -727,8 +727,8 @@ def test_a_missing_or_cut_chunk_is_found_before_training(prepared, tmp_path):
         "check_files": VocAgnoData(copy).check_files,
         "iter_blocks": lambda: next(iter_blocks(copy, "train")),
         "the recipe, before any model": lambda: check_setup(
-            VocAgnoData(copy), GuidanceArgs(method="ce"), TeacherArgs(), None, None, False,
-            TrainArgs(max_tokens=1000, max_norm=1.0), tiny_config("student", 32000), 1),  # fmt: skip
+            tiny_config("student", 32000), VocAgnoData(copy), TrainArgs(max_tokens=1000, max_norm=1.0), TeacherArgs(),
+            GuidanceArgs(method="ce")),  # fmt: skip
     }
     chunk.write_bytes(data[:-100])  # a copy cut short
     for name, check in checks.items():

@@ -14,9 +14,12 @@ from test_recipe import metrics
 
 from litgpt_vocagnolm.alignment import vocab_overlap
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer, same_vocabulary
-from litgpt_vocagnolm.demo import METHODS, QUICK, add_noise, compare, demo, read_corpus, split_heldout
+from litgpt_vocagnolm.demo import demo
+from litgpt_vocagnolm.demo.corpus import add_noise, read_corpus, split_heldout
+from litgpt_vocagnolm.demo.settings import QUICK, STUDENTS
+from litgpt_vocagnolm.demo.table import compare
 
-METHOD_NAMES = list(METHODS)
+METHOD_NAMES = list(STUDENTS)
 SEEDED = ("ce", "vocagnolm", "vocagnolm-2teachers")
 
 
@@ -145,8 +148,11 @@ def test_noise_in_the_trained_tokens(quick_run):
     """The noise counts: the demo's blocks and which of their tokens touch noise, against the prepared data and a
     per-token loop over the tokenizer's offsets; methods that train every token count the share of all tokens."""
     from litgpt_vocagnolm.data import collate_blocks, decode_block, iter_blocks
-    from litgpt_vocagnolm.demo import DATA, load_model, noise_sample, score_blocks, trained_noise_share
-    from litgpt_vocagnolm.loss import GuidanceArgs, teacher_guided_weights
+    from litgpt_vocagnolm.demo.noise import noise_sample, score_blocks, trained_noise_share
+    from litgpt_vocagnolm.demo.settings import DATA
+    from litgpt_vocagnolm.gpt import load_model
+    from litgpt_vocagnolm.loss import teacher_guided_weights
+    from litgpt_vocagnolm.methods import GuidanceArgs
 
     out_dir, _ = quick_run
     student_dir, teacher_dir = out_dir / "tokenizers" / "student", out_dir / "tokenizers" / "teacher"
@@ -233,7 +239,7 @@ def test_bad_settings_fail_before_any_work(tmp_path):
 
 
 def test_documents_for_a_budget_are_a_prefix_with_five_percent_more(quick_run):
-    from litgpt_vocagnolm.demo import documents_for
+    from litgpt_vocagnolm.demo.corpus import documents_for
 
     out_dir, _ = quick_run
     tokenizer_dir = out_dir / "tokenizers" / "student"

@@ -7,19 +7,27 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "litgpt_vocagnolm"
 
 
+def module_name(path: Path) -> str:
+    """`demo/noise.py` -> "demo.noise", `demo/__init__.py` -> "demo", `loss.py` -> "loss"."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def imports_of_each_module() -> dict[str, set[str]]:
-    modules = {path.stem for path in PACKAGE.glob("*.py")}
+    """Each module's imports of the package's modules (a package's own `__init__` when its module is named)."""
+    paths = [p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE]
+    modules = {module_name(path) for path in paths}
     graph = {}
-    for path in PACKAGE.glob("*.py"):
+    for path in paths:
         found = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("litgpt_vocagnolm."):
-                found.add(node.module.split(".")[1])
+                found.add(node.module.removeprefix("litgpt_vocagnolm."))
             elif isinstance(node, ast.ImportFrom) and node.module == "litgpt_vocagnolm":
                 found |= {alias.name for alias in node.names}
             elif isinstance(node, ast.Import):
-                found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("litgpt_vocagnolm.")}
-        graph[path.stem] = (found & modules) - {path.stem}
+                found |= {a.name.removeprefix("litgpt_vocagnolm.") for a in node.names if a.name.startswith("litgpt_vocagnolm.")}
+        graph[module_name(path)] = (found & modules) - {module_name(path)}
     return graph
 
 
@@ -31,6 +39,52 @@ def test_no_module_imports_one_that_imports_it_back():
     except CycleError as error:
         raise AssertionError(f"import cycle: {' -> '.join(error.args[1])}") from None
     # The algorithms import no command.
-    for algorithm in ("alignment", "loss", "documents", "packing"):
-        assert not graph[algorithm] & {"prepare", "recipe", "score_teacher", "evaluate", "demo", "data"}, algorithm
+    commands = {"prepare", "recipe", "score_teacher", "evaluate", "demo", "data"}
+    for algorithm in ("alignment", "loss", "cross_entropy", "distillation", "methods", "documents", "packing"):
+        assert not graph[algorithm] & commands, algorithm
     assert order.index("data") < order.index("prepare") < order.index("demo")
+    # The demo's parts never import the demo command that runs them.
+    assert not any("demo" in graph[m] for m in graph if m.startswith("demo."))
+
+
+def test_no_module_is_longer_than_600_lines():
+    lengths = {module_name(p): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert {name: n for name, n in lengths.items() if n > 600} == {}
+
+
+def test_only_the_method_table_lists_method_names():
+    """A tuple, list or set of method names (a group of methods, such as `method in ("ce", "uld")`) appears in
+    `methods` alone: everything else reads the table. (The demo's students are runs, named after their method.)"""
+    from litgpt_vocagnolm.methods import METHODS
+
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "methods.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) >= 2:
+                if all(isinstance(e, ast.Constant) and e.value in METHODS for e in node.elts):
+                    found.append(f"{module_name(path)}:{node.lineno} {ast.unparse(node)}")
+    assert found == []
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """Outside the console entry points (their signature is the command line), parameters are grouped, as LitGPT
+    groups TrainArgs and EvalArgs; keyword-only options with defaults aside."""
+    entry_points = {("recipe", "setup"), ("demo", "demo"), ("prepare", "prepare"), ("score_teacher", "score_teacher"),
+                    ("evaluate", "evaluate")}  # fmt: skip
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if (module_name(path), node.name) in entry_points:
+                continue
+            arguments = node.args
+            options = sum(default is not None for default in arguments.kw_defaults)
+            count = len(arguments.posonlyargs) + len(arguments.args) + len(arguments.kwonlyargs) - options
+            count -= bool(arguments.args) and arguments.args[0].arg in ("self", "cls", "ctx")
+            if count > 8:
+                found.append(f"{module_name(path)}.{node.name}: {count}")
+    assert found == []
+

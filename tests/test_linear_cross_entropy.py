@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from litgpt_vocagnolm import loss as loss_module
-from litgpt_vocagnolm.loss import linear_cross_entropy, per_token_cross_entropy
-from litgpt_vocagnolm.model import GPT
+from litgpt_vocagnolm import cross_entropy as cross_entropy_module
+from litgpt_vocagnolm.cross_entropy import linear_cross_entropy, per_token_cross_entropy
+from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.teacher import teacher_token_loss
 
 QWEN_VOCABULARY = 151665  # Qwen2.5's tokenizer; the model pads it to 151680
@@ -102,7 +102,7 @@ def test_model_loss_equals_litgpt_forward_and_logits_are_never_whole(monkeypatch
     torch.manual_seed(0)
     model = GPT(tiny_config("s", 2000, n_layer=2, n_embd=32, block_size=64))
     V = model.config.padded_vocab_size
-    monkeypatch.setattr(loss_module, "TILE_ELEMENTS", 48 * V)  # tiles of 48 rows: larger than the (V, 32) head
+    monkeypatch.setattr(cross_entropy_module, "TILE_ELEMENTS", 48 * V)  # tiles of 48 rows: larger than the (V, 32) head
     B, T = 2, 64
     idx, targets = torch.randint(0, 2000, (B, T)), torch.randint(0, 2000, (B, T))
     expected = F.cross_entropy(model(idx).transpose(1, 2), targets, reduction="none")  # LitGPT's forward
@@ -124,7 +124,7 @@ def test_model_loss_equals_litgpt_forward_and_logits_are_never_whole(monkeypatch
 def test_teacher_loss_at_qwen_vocabulary_in_bf16_without_whole_logits(monkeypatch):
     """The teacher's per-token loss with Qwen2.5's real vocabulary: as the whole-logits path gives it (bf16
     tolerance), and no tensor of (B, M, V) elements, in any dtype."""
-    monkeypatch.setattr(loss_module, "TILE_ELEMENTS", 1 << 24)  # 110 rows of 151,680 logits
+    monkeypatch.setattr(cross_entropy_module, "TILE_ELEMENTS", 1 << 24)  # 110 rows of 151,680 logits
     torch.manual_seed(0)
     teacher = GPT(tiny_config("t", QWEN_VOCABULARY, n_embd=16, block_size=512)).to(torch.bfloat16).eval()
     B, M = 2, 256
@@ -135,7 +135,7 @@ def test_teacher_loss_at_qwen_vocabulary_in_bf16_without_whole_logits(monkeypatc
     with torch.no_grad(), probe:
         ours = teacher_token_loss(teacher, ids, valid)
     V = teacher.config.padded_vocab_size
-    assert probe.largest <= (loss_module.TILE_ELEMENTS // V) * V  # one tile of rows, not (B, M, V)
+    assert probe.largest <= (cross_entropy_module.TILE_ELEMENTS // V) * V  # one tile of rows, not (B, M, V)
 
     with torch.no_grad():  # the whole-logits path: LitGPT's forward, then the cross-entropy of the next token
         logits = teacher(ids).float()

@@ -10,18 +10,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from litgpt_vocagnolm.loss import (
-    GuidanceArgs,
-    aggregate_teacher_loss,
-    guided_loss,
-    kld_loss,
-    paired_teacher_positions,
-    per_token_cross_entropy,
-    random_selection,
-    select_top_k,
-    teacher_guided_weights,
-    uld_loss,
-)
+from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
+from litgpt_vocagnolm.distillation import kld_loss, paired_teacher_positions, uld_loss
+from litgpt_vocagnolm.loss import aggregate_teacher_loss, random_selection, select_top_k, teacher_guided_weights
+from litgpt_vocagnolm.methods import METHODS, GuidanceArgs, guided_loss
 
 NAN = float("nan")
 
@@ -512,8 +504,8 @@ def test_guided_loss_names_missing_inputs():
 def test_guidance_args():
     assert GuidanceArgs().method == "vocagnolm" and GuidanceArgs().top_k == 0.4
     for kwargs, message in [
-        (dict(top_k=0.0), r"top_k must be in \(0, 1\]"),
-        (dict(top_k=1.5), r"top_k must be in \(0, 1\]"),
+        (dict(top_k=-0.1), r"top_k must be in \[0, 1\]"),
+        (dict(top_k=1.5), r"top_k must be in \[0, 1\]"),
         (dict(method="distill"), "method must be one of"),
         (dict(scope="node"), "scope must be one of"),
         (dict(temperature=0.0), "temperature must be > 0"),
@@ -523,19 +515,21 @@ def test_guidance_args():
         with pytest.raises(ValueError, match=message):
             GuidanceArgs(**kwargs)
     flags = {
-        method: (args.needs_teacher_loss, args.needs_teacher_logits, args.same_vocab_only)
-        for method in ("vocagnolm", "ce", "rho1", "kld", "uld", "chunk", "random")
-        for args in [GuidanceArgs(method=method)]
+        name: (method.teacher_loss, method.teacher_logits, method.same_vocabulary, method.alignment, method.selects,
+               method.several_teachers)
+        for name, method in METHODS.items()
+    }  # fmt: skip
+    assert flags == {  # the paper's methods, as Table 1-2 describe them
+        "vocagnolm": (True, False, False, "token", True, True),
+        "ce": (False, False, False, None, False, False),
+        "rho1": (True, False, True, None, True, True),
+        "kld": (False, True, True, "token", False, False),
+        "uld": (False, True, False, "token", False, False),
+        "chunk": (True, False, False, "chunk", True, True),
+        "random": (False, False, False, "token", True, True),
     }
-    assert flags == {
-        "vocagnolm": (True, False, False),
-        "ce": (False, False, False),
-        "rho1": (True, False, True),
-        "kld": (False, True, True),
-        "uld": (False, True, False),
-        "chunk": (True, False, False),
-        "random": (False, False, False),
-    }
+    assert GuidanceArgs(method="chunk").num_chunks_if_chunked == 8 and GuidanceArgs().num_chunks_if_chunked is None
+    GuidanceArgs(top_k=0.0)  # trains no mapped token: the edge of the range, allowed as `teacher_guided_weights` allows it
     GuidanceArgs(method="uld").check_tokenizers(same_vocabulary=False)
     GuidanceArgs(method="kld").check_tokenizers(same_vocabulary=True)
     with pytest.raises(ValueError, match="needs a teacher with the student's vocabulary.*--guidance.method vocagnolm"):
@@ -550,6 +544,9 @@ def test_guidance_args_on_the_command_line():
     parser.add_class_arguments(GuidanceArgs, "guidance")
     config = parser.parse_args(["--guidance.top_k", "0.2", "--guidance.scope", "sequence"])
     assert parser.instantiate_classes(config).guidance == GuidanceArgs(top_k=0.2, scope="sequence")
-    assert "Fraction of the mapped tokens trained" in parser.format_help()
+    help_text = " ".join(parser.format_help().split())
+    assert "Fraction of the mapped tokens trained" in help_text
+    for method in METHODS.values():  # --help reads the table
+        assert f"{method.name}: {method.description}" in help_text
     with pytest.raises(Exception):
         parser.parse_args(["--guidance.aggregation", "median"])

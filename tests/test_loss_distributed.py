@@ -7,13 +7,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from litgpt_vocagnolm.loss import (
-    GuidanceArgs,
-    aggregate_teacher_loss,
-    random_selection,
-    selection_generator,
-    teacher_guided_weights,
-)
+from litgpt_vocagnolm.loss import aggregate_teacher_loss, random_selection, selection_generator, teacher_guided_weights
+from litgpt_vocagnolm.methods import GuidanceArgs
 from test_loss import guided_loss_of_logits
 
 WORLD = 2

@@ -9,7 +9,7 @@ import pytest
 from conftest import BIN, ROOT
 from litgpt.config import Config
 
-from litgpt_vocagnolm.models import llama_config
+from litgpt_vocagnolm.model_configs import llama_config
 from litgpt_vocagnolm.plan import estimate_memory, matmul_parameters, parameters
 
 
@@ -27,7 +27,7 @@ def test_parameter_counts_equal_litgpt_models(name):
     import torch
     from litgpt.model import GPT
 
-    from litgpt_vocagnolm.models import register
+    from litgpt_vocagnolm.model_configs import register
 
     register()
     config = Config.from_name(name)
@@ -67,7 +67,7 @@ def test_plan_command_on_the_paper_recipe():
     assert "32 GPUs (4 x 8)" in out.stdout and "micro-batch 8 x 2048" in out.stdout
     largest = int(re.search(r"Largest micro-batch that fits 80 GB: (\d+)", out.stdout).group(1))
 
-    from litgpt_vocagnolm.models import register
+    from litgpt_vocagnolm.model_configs import register
 
     register()
     student, teacher = Config.from_name("tiny-llama-1.1b"), Config.from_name("Qwen2.5-Math-7B-Instruct")

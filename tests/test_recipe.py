@@ -25,7 +25,7 @@ from conftest import (
 )
 from jsonargparse import CLI, capture_parser
 
-from litgpt_vocagnolm.loss import GuidanceArgs
+from litgpt_vocagnolm.methods import GuidanceArgs
 from litgpt_vocagnolm.recipe import setup
 from litgpt_vocagnolm.teacher import TeacherArgs
 from test_loss_distributed import free_port
@@ -322,7 +322,7 @@ def test_bad_configuration_fails_before_any_model(tmp_path, tinyllama_mistral_da
     message = _setup_error(tmp_path, tinyllama_mistral_data, empty)
     assert "lacks ['lit_model.pth', 'model_config.yaml']" in message
 
-    with pytest.raises(ValueError, match=r"top_k must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"top_k must be in \[0, 1\]"):
         GuidanceArgs(top_k=1.5)
 
     message = _setup_error(tmp_path, tinyllama_mistral_data, mistral_teacher, guidance=GuidanceArgs(method="kld"))
@@ -336,13 +336,13 @@ def test_same_vocabulary_methods_pass_the_checks_with_llemma(tinyllama_llemma_da
     from litgpt.args import TrainArgs
 
     from litgpt_vocagnolm.data import VocAgnoData
-    from litgpt_vocagnolm.recipe import check_setup
+    from litgpt_vocagnolm.checks import check_setup
 
     train = TrainArgs(max_tokens=1000, max_norm=1.0)
     for method in ("rho1", "kld"):
         data = VocAgnoData(path=tinyllama_llemma_data)
-        check_setup(data, GuidanceArgs(method=method), TeacherArgs(checkpoint_dir=llemma_teacher), TINYLLAMA, None,
-                    False, train, tiny_config("student", 32000), 1)  # fmt: skip
+        check_setup(tiny_config("student", 32000), data, train, TeacherArgs(checkpoint_dir=llemma_teacher),
+                    GuidanceArgs(method=method), tokenizer_dir=TINYLLAMA)  # fmt: skip
 
 
 def test_teacher_vocabulary_larger_than_padded_size_fails(tmp_path, tinyllama_qwen_data):
@@ -469,7 +469,7 @@ def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_
     """One micro-batch of real prepared data per method: finite loss, gradients on the student only. rho1 and kld
     with Table 1's same-vocabulary teacher, Llemma (32,016 tokens: TinyLlama's 32,000 and 16 more)."""
     from litgpt_vocagnolm.data import VocAgnoData
-    from litgpt_vocagnolm.model import GPT
+    from litgpt_vocagnolm.gpt import GPT
     from litgpt_vocagnolm.recipe import forward_and_loss
 
     same_vocab = method in ("rho1", "kld")

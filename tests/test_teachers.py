@@ -14,9 +14,11 @@ from test_recipe import litgpt_pretrain, metrics, recipe_config
 from test_teacher_cache import score
 
 from litgpt_vocagnolm.data import BlockDataset, VocAgnoData
-from litgpt_vocagnolm.loss import GuidanceArgs, aggregate_teacher_loss, guided_loss, teacher_guided_weights, teacher_reference
-from litgpt_vocagnolm.model import GPT
-from litgpt_vocagnolm.recipe import check_setup, forward_and_loss
+from litgpt_vocagnolm.checks import check_setup
+from litgpt_vocagnolm.gpt import GPT
+from litgpt_vocagnolm.loss import aggregate_teacher_loss, teacher_guided_weights, teacher_reference
+from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
+from litgpt_vocagnolm.recipe import forward_and_loss
 from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
 
 
@@ -42,7 +44,7 @@ def teachers_and_tokens(draw, max_teachers: int = 3):
     return ls, losses, ranges, valid
 
 
-def brute_force_reference(losses, ranges, aggregation: str, teachers: str):
+def brute_force_reference(losses, ranges, aggregation: str, combine: str):
     """Token by token, teacher by teacher: the reference, whether any teacher maps the token, the best teacher."""
     B, T = ranges[0].shape[:2]
     reference, mapped, best = torch.zeros(B, T), torch.zeros(B, T, dtype=torch.bool), torch.full((B, T), -1)
@@ -56,17 +58,17 @@ def brute_force_reference(losses, ranges, aggregation: str, teachers: str):
             if per_teacher:
                 mapped[b, t] = True
                 best[b, t] = min(per_teacher, key=lambda k: (per_teacher[k], k))
-                pick = min if teachers == "min" else lambda v: sum(v) / len(v)
+                pick = min if combine == "min" else lambda v: sum(v) / len(v)
                 reference[b, t] = pick(list(per_teacher.values()))
     return reference, mapped, best
 
 
 @settings(max_examples=150, deadline=None)
 @given(teachers_and_tokens(), st.sampled_from(["max", "mean"]), st.sampled_from(["min", "mean"]))
-def test_reference_matches_a_token_by_token_loop(case, aggregation, teachers):
+def test_reference_matches_a_token_by_token_loop(case, aggregation, combine):
     _, losses, ranges, _ = case
-    reference, mapped, best = teacher_reference(losses, ranges, aggregation, teachers)
-    expected, expected_mapped, expected_best = brute_force_reference(losses, ranges, aggregation, teachers)
+    reference, mapped, best = teacher_reference(losses, ranges, aggregation, combine)
+    expected, expected_mapped, expected_best = brute_force_reference(losses, ranges, aggregation, combine)
     assert torch.equal(mapped, expected_mapped)
     assert torch.equal(best, expected_best)
     torch.testing.assert_close(reference, expected, rtol=1e-5, atol=1e-5)
@@ -75,9 +77,9 @@ def test_reference_matches_a_token_by_token_loop(case, aggregation, teachers):
 @settings(max_examples=100, deadline=None)
 @given(teachers_and_tokens(max_teachers=1), st.sampled_from(["max", "mean"]), st.sampled_from(["min", "mean"]),
        st.sampled_from([0.2, 0.4, 1.0]), st.sampled_from(["include", "exclude"]))  # fmt: skip
-def test_one_teacher_gives_exactly_the_single_teacher_weights(case, aggregation, teachers, top_k, unmapped):
+def test_one_teacher_gives_exactly_the_single_teacher_weights(case, aggregation, combine, top_k, unmapped):
     """One teacher, bare, as a list of one, or twice under either combination: the weights of a loop that ranks the
-    valid mapped tokens by `ls - aggregate` (the single-teacher rule of DESIGN.md §3.2, ties to the earlier token)."""
+    valid mapped tokens by `ls - aggregate` (the single-teacher rule of docs/design.md, ties to the earlier token)."""
     ls, (lt,), (ranges,), valid = case
     reference, mapped = aggregate_teacher_loss(lt, ranges, aggregation)
     excess = (ls - reference).flatten().tolist()
@@ -90,18 +92,18 @@ def test_one_teacher_gives_exactly_the_single_teacher_weights(case, aggregation,
     expected = expected.view_as(ls)
     options = dict(top_k=top_k, aggregation=aggregation, unmapped=unmapped)
     for lts, rangess in ((lt, ranges), ([lt], [ranges]), ([lt, lt], [ranges, ranges])):
-        assert torch.equal(teacher_guided_weights(ls, lts, rangess, valid, teachers=teachers, **options), expected)
-    assert torch.equal(teacher_reference([lt, lt], [ranges, ranges], aggregation, teachers)[0], reference)
+        assert torch.equal(teacher_guided_weights(ls, lts, rangess, valid, combine=combine, **options), expected)
+    assert torch.equal(teacher_reference([lt, lt], [ranges, ranges], aggregation, combine)[0], reference)
 
 
 @settings(max_examples=100, deadline=None)
 @given(teachers_and_tokens(), st.sampled_from(["min", "mean"]))
-def test_metrics_say_which_teacher_set_the_reference_of_the_selected_tokens(case, teachers):
+def test_metrics_say_which_teacher_set_the_reference_of_the_selected_tokens(case, combine):
     ls, losses, ranges, valid = case
-    args = GuidanceArgs(teachers=teachers, top_k=0.5)
+    args = GuidanceArgs(combine=combine, top_k=0.5)
     _, _, metrics = guided_loss(args, ls, valid, teacher_loss=losses, ranges=ranges)
-    weights = teacher_guided_weights(ls, losses, ranges, valid, top_k=0.5, teachers=teachers)
-    _, mapped, best = brute_force_reference(losses, ranges, "max", teachers)
+    weights = teacher_guided_weights(ls, losses, ranges, valid, top_k=0.5, combine=combine)
+    _, mapped, best = brute_force_reference(losses, ranges, "max", combine)
     selected = (weights > 0) & valid & mapped
     shares = [metrics.get(f"reference_share_{k}") for k in range(len(losses))]
     if len(losses) == 1:
@@ -131,8 +133,8 @@ def test_distillation_takes_one_teacher():
     with pytest.raises(ValueError, match="takes one teacher"):
         guided_loss(GuidanceArgs(method="uld"), ls, valid, ranges=ranges, logits=torch.zeros(1, 2, 4),
                     teacher_logits=torch.zeros(1, 2, 4))  # fmt: skip
-    with pytest.raises(ValueError, match="teachers must be one of"):
-        GuidanceArgs(teachers="max")
+    with pytest.raises(ValueError, match="combine must be one of"):
+        GuidanceArgs(combine="max")
 
 
 # Data of two teachers: the session's TinyLlama -> Qwen2.5 and TinyLlama -> Mistral preparations of one corpus.
@@ -186,14 +188,14 @@ def test_setup_wants_one_cache_or_model_per_teacher(tmp_path, tinyllama_qwen_dat
     train = TrainArgs(max_tokens=1000, max_norm=1.0, global_batch_size=2, micro_batch_size=2)
     config = tiny_config("student", 32000)
     with pytest.raises(ValueError, match=r"1 --teacher.checkpoint_dir for the data of 2 teachers"):
-        check_setup(data, GuidanceArgs(), TeacherArgs(checkpoint_dir=mistral_teacher), TINYLLAMA, None, False, train,
-                    config, 1)  # fmt: skip
+        check_setup(config, data, train, TeacherArgs(checkpoint_dir=mistral_teacher), GuidanceArgs(),
+                    tokenizer_dir=TINYLLAMA)  # fmt: skip
     with pytest.raises(ValueError, match="several teachers guide vocagnolm, rho1, chunk and random"):
-        check_setup(data, GuidanceArgs(method="uld"), TeacherArgs(checkpoint_dir=[mistral_teacher] * 2), TINYLLAMA,
-                    None, False, train, config, 1)  # fmt: skip
+        check_setup(config, data, train, TeacherArgs(checkpoint_dir=[mistral_teacher] * 2), GuidanceArgs(method="uld"),
+                    tokenizer_dir=TINYLLAMA)  # fmt: skip
     with pytest.raises(ValueError, match="The teacher tokenizer is not the one"):  # Mistral's for the Qwen data
-        check_setup(data, GuidanceArgs(), TeacherArgs(checkpoint_dir=[mistral_teacher, mistral_teacher]), TINYLLAMA,
-                    None, False, train, config, 1)  # fmt: skip
+        check_setup(config, data, train, TeacherArgs(checkpoint_dir=[mistral_teacher, mistral_teacher]), GuidanceArgs(),
+                    tokenizer_dir=TINYLLAMA)  # fmt: skip
 
 
 def test_online_teachers_score_their_own_windows(tinyllama_qwen_data, tinyllama_mistral_data, qwen_teacher, mistral_teacher):
@@ -210,7 +212,7 @@ def test_online_teachers_score_their_own_windows(tinyllama_qwen_data, tinyllama_
         load_weights(teacher, directory / "lit_model.pth")
         teachers.append(teacher.requires_grad_(False).eval())
     student = GPT(tiny_config("s", 32000, block_size=64))
-    guidance = GuidanceArgs(teachers="min")
+    guidance = GuidanceArgs(combine="min")
     loss_sum, weight_sum, got = forward_and_loss(student, teachers, batch, guidance)
     with torch.no_grad():
         sides = [batch, batch["more_teachers"][0]]
@@ -242,7 +244,7 @@ def test_training_with_two_caches(tmp_path, tinyllama_qwen_data, tinyllama_mistr
     (tmp_path / "two").mkdir()
     config = recipe_config(tmp_path / "two", tinyllama_qwen_data, None, data=data,
                            teacher={"cache": [str(c) for c in two_caches]})  # fmt: skip
-    litgpt_pretrain(config, "--guidance.teachers", "min")
+    litgpt_pretrain(config, "--guidance.combine", "min")
     rows = metrics(tmp_path / "two" / "out")
     assert len(rows) == 12 and all(math.isfinite(row["loss"]) for row in rows)
     for row in rows:

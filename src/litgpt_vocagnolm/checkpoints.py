@@ -1,4 +1,5 @@
-"""LitGPT checkpoint directories: checking them before any model is built, fingerprinting, loading their weights.
+"""LitGPT checkpoint directories: checking them before any model is built, fingerprinting, loading their weights;
+the recipe's training checkpoints: saving them whole or not at all, finding the one to resume from.
 
 Every weight file is read with `torch.load(weights_only=True)` (`read_weights`; Fabric's loaders get
 `weights_only=True` too): a weight file is data, and unpickling it without that restriction (as LitGPT's
@@ -9,13 +10,18 @@ import hashlib
 import json
 import pickle
 import re
+import shutil
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
 import torch
 import torch.nn as nn
+import yaml
 from litgpt.config import Config
+from litgpt.data import DataModule
+from litgpt.utils import copy_config_files, save_config
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from litgpt_vocagnolm.tokenizer_files import TOKENIZER_FILES, load_tokenizer
@@ -145,3 +151,47 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
     if candidates:
         fabric.print(f"No readable checkpoint in {out_dir}{skipped}: starting afresh.")
     return None
+
+
+def save_checkpoint(fabric: L.Fabric, state: dict, tokenizer_dir: Path | None, checkpoint_file: Path, hparams: dict) -> None:
+    """litgpt.pretrain.save_checkpoint, changed twice: hyperparameters.yaml is written from the parsed arguments
+    (LitGPT's version re-parses `sys.argv` against its own `setup` and exits on our extra flags), and the directory
+    appears only once complete (written as `.partial-<name>`, then renamed), so a job killed mid-save resumes from
+    the previous checkpoint instead of a truncated file."""
+    final_dir = checkpoint_file.parent
+    partial_dir = final_dir.with_name(f".partial-{final_dir.name}")
+    if fabric.global_rank == 0:
+        shutil.rmtree(partial_dir, ignore_errors=True)
+        partial_dir.mkdir(parents=True)
+    fabric.barrier()
+    fabric.print(f"Saving checkpoint to {str(checkpoint_file)!r}")
+    fabric.save(partial_dir / checkpoint_file.name, state)
+    if fabric.global_rank == 0:
+        with open(partial_dir / "hyperparameters.yaml", "w", encoding="utf-8") as f:
+            yaml.safe_dump(hparams, f, sort_keys=False)
+        if tokenizer_dir is not None:
+            copy_config_files(tokenizer_dir, partial_dir)
+        save_config(state["model"].config, partial_dir)
+        shutil.rmtree(final_dir, ignore_errors=True)
+        partial_dir.rename(final_dir)
+    fabric.barrier()
+
+
+def hyperparameters(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of `setup` in the layout `--config` reads back (data modules as class_path/init_args)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, DataModule):
+            init_args = {f.name: plain(getattr(value, f.name)) for f in fields(value) if f.init}
+            return {"class_path": f"{type(value).__module__}.{type(value).__qualname__}", "init_args": init_args}
+        if is_dataclass(value):
+            return {f.name: plain(getattr(value, f.name)) for f in fields(value) if f.init}
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, Path):
+            return str(value)
+        return value
+
+    return {name: plain(value) for name, value in arguments.items()}

@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     ),
     "demo": ("litgpt_vocagnolm.demo:demo", "The whole method in miniature on a CPU: teacher, students per method, table, plot"),
     "convert_to_litgpt": (
-        "litgpt_vocagnolm.models:convert_to_litgpt",
+        "litgpt_vocagnolm.model_configs:convert_to_litgpt",
         "litgpt convert_to_litgpt, also for llemma_7b, deepseek-math-7b-* and Mistral-7B-ProXMath",
     ),
 }

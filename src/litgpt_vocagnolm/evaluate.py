@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from litgpt.model import KVCache
 from tqdm import tqdm
 
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, load_weights
+from litgpt_vocagnolm import gpt
+from litgpt_vocagnolm.checkpoints import check_checkpoint_dir
 from litgpt_vocagnolm.documents import parse_text_key, read_whole_files
 from litgpt_vocagnolm.loss import bits_per_byte
 from litgpt_vocagnolm.math_tasks import (
@@ -177,20 +178,13 @@ def check_task_files(tasks: list[Task], data_dir: Path) -> None:
 
 
 def load_model(checkpoint_dir: Path, precision: Optional[str] = None):
-    """The checkpoint's `GPT` (eval mode, set up by a 1-device Fabric) and its `litgpt.Tokenizer`."""
+    """The checkpoint's `GPT` (eval mode, set up by a 1-device Fabric; `gpt.load_model`) and its `litgpt.Tokenizer`."""
     import lightning as L
-    from litgpt import GPT, Config, Tokenizer
+    from litgpt import Tokenizer
     from litgpt.utils import get_default_supported_precision
 
-    tokenizer = Tokenizer(checkpoint_dir)
-    config = Config.from_file(checkpoint_dir / "model_config.yaml")
     fabric = L.Fabric(devices=1, precision=precision or get_default_supported_precision(training=False))
-    with fabric.init_module(empty_init=True):
-        model = GPT(config)
-    model.eval()
-    model = fabric.setup_module(model)
-    load_weights(model, checkpoint_dir / "lit_model.pth")  # not LitGPT's `load_checkpoint`: it unpickles anything
-    return model, tokenizer
+    return gpt.load_model(checkpoint_dir, fabric), Tokenizer(checkpoint_dir)
 
 
 # Generation

@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 from litgpt.config import Config
 
-from litgpt_vocagnolm.loss import TILE_ELEMENTS
-from litgpt_vocagnolm.model import GPT
+from litgpt_vocagnolm.cross_entropy import TILE_ELEMENTS
+from litgpt_vocagnolm.gpt import GPT
 
 GB = 1e9
 
@@ -252,8 +252,9 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     from jsonargparse import CLI, ArgumentParser, capture_parser
 
     from litgpt_vocagnolm.data import VocAgnoData, load_manifest
-    from litgpt_vocagnolm.models import register
-    from litgpt_vocagnolm.recipe import resolve_model_config, setup
+    from litgpt_vocagnolm.model_configs import register
+    from litgpt_vocagnolm.checks import resolve_model_config
+    from litgpt_vocagnolm.recipe import setup
 
     register()
     parser = capture_parser(lambda: CLI(setup, args=[], parser_class=parser_class or ArgumentParser))
@@ -273,7 +274,7 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     world = devices * num_nodes
     T = args.train.max_seq_length or student.block_size
     guidance, teacher_args = args.guidance, args.teacher
-    online = guidance.method != "ce" and not teacher_args.caches
+    online = guidance.spec.needs_teacher and not teacher_args.caches  # `random` and `ce` load none
     teachers = []
     for directory in teacher_args.checkpoint_dirs:
         found = directory / "model_config.yaml"
@@ -293,7 +294,7 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
 
     B = args.train.micro_batch_size
     step = estimate(B)
-    kind = "teacher online" if online else ("teacher cached" if guidance.method != "ce" else "no teacher")
+    kind = "teacher online" if online else ("teacher cached" if guidance.spec.needs_teacher else "no teacher")
     kind += f" ({', '.join(t.name for t in teachers)})" if online else ""
     print(
         f"{' '.join(map(str, parsed.get('config') or ['The recipe']))}: student {student.name}, {kind}; {world} GPUs"

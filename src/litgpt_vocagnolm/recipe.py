@@ -5,35 +5,31 @@
 It mirrors litgpt/pretrain.py (`setup()` -> `main()` -> `fit()` -> `validate()`, the same `state` keys, checkpoints
 in `step-%08d/` and `final/`) and changes one thing: the loss. Each micro-batch carries the student block, the teacher
 tokens covering the same characters and the alignment between them (prepared offline by `vocagnolm prepare`); the
-frozen teacher scores its own tokens, and `guided_loss` weights the student's per-token losses (DESIGN.md §3.2).
-Baselines (`ce`, `rho1`, `kld`, `uld`, `chunk`, `random`) are one switch, `--guidance.method`, never a forked loop.
+frozen teacher scores its own tokens, and `methods.guided_loss` weights the student's per-token losses
+(docs/design.md, "Teacher-guided loss"). Every method of `methods.METHODS` (VocAgnoLM and the baselines) is one
+switch, `--guidance.method`, never a forked loop.
 
 The loss is a weighted sum over every micro-batch and rank of one optimizer step divided once by the total weight:
 each micro-batch backpropagates its unnormalised sum, and the gradients are divided by the all-reduced weight count
 before clipping (so every trained token weighs the same, however selection spreads over micro-batches and ranks).
 
-SIGUSR1 (what Slurm sends before a job's time limit) ends the run after the current optimizer step on every rank, with
-a checkpoint of that step; under Slurm the job is requeued, and `--resume auto` continues it.
+What surrounds the loop lives apart: the input checks in `checks`, sharding and activation checkpointing in
+`distributed`, checkpoint writing and resuming in `checkpoints`, SIGUSR1's stop and the requeue in `slurm`.
 """
 
 import contextlib
 import math
-import os
 import pprint
-import shutil
-import signal
-import subprocess
 import threading
 import time
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterator, Literal, NoReturn
+from typing import Literal, Sequence
 
 import lightning as L
 import torch
 import torch.nn as nn
-import yaml
 from lightning.fabric.strategies import ModelParallelStrategy
 from litgpt.args import EvalArgs, LogArgs, TrainArgs
 from litgpt.config import Config
@@ -43,45 +39,44 @@ from litgpt.types import LoggerChoice
 from litgpt.utils import (
     CycleIterator,
     choose_logger,
-    copy_config_files,
     init_out_dir,
     instantiate_torch_optimizer,
     num_parameters,
     parse_devices,
-    save_config,
 )
 
-from litgpt_vocagnolm.alignment import vocab_overlap
-from litgpt_vocagnolm.checkpoints import (
-    check_checkpoint_dir,
-    check_vocab_size,
-    find_resume_checkpoint,
-    load_weights,
-    read_weights,
-)
-from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
-from litgpt_vocagnolm.loss import (
-    GuidanceArgs,
-    bits_per_byte,
-    guided_loss,
-    per_token_cross_entropy,
-    selection_generator,
-)
-from litgpt_vocagnolm.model import GPT
-from litgpt_vocagnolm.models import register
-from litgpt_vocagnolm.teacher import TeacherArgs, load_teacher, teacher_token_loss
-from litgpt_vocagnolm.teacher_cache import check_cache
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.checkpoints import find_resume_checkpoint, hyperparameters, load_weights, save_checkpoint
+from litgpt_vocagnolm.checks import check_setup, resolve_model_config, tokenizer_pair_summary
+from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
+from litgpt_vocagnolm.data import VocAgnoData
+from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, parallelize
+from litgpt_vocagnolm.gpt import GPT, load_model
+from litgpt_vocagnolm.loss import bits_per_byte, selection_generator
+from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
+from litgpt_vocagnolm.model_configs import register
+from litgpt_vocagnolm.slurm import requeue_and_exit, stop_signal
+from litgpt_vocagnolm.stopwatch import Stopwatch
+from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
 
 
 @dataclass
-class FSDPArgs:
-    """Memory settings. On more than one device both models are sharded (FSDP2, `fully_shard`, per transformer
-    block)."""
+class Run:
+    """One run's settings besides the argument groups, as `setup` resolved them (what `main` and `fit` read)."""
 
-    activation_checkpointing: bool = False
-    """Recompute each student block's activations in the backward pass (on any number of devices): less memory, about
-    a third more compute."""
+    out_dir: Path
+    tokenizer_dir: Path | None
+    initial_checkpoint_dir: Path | None
+    resume: bool | Literal["auto"] | Path
+    devices: int
+    num_nodes: int
+    seed: int
+    optimizer: str | dict
+    fsdp: FSDPArgs
+    compile: bool
+    hparams: dict
+    """`setup`'s arguments, written into every checkpoint as hyperparameters.yaml."""
+    stop: threading.Event
+    """Set by SIGUSR1: stop after the current optimizer step (see `slurm.stop_signal`)."""
 
 
 def setup(
@@ -156,9 +151,8 @@ def setup(
         return
     config = resolve_model_config(model_name, model_config)
     devices = parse_devices(devices)
-    check_setup(
-        data, guidance, teacher, tokenizer_dir, initial_checkpoint_dir, resume, train, config, devices * num_nodes
-    )
+    check_setup(config, data, train, teacher, guidance, tokenizer_dir=tokenizer_dir,
+                initial_checkpoint_dir=initial_checkpoint_dir, resume=resume, world_size=devices * num_nodes)  # fmt: skip
 
     precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
     out_dir = init_out_dir(out_dir)
@@ -187,58 +181,30 @@ def setup(
         fabric.logger.log_hyperparams(hparams)
 
     with stop_signal() as stop:  # Slurm's warning before the time limit: checkpoint, requeue, exit
-        main(
-            fabric=fabric,
-            devices=devices,
-            num_nodes=num_nodes,
-            seed=seed,
-            initial_checkpoint_dir=initial_checkpoint_dir,
-            resume=resume,
-            config=config,
-            data=data,
-            out_dir=out_dir,
-            tokenizer_dir=tokenizer_dir,
-            train=train,
-            eval=eval,
-            optimizer=optimizer,
-            teacher_args=teacher,
-            guidance=guidance,
-            fsdp=fsdp,
-            compile=compile,
-            hparams=hparams,
-            stop=stop,
-        )
+        run = Run(out_dir=out_dir, tokenizer_dir=tokenizer_dir, initial_checkpoint_dir=initial_checkpoint_dir,
+                  resume=resume, devices=devices, num_nodes=num_nodes, seed=seed, optimizer=optimizer, fsdp=fsdp,
+                  compile=compile, hparams=hparams, stop=stop)  # fmt: skip
+        main(fabric, config, data, run, train, eval, teacher, guidance)
 
 
 def main(
-    *,
     fabric: L.Fabric,
-    devices: int,
-    num_nodes: int,
-    seed: int,
-    initial_checkpoint_dir: Path | None,
-    resume: bool | Literal["auto"] | Path,
     config: Config,
     data: DataModule,
-    out_dir: Path,
-    tokenizer_dir: Path | None,
+    run: Run,
     train: TrainArgs,
     eval: EvalArgs,
-    optimizer: str | dict,
     teacher_args: TeacherArgs,
     guidance: GuidanceArgs,
-    fsdp: FSDPArgs,
-    compile: bool,
-    hparams: dict,
-    stop: threading.Event,
 ) -> None:
+    out_dir, tokenizer_dir = run.out_dir, run.tokenizer_dir
     if fabric.global_rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         if isinstance(data, VocAgnoData) and tokenizer_dir is not None:
             for k, teacher_dir in enumerate(teacher_args.checkpoint_dirs or [None] * len(data.paths)):
                 fabric.print(tokenizer_pair_summary(data, tokenizer_dir, teacher_dir, k))
-    fabric.seed_everything(seed)  # the same seed on every rank: identical initialisation before sharding
-    resume = find_resume_checkpoint(fabric, resume, out_dir)  # before any model: `auto` skips unreadable checkpoints
+    fabric.seed_everything(run.seed)  # the same seed on every rank: identical initialisation before sharding
+    resume = find_resume_checkpoint(fabric, run.resume, out_dir)  # before any model: `auto` skips unreadable checkpoints
 
     t0 = time.perf_counter()
     with fabric.init_module(empty_init=True):
@@ -250,29 +216,29 @@ def main(
         model.max_seq_length = train.max_seq_length
     fabric.print(f"Time to instantiate model: {time.perf_counter() - t0:.02f} seconds.")
     fabric.print(f"Total parameters: {num_parameters(model):,}")
-    if fsdp.activation_checkpointing:
+    if run.fsdp.activation_checkpointing:
         checkpoint_activations(model)  # before sharding, so that FSDP shards the wrapped blocks
-    if compile:
+    if run.compile:
         model = torch.compile(model)
     model = fabric.setup(model)
 
     teachers = []  # online: one per prepared dataset, every batch through each
-    for checkpoint_dir in teacher_args.checkpoint_dirs if needs_teacher(guidance) and not teacher_args.caches else []:
+    for checkpoint_dir in teacher_args.checkpoint_dirs if guidance.spec.needs_teacher and not teacher_args.caches else []:
         t0 = time.perf_counter()
-        teacher = load_teacher(fabric, checkpoint_dir, teacher_args.dtype(fabric.device))
-        teachers.append(torch.compile(teacher) if compile else teacher)
+        teacher = load_model(checkpoint_dir, fabric, teacher_args.dtype(fabric.device))
+        teachers.append(torch.compile(teacher) if run.compile else teacher)
         fabric.print(
             f"Teacher {checkpoint_dir} ({num_parameters(teacher):,} parameters, frozen) loaded in"
             f" {time.perf_counter() - t0:.02f} seconds."
         )
 
     extra_kwargs = {"fused": fabric.device.type == "cuda"}
-    optimizer = instantiate_torch_optimizer(optimizer, model.parameters(), **extra_kwargs)
+    optimizer = instantiate_torch_optimizer(run.optimizer, model.parameters(), **extra_kwargs)
     optimizer = fabric.setup_optimizers(optimizer)
 
     if isinstance(data, VocAgnoData):
-        num_chunks = guidance.num_chunks if guidance.method == "chunk" else None
-        data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length, num_chunks=num_chunks,
+        data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length,
+                     num_chunks=guidance.num_chunks_if_chunked,
                      teacher_cache=teacher_args.caches or None)  # fmt: skip
     else:
         data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length)
@@ -283,8 +249,8 @@ def main(
     stateful = hasattr(train_dataloader, "state_dict")  # LitData's loaders: a resumed run continues mid-epoch
     train_dataloader, val_dataloader = fabric.setup_dataloaders(train_dataloader, data.val_dataloader())
 
-    if initial_checkpoint_dir and not resume:
-        load_weights(model, initial_checkpoint_dir / "lit_model.pth")
+    if run.initial_checkpoint_dir and not resume:
+        load_weights(model, run.initial_checkpoint_dir / "lit_model.pth")
 
     # The teacher is not here: it is frozen, so it is reloaded on resume and never saved.
     state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0}
@@ -296,27 +262,12 @@ def main(
     initial_iter = state["iter_num"]
 
     train_t0 = time.perf_counter()
-    finished = fit(
-        fabric=fabric,
-        devices=devices,
-        num_nodes=num_nodes,
-        state=state,
-        teachers=teachers,
-        train_dataloader=train_dataloader,
-        val_dataloader=val_dataloader,
-        out_dir=out_dir,
-        tokenizer_dir=tokenizer_dir,
-        train=train,
-        eval=eval,
-        guidance=guidance,
-        seed=seed,
-        hparams=hparams,
-        vocab_size=data.manifest["student"]["vocab_size"] if isinstance(data, VocAgnoData) else None,
-        stop=stop,
-    )
+    vocab_size = data.manifest["student"]["vocab_size"] if isinstance(data, VocAgnoData) else None
+    finished = fit(fabric, state, train_dataloader, val_dataloader, run, train, eval, guidance, teachers=teachers,
+                   vocab_size=vocab_size)  # fmt: skip
     if not finished:
         requeue_and_exit(fabric)
-    save_checkpoint(fabric, state, tokenizer_dir, out_dir / "final" / "lit_model.pth", hparams)
+    save_checkpoint(fabric, state, tokenizer_dir, out_dir / "final" / "lit_model.pth", run.hparams)
 
     train_time = time.perf_counter() - train_t0
     tokens_per_iter = train.micro_batch_size * model.max_seq_length * fabric.world_size
@@ -335,29 +286,23 @@ def main(
 
 
 def fit(
-    *,
     fabric: L.Fabric,
-    devices: int,
-    num_nodes: int,
     state: dict,
-    teachers: list[nn.Module],
     train_dataloader,
     val_dataloader,
-    out_dir: Path,
-    tokenizer_dir: Path | None,
+    run: Run,
     train: TrainArgs,
     eval: EvalArgs,
     guidance: GuidanceArgs,
-    seed: int,
-    hparams: dict,
-    vocab_size: int | None,
-    stop: threading.Event,
+    *,
+    teachers: Sequence[nn.Module] = (),
+    vocab_size: int | None = None,
 ) -> bool:
     """The training loop. Returns False when it stopped early on `stop` (set by SIGUSR1): every rank stops at the end
     of the same optimizer step, after a checkpoint of it."""
     model = state["model"]
     optimizer = state["optimizer"]
-    accumulation = train.gradient_accumulation_iters(devices, num_nodes)
+    accumulation = train.gradient_accumulation_iters(run.devices, run.num_nodes)
 
     if eval.initial_validation:
         val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
@@ -374,7 +319,7 @@ def fit(
     # The schedule counts optimizer steps, not micro-batches as litgpt.pretrain does, so that step k gets the same
     # learning rate whatever the split of the global batch into devices and accumulation.
     max_steps = max_iters // accumulation
-    warmup_steps = train.warmup_iters(devices, num_nodes, max_iters, train_dataloader) // accumulation
+    warmup_steps = train.warmup_iters(run.devices, run.num_nodes, max_iters, train_dataloader) // accumulation
     if warmup_steps >= max_steps > 0:  # `get_lr` divides by max_steps - warmup_steps: leave one step of decay
         fabric.print(f"Warm-up capped at {max_steps - 1} steps: the run has {max_steps}, the last one for the decay.")
         warmup_steps = max_steps - 1
@@ -407,9 +352,8 @@ def fit(
         state["iter_num"] += 1
         iter_t0 = time.perf_counter()
         is_accumulating = state["iter_num"] % accumulation != 0
-        generator = None  # `random`'s draws, seeded by position: a resumed run repeats them without saved state
-        if guidance.method == "random":
-            generator = selection_generator(seed, fabric.global_rank, state["iter_num"], fabric.device)
+        # Random draws (`random`) seeded by position: a resumed run repeats them without saved state.
+        generator = selection_generator(run.seed, fabric.global_rank, state["iter_num"], fabric.device)
         with fabric.no_backward_sync(model, enabled=is_accumulating):
             loss_sum, weight_sum, metrics = forward_and_loss(
                 model, teachers, batch, guidance, all_gather=all_gather, rank=fabric.global_rank, generator=generator,
@@ -421,7 +365,7 @@ def fit(
             step_metrics[name] = step_metrics.get(name, 0.0) + value / accumulation
 
         if not is_accumulating:
-            if stop.is_set():
+            if run.stop.is_set():
                 step_sums[2] = 1.0
             # One all-reduce per step (a host sync when logged): the divisor of the whole step's loss.
             totals = fabric.all_reduce(step_sums, reduce_op="sum")
@@ -468,8 +412,8 @@ def fit(
             step_sums.zero_()
             step_metrics = {}
         if stopping:
-            checkpoint = out_dir / f"step-{state['step_count']:08d}" / "lit_model.pth"
-            save_checkpoint(fabric, state, tokenizer_dir, checkpoint, hparams)
+            checkpoint = run.out_dir / f"step-{state['step_count']:08d}" / "lit_model.pth"
+            save_checkpoint(fabric, state, run.tokenizer_dir, checkpoint, run.hparams)
             fabric.print(f"Stopped after step {state['step_count']} on SIGUSR1: saved {str(checkpoint.parent)!r}.")
             return False
 
@@ -481,7 +425,8 @@ def fit(
             fabric.barrier()
 
         if train.save_interval is not None and not is_accumulating and state["step_count"] % train.save_interval == 0:
-            save_checkpoint(fabric, state, tokenizer_dir, out_dir / f"step-{state['step_count']:08d}" / "lit_model.pth", hparams)
+            checkpoint = run.out_dir / f"step-{state['step_count']:08d}" / "lit_model.pth"
+            save_checkpoint(fabric, state, run.tokenizer_dir, checkpoint, run.hparams)
 
     if eval.final_validation:
         val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
@@ -512,7 +457,7 @@ def forward_and_loss(
     teacher_losses, teacher_logits = [side.get("teacher_loss") for side in sides], None  # cached: `score-teacher`
     if teacher_losses[0] is None and teachers:
         with teacher_timer, torch.no_grad():
-            if guidance.needs_teacher_logits:  # the distillation baselines need the whole distribution, at a cost
+            if guidance.spec.teacher_logits:  # the distillation baselines need the whole distribution, at a cost
                 teacher_logits = teachers[0](batch["teacher_ids"])  # (B, M, V_teacher)
             else:
                 teacher_losses = [
@@ -522,7 +467,7 @@ def forward_and_loss(
     teacher_loss = teacher_losses if teacher_losses[0] is not None else None  # one per teacher
     ranges = [side["ranges"] for side in sides] if "ranges" in batch else None
 
-    if guidance.needs_teacher_logits:
+    if guidance.spec.teacher_logits:
         logits = model(batch["input_ids"])  # (B, T, V_student)
         ls = per_token_cross_entropy(logits, batch["targets"])  # (B, T) float32
     else:  # the head and the loss a tile of rows at a time: no (B, T, V) logits
@@ -530,7 +475,7 @@ def forward_and_loss(
     return guided_loss(
         guidance,
         ls,
-        batch["targets"] != -100,
+        batch["targets"] != IGNORE_INDEX,
         teacher_loss=teacher_loss,
         ranges=ranges,
         logits=logits,
@@ -540,75 +485,6 @@ def forward_and_loss(
         generator=generator,
         vocab_size=vocab_size,
     )
-
-
-@contextlib.contextmanager
-def stop_signal() -> Iterator[threading.Event]:
-    """An event set when this process gets SIGUSR1, which `#SBATCH --signal=SIGUSR1@120` sends every process of the
-    job's steps before its time limit. Loader workers forked meanwhile (fork: the default start method on Linux up to
-    Python 3.13) inherit the handler: the signal sets their own copy of the event instead of killing them (SIGUSR1's
-    default)."""
-    requested = threading.Event()
-    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: requested.set())
-    try:
-        yield requested
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
-
-
-def requeue_and_exit(fabric: L.Fabric) -> NoReturn:
-    """After a stop on SIGUSR1: under Slurm rank 0 requeues the job (`scontrol requeue`, as Lightning's SLURM
-    connector does), whose `--resume auto` then continues; every rank exits with EX_TEMPFAIL (75), "run again", so
-    that nothing chained after the run takes it for finished."""
-    for logger in fabric.loggers:
-        logger.finalize("finished")  # flush what this run logged
-    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
-    job_id = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID")
-    if job_id is None:
-        fabric.print("Not a Slurm job: run the same command with --resume auto to continue.")
-    elif fabric.global_rank == 0:
-        try:
-            result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-            failure = f"exit status {result.returncode}: {result.stderr.strip()}" if result.returncode else None
-        except (OSError, subprocess.TimeoutExpired) as error:
-            failure = str(error)
-        if failure is None:
-            fabric.print(f"Requeued Slurm job {job_id}: it continues from the checkpoint (--resume auto).")
-        else:
-            fabric.print(f"`scontrol requeue {job_id}` failed ({failure}): submit the job again; --resume auto continues.")
-    # Rank 0 requeues before any rank exits: under srun a task that ends first can end the job step.
-    fabric.barrier()
-    raise SystemExit(os.EX_TEMPFAIL)
-
-
-class Stopwatch:
-    """Seconds spent inside `with stopwatch:` blocks, summed, without stopping the GPU: on CUDA each block records two
-    events, read (a host sync) only by `seconds()`, which the loop calls on log steps."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda, self.spans, self.total = device.type == "cuda", [], 0.0
-
-    def __enter__(self) -> None:
-        if self.cuda:
-            self.start = torch.cuda.Event(enable_timing=True)
-            self.start.record()
-        else:
-            self.start = time.perf_counter()
-
-    def __exit__(self, *exc_info) -> None:
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self.spans.append((self.start, end))
-        else:
-            self.total += time.perf_counter() - self.start
-
-    def seconds(self) -> float:
-        for start, end in self.spans:
-            end.synchronize()
-            self.total += start.elapsed_time(end) / 1000
-        self.spans = []
-        return self.total
 
 
 @torch.no_grad()
@@ -625,7 +501,7 @@ def validate(fabric: L.Fabric, model: nn.Module, val_dataloader, max_iters: int)
         targets = batch["targets"]
         nats = model(batch["input_ids"], targets=targets)  # (B, T) float32, no (B, T, V) logits
         num_bytes = batch["num_bytes"].sum() if "num_bytes" in batch else torch.zeros((), device=fabric.device)
-        sums += torch.stack([nats.sum().double(), (targets != -100).sum().double(), num_bytes.double()])
+        sums += torch.stack([nats.sum().double(), (targets != IGNORE_INDEX).sum().double(), num_bytes.double()])
     sums = fabric.all_reduce(sums, reduce_op="sum")
     model.train()
     fabric.barrier()
@@ -636,191 +512,7 @@ def validate(fabric: L.Fabric, model: nn.Module, val_dataloader, max_iters: int)
     return metrics
 
 
-def tokenizer_pair_summary(data: VocAgnoData, student_dir: Path, teacher_dir: Path | None, teacher: int = 0) -> str:
-    """One line that makes a wrong pairing visible at once (e.g. 6.32% overlap, 99.9% mapped for TinyLlama/Qwen2.5);
-    for teacher number `teacher` of several, that of its prepared data."""
-    manifest = data.manifests[teacher]
-    which = f" (teacher {teacher}, {data.paths[teacher]})" if len(data.paths) > 1 else ""
-    line = f"Tokenizer pair{which}: {manifest['mapped_share']:.2%} of the prepared student tokens map to teacher tokens"
-    if teacher_dir is not None:
-        student, teacher = load_tokenizer(student_dir), load_tokenizer(teacher_dir)
-        line += (
-            f"; vocabulary overlap {vocab_overlap(student, teacher):.2%} of the teacher's"
-            f" ({student.get_vocab_size():,} student vs {teacher.get_vocab_size():,} teacher tokens)"
-        )
-    return line + f"; teacher windows up to {manifest['teacher_max_length']} tokens for {manifest['max_seq_length']}."
-
-
-def needs_teacher(guidance: GuidanceArgs) -> bool:
-    return guidance.needs_teacher_loss or guidance.needs_teacher_logits
-
-
 def format_metrics(metrics: dict[str, float]) -> str:
     if not metrics:
         return "val: n/a"
     return ", ".join(f"{name}: {value:.3f}" for name, value in metrics.items() if name != "val_ppl")
-
-
-def parallelize(model: GPT, device_mesh) -> GPT:
-    """FSDP2 for both models: `fully_shard` each transformer block, then the root (cf. litgpt/finetune/lora.py).
-
-    FSDP2 keeps the root's parameters (embedding, final norm, head) gathered after forward, since training needs them
-    again in backward. The frozen teacher has no backward: its root is resharded after each forward, or its embedding
-    and head (2.2 GB in bf16 for a 152k vocabulary at width 3584) would stay whole on every device.
-    """
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = device_mesh["data_parallel"]
-    for block in model.transformer.h:
-        fully_shard(block, mesh=mesh)
-    frozen = not any(p.requires_grad for p in model.parameters())
-    fully_shard(model, mesh=mesh, reshard_after_forward=True if frozen else None)
-    return model
-
-
-def checkpoint_activations(model: GPT) -> None:
-    """Wraps each transformer block so that backward recomputes its activations: only the blocks' inputs stay saved.
-    For the student only: the frozen teacher keeps no activations. The checkpoint keys stay LitGPT's."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-    model.transformer.h = nn.ModuleList(checkpoint_wrapper(b, preserve_rng_state=False) for b in model.transformer.h)
-
-
-def save_checkpoint(fabric: L.Fabric, state: dict, tokenizer_dir: Path | None, checkpoint_file: Path, hparams: dict) -> None:
-    """litgpt.pretrain.save_checkpoint, changed twice: hyperparameters.yaml is written from the parsed arguments
-    (LitGPT's version re-parses `sys.argv` against its own `setup` and exits on our extra flags), and the directory
-    appears only once complete (written as `.partial-<name>`, then renamed), so a job killed mid-save resumes from
-    the previous checkpoint instead of a truncated file."""
-    final_dir = checkpoint_file.parent
-    partial_dir = final_dir.with_name(f".partial-{final_dir.name}")
-    if fabric.global_rank == 0:
-        shutil.rmtree(partial_dir, ignore_errors=True)
-        partial_dir.mkdir(parents=True)
-    fabric.barrier()
-    fabric.print(f"Saving checkpoint to {str(checkpoint_file)!r}")
-    fabric.save(partial_dir / checkpoint_file.name, state)
-    if fabric.global_rank == 0:
-        with open(partial_dir / "hyperparameters.yaml", "w", encoding="utf-8") as f:
-            yaml.safe_dump(hparams, f, sort_keys=False)
-        if tokenizer_dir is not None:
-            copy_config_files(tokenizer_dir, partial_dir)
-        save_config(state["model"].config, partial_dir)
-        shutil.rmtree(final_dir, ignore_errors=True)
-        partial_dir.rename(final_dir)
-    fabric.barrier()
-
-
-def hyperparameters(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The arguments of `setup` in the layout `--config` reads back (data modules as class_path/init_args)."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, DataModule):
-            init_args = {f.name: plain(getattr(value, f.name)) for f in fields(value) if f.init}
-            return {"class_path": f"{type(value).__module__}.{type(value).__qualname__}", "init_args": init_args}
-        if is_dataclass(value):
-            return {f.name: plain(getattr(value, f.name)) for f in fields(value) if f.init}
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if isinstance(value, Path):
-            return str(value)
-        return value
-
-    return {name: plain(value) for name, value in arguments.items()}
-
-
-def resolve_model_config(model_name: str | None, model_config: Config | None) -> Config:
-    if model_config is not None:
-        return model_config
-    if model_name is None:
-        raise ValueError("Name the student: --model_name (e.g. tiny-llama-1.1b) or --model_config.")
-    return Config.from_name(model_name)
-
-
-def check_setup(
-    data: DataModule | None,
-    guidance: GuidanceArgs,
-    teacher: TeacherArgs,
-    tokenizer_dir: Path | None,
-    initial_checkpoint_dir: Path | None,
-    resume: bool | Literal["auto"] | Path,
-    train: TrainArgs,
-    config: Config,
-    world_size: int,
-) -> None:
-    """Every configuration error we can see before building a model, each with what to change."""
-    if data is None:
-        raise ValueError("Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`).")
-    if isinstance(data, VocAgnoData):
-        data.check_files()  # a missing or cut chunk: now, not when the loader reaches it (hours in)
-    if initial_checkpoint_dir is not None and resume not in (False, "auto"):
-        raise ValueError(
-            "Can't provide both --resume and --initial_checkpoint_dir. Choose one, or --resume auto: it starts from"
-            " --initial_checkpoint_dir until out_dir has a checkpoint (what a requeued Slurm job needs)."
-        )
-    if initial_checkpoint_dir is not None:
-        check_checkpoint_dir(initial_checkpoint_dir, what="--initial_checkpoint_dir")
-    if isinstance(resume, Path):
-        read_weights(resume)  # refused or unreadable: fail now, naming the file
-    if train.max_tokens is None or train.max_norm is None:
-        raise ValueError("The recipe needs --train.max_tokens and --train.max_norm.")
-    if train.epochs is not None:
-        raise ValueError("The recipe counts tokens, not epochs: set --train.max_tokens instead of --train.epochs.")
-    per_step = world_size * train.micro_batch_size
-    if train.global_batch_size % per_step:  # LitGPT's `gradient_accumulation_iters` would floor it, or assert on 0
-        lower = train.global_batch_size // per_step * per_step
-        raise ValueError(
-            f"--train.global_batch_size {train.global_batch_size} must be a multiple of (--devices x --num_nodes) x"
-            f" --train.micro_batch_size = {world_size} x {train.micro_batch_size} = {per_step}, so that every rank"
-            f" accumulates whole micro-batches: use {' or '.join(map(str, filter(None, (lower, lower + per_step))))},"
-            " or change the micro-batch or the device count."
-        )
-    if tokenizer_dir is not None:
-        check_vocab_size(config, tokenizer_dir, "--tokenizer_dir", fix="train the model this tokenizer belongs to.")
-    if guidance.method != "ce" and not isinstance(data, VocAgnoData):
-        raise ValueError(
-            f"--guidance.method {guidance.method} needs aligned data: --data VocAgnoData --data.path DIR"
-            f" (from `vocagnolm prepare`), not {type(data).__name__}. Only `ce` trains on plain LitGPT data."
-        )
-    if isinstance(data, VocAgnoData) and tokenizer_dir is None:
-        raise ValueError("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
-    paths = data.paths if isinstance(data, VocAgnoData) else [None]  # each teacher's prepared data
-    if len(paths) > 1 and guidance.method not in ("vocagnolm", "rho1", "chunk", "random"):
-        raise ValueError(
-            f"--data.other_teachers: several teachers guide vocagnolm, rho1, chunk and random, not"
-            f" --guidance.method {guidance.method}. Drop --data.other_teachers, or choose one of those methods."
-        )
-    if guidance.method == "ce":
-        if isinstance(data, VocAgnoData):  # the student's tokenizer ships in every checkpoint: it must be the data's
-            data.check_tokenizers(tokenizer_dir, None)
-        return
-    caches, checkpoint_dirs = teacher.caches, teacher.checkpoint_dirs
-    for option, given in (("--teacher.cache", caches), ("--teacher.checkpoint_dir", checkpoint_dirs)):
-        if given and len(given) != len(paths):
-            raise ValueError(
-                f"{len(given)} {option} for the data of {len(paths)} teachers (--data.path, then"
-                f" --data.other_teachers): give one per teacher, in that order."
-            )
-    if caches:
-        if guidance.needs_teacher_logits:
-            raise ValueError(
-                f"--guidance.method {guidance.method} distils the teacher's logits; a --teacher.cache holds only its"
-                " per-token losses. Drop --teacher.cache and pass --teacher.checkpoint_dir."
-            )
-        for k, (cache, path) in enumerate(zip(caches, paths)):
-            check_cache(cache, path / MANIFEST, checkpoint_dirs[k] if checkpoint_dirs else None)
-    if needs_teacher(guidance) and not caches:
-        if not checkpoint_dirs:
-            raise ValueError(
-                f"--guidance.method {guidance.method} needs a teacher: --teacher.checkpoint_dir DIR (or"
-                " --teacher.cache DIR from `vocagnolm score-teacher`)."
-            )
-        for checkpoint_dir in checkpoint_dirs:
-            check_checkpoint_dir(checkpoint_dir, what="--teacher.checkpoint_dir")
-    same_vocabulary = True
-    for k in range(len(paths)):
-        teacher_dir = checkpoint_dirs[k] if checkpoint_dirs else None
-        data.check_tokenizers(tokenizer_dir, teacher_dir, teacher=k)
-        same_vocabulary &= data.same_vocabulary(tokenizer_dir, teacher_dir, teacher=k)
-    guidance.check_tokenizers(same_vocabulary=same_vocabulary)

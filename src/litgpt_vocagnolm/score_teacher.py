@@ -14,7 +14,8 @@ from tqdm import tqdm
 from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, checkpoint_fingerprint
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData, open_split
 from litgpt_vocagnolm.files import file_sha256, write_json
-from litgpt_vocagnolm.teacher import TeacherArgs, load_teacher, teacher_token_loss
+from litgpt_vocagnolm.gpt import load_model
+from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
 from litgpt_vocagnolm.teacher_cache import CACHE_FORMAT, CACHE_MANIFEST, checksum_file, file_record, shard_files
 
 
@@ -77,7 +78,7 @@ def score_teacher(
         settings_file.write_text(json.dumps(settings, indent=2))
     fabric.barrier()
 
-    model = load_teacher(fabric, teacher, TeacherArgs(precision=precision).dtype(fabric.device))
+    model = load_model(teacher, fabric, TeacherArgs(precision=precision).dtype(fabric.device))
     manifest = prepared.manifest
     splits = {}
     for split in ("train", "val"):

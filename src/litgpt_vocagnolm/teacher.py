@@ -1,4 +1,4 @@
-"""The frozen teacher: loading it beside the student, and its per-token loss.
+"""The frozen teacher: its settings (`TeacherArgs`) and its per-token loss; `gpt.load_model` loads it beside the student.
 
 The teacher's whole contribution to VocAgnoLM is one number per teacher token: its cross-entropy on that token. The
 same function computes it online (inside the training step) and offline (`vocagnolm score-teacher`), so the two cannot
@@ -8,15 +8,9 @@ drift. The teacher is never put in the training `state`: it has no optimizer sta
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning as L
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from lightning.fabric.strategies import DDPStrategy
-from litgpt.config import Config
-
-from litgpt_vocagnolm.checkpoints import load_weights
-from litgpt_vocagnolm.model import GPT
 
 
 @dataclass
@@ -59,39 +53,15 @@ def as_list(value: Path | list[Path] | None) -> list[Path]:
     return [Path(value)] if isinstance(value, (str, Path)) else [Path(v) for v in value]
 
 
-def load_teacher(fabric: L.Fabric, checkpoint_dir: Path, dtype: torch.dtype) -> nn.Module:
-    """Builds the teacher under the run's strategy (sharded like the student under FSDP), loads its weights, freezes it."""
-    config = Config.from_file(checkpoint_dir / "model_config.yaml")
-    default_dtype = torch.get_default_dtype()
-    # Built in its own dtype: a float32 copy of a 7B teacher, cast afterwards, would take 28 GB for a moment (on the
-    # meta device under FSDP, where it costs nothing either way).
-    torch.set_default_dtype(dtype)
-    try:
-        with fabric.init_module(empty_init=True):
-            model = GPT(config)
-    finally:
-        torch.set_default_dtype(default_dtype)
-    model.requires_grad_(False)
-    model.eval()
-    if isinstance(fabric.strategy, DDPStrategy):
-        # Data-parallel scoring: every rank holds the whole teacher (DDP refuses a module without gradients).
-        model.to(fabric.device)
-    else:
-        # setup_module, not setup: no optimizer; under FSDP the frozen teacher is sharded like the student.
-        model = fabric.setup_module(model)
-    load_weights(model, checkpoint_dir / "lit_model.pth")
-    return model
-
-
 def teacher_token_loss(teacher: nn.Module, teacher_ids: torch.Tensor, teacher_valid: torch.Tensor) -> torch.Tensor:
     """Per-token loss of the teacher on its own tokens; call under no_grad.
 
-    The teacher (a `model.GPT`) runs its transformer once and its head and loss a tile of rows at a time, so the
+    The teacher (a `gpt.GPT`) runs its transformer once and its head and loss a tile of rows at a time, so the
     extra memory is that of one tile of logits, not (B, M, V): a 152k-vocabulary teacher at micro-batch 8 and window
     1,888 would otherwise hold 4.6 GB of bf16 logits and, under `bf16-mixed`, 9.2 GB more of their float32 copy.
 
     Args:
-        teacher: the frozen teacher, set up by `load_teacher`.
+        teacher: the frozen teacher, a `gpt.GPT` from `gpt.load_model`.
         teacher_ids: (B, M) teacher token ids of each window (padding: any id).
         teacher_valid: (B, M) bool, False on padding.
 

@@ -4,7 +4,7 @@ A 1.1B student at micro-batch 8 and sequence 2048 would hold (8, 2048, 32000) lo
 teacher (8, 1888, 152064), 4.6 GB in bf16 and 9.2 GB more once `bf16-mixed` returns module outputs in float32
 (`vocagnolm plan` prints these sizes for a recipe). Given
 `targets`, `forward` runs the transformer once and the head and the loss together over tiles of rows
-(`loss.linear_cross_entropy`), so neither logits tensor ever exists whole, and what leaves the module (where Fabric
+(`cross_entropy.linear_cross_entropy`), so neither logits tensor ever exists whole, and what leaves the module (where Fabric
 casts outputs to float32) is one float per token. Without `targets` it is LitGPT's `GPT` unchanged (generation, the
 distillation baselines), and its checkpoints are LitGPT's.
 
@@ -12,11 +12,18 @@ The head and the loss must run inside `forward`: under FSDP2 the root's paramete
 gathered only for the root module's forward and backward.
 """
 
+import contextlib
+from pathlib import Path
+
+import lightning as L
 import litgpt.model
 import torch
+from lightning.fabric.strategies import DDPStrategy
+from litgpt.config import Config
 from torch import Tensor
 
-from litgpt_vocagnolm.loss import linear_cross_entropy
+from litgpt_vocagnolm.checkpoints import load_weights
+from litgpt_vocagnolm.cross_entropy import linear_cross_entropy
 
 
 class GPT(litgpt.model.GPT):
@@ -57,3 +64,30 @@ class GPT(litgpt.model.GPT):
             else:
                 x = block(x, cos, sin, None, None, None)  # no mask: causal
         return self.transformer.ln_f(x)
+
+
+def load_model(checkpoint_dir: Path, fabric: L.Fabric | None = None, dtype: torch.dtype | None = None) -> GPT:
+    """A LitGPT checkpoint directory's model, frozen (`requires_grad=False`, eval mode): the teacher, `vocagnolm
+    evaluate`'s model, the demo's students and teachers.
+
+    With `fabric`, built under its strategy and set up by it: sharded like the student under FSDP, whole on every
+    rank under DDP (which refuses a module without gradients); without, a plain module on the CPU. `dtype` (default:
+    torch's) is the dtype it is built in: a float32 copy of a 7B teacher, cast afterwards, would take 28 GB for a
+    moment (on the meta device under FSDP, where it costs nothing either way).
+    """
+    config = Config.from_file(checkpoint_dir / "model_config.yaml")
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or default_dtype)
+    try:
+        with fabric.init_module(empty_init=True) if fabric else contextlib.nullcontext():
+            model = GPT(config)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    model.requires_grad_(False)
+    model.eval()
+    if fabric is not None and isinstance(fabric.strategy, DDPStrategy):
+        model.to(fabric.device)  # data-parallel scoring: every rank holds the whole model
+    elif fabric is not None:
+        model = fabric.setup_module(model)  # not setup: no optimizer
+    load_weights(model, checkpoint_dir / "lit_model.pth")
+    return model

@@ -1,0 +1,127 @@
+"""The recipe's input checks: every configuration error visible before a model is built, each with what to change,
+and the line that makes a wrong tokenizer pairing visible at the start of a run."""
+
+from pathlib import Path
+from typing import Literal
+
+from litgpt.args import TrainArgs
+from litgpt.config import Config
+from litgpt.data import DataModule
+
+from litgpt_vocagnolm.alignment import vocab_overlap
+from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, check_vocab_size, read_weights
+from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
+from litgpt_vocagnolm.methods import GuidanceArgs, method_names
+from litgpt_vocagnolm.teacher import TeacherArgs
+from litgpt_vocagnolm.teacher_cache import check_cache
+from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+
+
+def resolve_model_config(model_name: str | None, model_config: Config | None) -> Config:
+    if model_config is not None:
+        return model_config
+    if model_name is None:
+        raise ValueError("Name the student: --model_name (e.g. tiny-llama-1.1b) or --model_config.")
+    return Config.from_name(model_name)
+
+
+def check_setup(
+    config: Config,
+    data: DataModule | None,
+    train: TrainArgs,
+    teacher: TeacherArgs,
+    guidance: GuidanceArgs,
+    *,
+    tokenizer_dir: Path | None = None,
+    initial_checkpoint_dir: Path | None = None,
+    resume: bool | Literal["auto"] | Path = False,
+    world_size: int = 1,
+) -> None:
+    """Every configuration error we can see before building a model, each with what to change."""
+    if data is None:
+        raise ValueError("Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`).")
+    if isinstance(data, VocAgnoData):
+        data.check_files()  # a missing or cut chunk: now, not when the loader reaches it (hours in)
+    if initial_checkpoint_dir is not None and resume not in (False, "auto"):
+        raise ValueError(
+            "Can't provide both --resume and --initial_checkpoint_dir. Choose one, or --resume auto: it starts from"
+            " --initial_checkpoint_dir until out_dir has a checkpoint (what a requeued Slurm job needs)."
+        )
+    if initial_checkpoint_dir is not None:
+        check_checkpoint_dir(initial_checkpoint_dir, what="--initial_checkpoint_dir")
+    if isinstance(resume, Path):
+        read_weights(resume)  # refused or unreadable: fail now, naming the file
+    if train.max_tokens is None or train.max_norm is None:
+        raise ValueError("The recipe needs --train.max_tokens and --train.max_norm.")
+    if train.epochs is not None:
+        raise ValueError("The recipe counts tokens, not epochs: set --train.max_tokens instead of --train.epochs.")
+    per_step = world_size * train.micro_batch_size
+    if train.global_batch_size % per_step:  # LitGPT's `gradient_accumulation_iters` would floor it, or assert on 0
+        lower = train.global_batch_size // per_step * per_step
+        raise ValueError(
+            f"--train.global_batch_size {train.global_batch_size} must be a multiple of (--devices x --num_nodes) x"
+            f" --train.micro_batch_size = {world_size} x {train.micro_batch_size} = {per_step}, so that every rank"
+            f" accumulates whole micro-batches: use {' or '.join(map(str, filter(None, (lower, lower + per_step))))},"
+            " or change the micro-batch or the device count."
+        )
+    if tokenizer_dir is not None:
+        check_vocab_size(config, tokenizer_dir, "--tokenizer_dir", fix="train the model this tokenizer belongs to.")
+    method = guidance.spec
+    if method.needs_prepared_data and not isinstance(data, VocAgnoData):
+        raise ValueError(
+            f"--guidance.method {guidance.method} needs aligned data: --data VocAgnoData --data.path DIR"
+            f" (from `vocagnolm prepare`), not {type(data).__name__}."
+            f" Only {method_names(lambda m: not m.needs_prepared_data)} trains on plain LitGPT data."
+        )
+    if isinstance(data, VocAgnoData) and tokenizer_dir is None:
+        raise ValueError("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
+    paths = data.paths if isinstance(data, VocAgnoData) else [None]  # each teacher's prepared data
+    guidance.check_several_teachers(len(paths), fix="Drop --data.other_teachers, or choose one of those methods.")
+    if not method.needs_prepared_data:
+        if isinstance(data, VocAgnoData):  # the student's tokenizer ships in every checkpoint: it must be the data's
+            data.check_tokenizers(tokenizer_dir, None)
+        return
+    caches, checkpoint_dirs = teacher.caches, teacher.checkpoint_dirs
+    for option, given in (("--teacher.cache", caches), ("--teacher.checkpoint_dir", checkpoint_dirs)):
+        if given and len(given) != len(paths):
+            raise ValueError(
+                f"{len(given)} {option} for the data of {len(paths)} teachers (--data.path, then"
+                f" --data.other_teachers): give one per teacher, in that order."
+            )
+    if caches:
+        if method.teacher_logits:
+            raise ValueError(
+                f"--guidance.method {guidance.method} distils the teacher's logits; a --teacher.cache holds only its"
+                " per-token losses. Drop --teacher.cache and pass --teacher.checkpoint_dir."
+            )
+        for k, (cache, path) in enumerate(zip(caches, paths)):
+            check_cache(cache, path / MANIFEST, checkpoint_dirs[k] if checkpoint_dirs else None)
+    if method.needs_teacher and not caches:
+        if not checkpoint_dirs:
+            raise ValueError(
+                f"--guidance.method {guidance.method} needs a teacher: --teacher.checkpoint_dir DIR (or"
+                " --teacher.cache DIR from `vocagnolm score-teacher`)."
+            )
+        for checkpoint_dir in checkpoint_dirs:
+            check_checkpoint_dir(checkpoint_dir, what="--teacher.checkpoint_dir")
+    same_vocabulary = True
+    for k in range(len(paths)):
+        teacher_dir = checkpoint_dirs[k] if checkpoint_dirs else None
+        data.check_tokenizers(tokenizer_dir, teacher_dir, teacher=k)
+        same_vocabulary &= data.same_vocabulary(tokenizer_dir, teacher_dir, teacher=k)
+    guidance.check_tokenizers(same_vocabulary=same_vocabulary)
+
+
+def tokenizer_pair_summary(data: VocAgnoData, student_dir: Path, teacher_dir: Path | None, index: int = 0) -> str:
+    """One line that makes a wrong pairing visible at once (e.g. 6.32% overlap, 99.9% mapped for TinyLlama/Qwen2.5);
+    for teacher number `index` of several, that of its prepared data."""
+    manifest = data.manifests[index]
+    which = f" (teacher {index}, {data.paths[index]})" if len(data.paths) > 1 else ""
+    line = f"Tokenizer pair{which}: {manifest['mapped_share']:.2%} of the prepared student tokens map to teacher tokens"
+    if teacher_dir is not None:
+        student_tokenizer, teacher_tokenizer = load_tokenizer(student_dir), load_tokenizer(teacher_dir)
+        line += (
+            f"; vocabulary overlap {vocab_overlap(student_tokenizer, teacher_tokenizer):.2%} of the teacher's"
+            f" ({student_tokenizer.get_vocab_size():,} student vs {teacher_tokenizer.get_vocab_size():,} teacher tokens)"
+        )
+    return line + f"; teacher windows up to {manifest['teacher_max_length']} tokens for {manifest['max_seq_length']}."

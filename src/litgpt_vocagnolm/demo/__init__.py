@@ -1,0 +1,254 @@
+"""`vocagnolm demo`: the whole method in miniature on a CPU, in minutes.
+
+A recipe, read top to bottom: settings, corpus, tokenizers, prepared data, teacher, students, evaluation, table, plot.
+
+1. Corpus: the math text shipped in data/ (GSM8K train, math.stackexchange Q&A), split by document into held-out
+   text and two training halves: clean for the teacher, noisy for the students. The students' documents get `noise`
+   of their characters replaced by spans of random letters and digits and by shuffled spans: tokens not worth
+   learning, as web text (OpenWebMath, the paper's corpus) holds them. The held-out text stays clean: it is what the
+   students should learn to model.
+2. Tokenizers of two families trained on the teacher's text, the paper's hardest pair in miniature: the student's like
+   TinyLlama's (SentencePiece-style BPE, Metaspace, digits split, byte fallback), the teacher's like Qwen2.5's
+   (byte-level BPE, Qwen's pre-tokenizer), with twice the vocabulary; for `vocagnolm-2teachers` a second teacher's, of
+   the student's family with its own merges and size (as Mistral's beside TinyLlama's).
+3. Prepared data: `vocagnolm prepare` on the documents each budget reads once; for two teachers, the students' text
+   once per teacher (the same student blocks, each teacher's windows).
+4. Teacher: larger than the students, trained with its own tokenizer on clean text (the recipe with `ce`), frozen;
+   the second teacher alike, on the same text.
+5. Students: one initialisation per seed, the same noisy text and token budget, one run of the `vocagnolm` recipe
+   (`recipe.setup`) per method: `ce` (naive training), `random` (as many tokens as the teacher would pick, drawn
+   uniformly: the control), `chunk` (chunk-level alignment), `uld` (logit distillation across vocabularies),
+   `vocagnolm`, the Table 3 ablations (mean aggregation; unmapped tokens excluded) and `vocagnolm-2teachers` (both
+   teachers, each token's lower loss as its reference). The selecting methods read the teachers' per-token losses
+   from caches scored once (`vocagnolm score-teacher`); `uld` needs the teacher's logits, so it runs the teacher on
+   every batch.
+6. Evaluation: held-out bits per byte during training (comparable across tokenizers, so the teacher's too); the share
+   of training tokens that touch noise, of all of them and of those each method trains (as its final student selects
+   them); the table, the plot and the claims the runs support, printed and written to out_dir.
+
+Why noise: on clean text every token is worth learning, and a student trained on 40% of them falls behind one trained
+on all of them. Selection pays off when some training tokens are not worth learning and the teacher can tell which.
+docs/demo.md gives a full run's numbers and what the miniature does and does not show.
+"""
+
+
+import resource
+import shutil
+import time
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from litgpt_vocagnolm.demo.corpus import add_noise, documents_for, read_corpus, split_heldout, write_texts
+from litgpt_vocagnolm.demo.noise import noise_sample, score_blocks, trained_noise_share
+from litgpt_vocagnolm.demo.plot import plot
+from litgpt_vocagnolm.demo.runs import model_config, one_thread, prepare_data, score_run, summarize_run, train_run
+from litgpt_vocagnolm.demo.settings import CORPUS, DATA, QUICK, STUDENTS, TWO_TEACHERS, DemoSizes, method_of
+from litgpt_vocagnolm.demo.table import claims, markdown_table, method_row, noise_summary, write_csv
+from litgpt_vocagnolm.demo.tokenizer_training import describe_tokenizers, train_student_tokenizer, train_teacher_tokenizer
+from litgpt_vocagnolm.methods import GuidanceArgs
+from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+
+
+def demo(
+    out_dir: Path = Path("out/demo"),
+    methods: tuple[str, ...] = tuple(STUDENTS),
+    seeds: tuple[int, ...] = (1, 2),
+    seeded_methods: tuple[str, ...] = ("ce", "vocagnolm", "vocagnolm-2teachers"),
+    noise: float = 0.3,
+    top_k: float = 0.4,
+    sizes: DemoSizes = DemoSizes(),
+    quick: bool = False,
+    workers: int = 2,
+    data_dir: Path = DATA,
+) -> None:
+    """The whole method in miniature on a CPU: a teacher with one tokenizer guides students with another.
+
+    Writes out_dir/results.csv (one row per method), results.md and bpb.png (held-out bits per byte against training
+    tokens), and prints the table, the noise shares and what the runs show.
+
+    Arguments:
+        out_dir: Where everything goes (corpus, tokenizers, prepared data, runs, results); the demo's folders in it
+            are replaced.
+        methods: The students, from: ce, random, chunk, uld, vocagnolm, vocagnolm-mean (Table 3: mean aggregation),
+            vocagnolm-exclude (Table 3: unmapped tokens not trained), vocagnolm-2teachers (a second teacher, of
+            another tokenizer family, beside the first: each token's lower teacher loss is its reference).
+        seeds: Student seeds (initialisation and data order). Every method runs with the first.
+        seeded_methods: The methods run with every seed, to tell a small difference from seed noise.
+        noise: Share of each student document's characters replaced by noise (0: clean text).
+        top_k: Share of the mapped tokens trained by the selecting methods (vocagnolm, chunk, random); the paper's 0.4.
+        sizes: Corpus, vocabulary, model and budget sizes. See ``DemoSizes``.
+        quick: Tiny sizes instead (``QUICK``): every stage in well under a minute; a smoke test, its numbers mean
+            nothing.
+        workers: Training runs at a time, each a process of one thread.
+        data_dir: The shipped corpus (the repository's data/ folder).
+    """
+    # Settings, checked before any work.
+    sizes, out_dir, data_dir = (QUICK if quick else sizes), Path(out_dir), Path(data_dir)
+    unknown = [m for m in (*methods, *seeded_methods) if m not in STUDENTS]
+    if unknown:
+        raise ValueError(f"Unknown method(s) {unknown}: choose from {', '.join(STUDENTS)}.")
+    if not methods or not seeds or workers < 1:
+        raise ValueError("Give at least one method, one seed and one worker.")
+    if not 0 <= noise < 1:
+        raise ValueError(f"--noise is a share of characters in [0, 1), got {noise}.")
+    sample_tokens = sizes.noise_batches * sizes.micro_batch_size * (sizes.max_seq_length + 1)
+    if not 0 < sample_tokens <= sizes.student_tokens:
+        raise ValueError(
+            f"--sizes.noise_batches {sizes.noise_batches} counts noise on {sample_tokens:,} training tokens: it must"
+            f" be at least 1 and fit the students' budget of {sizes.student_tokens:,} tokens."
+        )
+    missing = [file for file, _ in CORPUS if not (data_dir / file).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"The demo's corpus is not in {data_dir} (missing {', '.join(missing)}): run it from a clone of the"
+            " repository, or pass --data_dir DIR with the repository's data/ folder."
+        )
+    for folder in ("corpus", "tokenizers", "data", "runs"):
+        shutil.rmtree(out_dir / folder, ignore_errors=True)
+    runs = [(m, s) for s in seeds for m in methods if s == seeds[0] or m in seeded_methods]
+    t0 = time.perf_counter()
+
+    def stage(title: str) -> None:
+        print(f"== {title} [{time.perf_counter() - t0:.0f} s]")
+
+    # 1. Corpus: held-out text; the training documents in two halves, clean for the teacher, noisy for the students
+    # (so that the teacher's guidance comes from knowing math text, not from having read these documents).
+    stage(f"Corpus: {', '.join(file for file, _ in CORPUS)} in {data_dir}")
+    train_texts, heldout_texts = split_heldout(read_corpus(data_dir, sizes.documents), sizes.heldout_share)
+    teacher_texts, student_texts = train_texts[0::2], train_texts[1::2]
+
+    # 2. Tokenizers of two families, trained on the teacher's text.
+    stage("Tokenizers")
+    tokenizers = out_dir / "tokenizers"
+    student_tokenizer = train_student_tokenizer(teacher_texts, sizes.student_vocab_size, tokenizers / "student")
+    teacher_tokenizer = train_teacher_tokenizer(teacher_texts, sizes.teacher_vocab_size, tokenizers / "teacher")
+    print(describe_tokenizers(student_tokenizer, teacher_tokenizer, heldout_texts[0]))
+    two_teachers = any(m in TWO_TEACHERS for m in methods)
+    if two_teachers:  # the student's family, its merges learnt from half the text: a third vocabulary, other ids
+        teacher2_tokenizer = train_student_tokenizer(teacher_texts[1::2], sizes.second_teacher_vocab_size,
+                                                     tokenizers / "teacher2")  # fmt: skip
+        ours = load_tokenizer(student_tokenizer).get_vocab()
+        theirs = load_tokenizer(teacher2_tokenizer).get_vocab()
+        print(f"Second teacher: SentencePiece-style BPE from half the teacher's text, {len(theirs):,} tokens; it holds"
+              f" {len(ours.keys() & theirs.keys()):,} of the student's {len(ours):,},"
+              f" {sum(theirs.get(token) == i for token, i in ours.items()):,} with the same id.")  # fmt: skip
+
+    # 3. Prepared data (`vocagnolm prepare`): the documents each budget reads, once. The students' get noise.
+    stage("Prepared data (`vocagnolm prepare`)")
+    rng = np.random.default_rng(0)
+    noisy = [add_noise(text, noise, rng) for text in student_texts]  # (text, its noisy characters) per document
+    teacher_texts = documents_for(teacher_texts, teacher_tokenizer, sizes.teacher_tokens)
+    noisy_texts = documents_for([text for text, _ in noisy], student_tokenizer, sizes.student_tokens)
+    corpus = out_dir / "corpus"
+    write_texts(corpus / "teacher.jsonl", teacher_texts)
+    write_texts(corpus / "students.jsonl", noisy_texts)
+    write_texts(corpus / "heldout.jsonl", heldout_texts)
+    print(
+        f"{len(teacher_texts):,} clean documents for the teacher, {len(noisy_texts):,} for the students with"
+        f" {noise:.0%} of their characters replaced by noise, {len(heldout_texts):,} held out (clean)."
+        f" A student's document:\n  {noisy_texts[0][:200]!r}"
+    )
+    window = 2 * sizes.max_seq_length  # teacher tokens per student block at most; the teacher's context covers it
+    student_data = prepare_data(student_tokenizer, teacher_tokenizer, corpus / "students.jsonl",
+                                corpus / "heldout.jsonl", out_dir / "data" / "students", sizes.max_seq_length, window)
+    teacher_data = prepare_data(teacher_tokenizer, teacher_tokenizer, corpus / "teacher.jsonl",
+                                corpus / "heldout.jsonl", out_dir / "data" / "teacher", sizes.max_seq_length, window)
+    if two_teachers:  # the same student blocks, aligned to the second teacher; and its own training data
+        student_data2 = prepare_data(student_tokenizer, teacher2_tokenizer, corpus / "students.jsonl",
+                                     corpus / "heldout.jsonl", out_dir / "data" / "students-teacher2",
+                                     sizes.max_seq_length, window)  # fmt: skip
+        teacher2_data = prepare_data(teacher2_tokenizer, teacher2_tokenizer, corpus / "teacher.jsonl",
+                                     corpus / "heldout.jsonl", out_dir / "data" / "teacher2", sizes.max_seq_length,
+                                     window)  # fmt: skip
+
+    # 4-5. Teacher and students: the recipe, `workers` runs at a time in processes of one thread each (on 2 cores
+    # small matrices gain little from a second thread, and the threads of a busy machine wait on each other: a tiny
+    # model's matrix products ran 100x slower with 2 threads than with 1, seen here).
+    stage(f"Teacher, then {len(runs)} students ({workers} runs at a time)")
+    teacher_config = model_config("teacher", sizes.teacher_vocab_size, sizes.teacher_layers, sizes.teacher_width,
+                                  window)
+    student_config = model_config("student", sizes.student_vocab_size, sizes.student_layers, sizes.student_width,
+                                  sizes.max_seq_length)
+    teacher2_config = model_config("teacher2", sizes.second_teacher_vocab_size, sizes.teacher_layers,
+                                   sizes.teacher_width, window)  # fmt: skip
+    teacher_dir = out_dir / "runs" / "teacher" / "final"  # lit_model.pth, model_config.yaml, the tokenizer files
+    teacher2_dir = out_dir / "runs" / "teacher2" / "final"
+    cache, cache2 = out_dir / "data" / "teacher-loss", out_dir / "data" / "teacher2-loss"
+
+    def student(pool: ProcessPoolExecutor, method: str, seed: int) -> Future:
+        kind = method_of(method)
+        guidance = {**STUDENTS[method], **({"top_k": top_k} if kind.selects else {})}
+        teacher = teacher_dir if kind.needs_teacher else None
+        loss_cache = cache if kind.teacher_loss else None  # logit distillation runs the teacher on every batch
+        more = {}
+        if method in TWO_TEACHERS:  # the second teacher's data beside the first's, a cache for each
+            teacher, loss_cache = [teacher_dir, teacher2_dir], [cache, cache2]
+            more = {"other_teachers": (student_data2,)}
+        return pool.submit(train_run, out_dir / "runs" / f"{method}-seed{seed}", student_config, student_data,
+                           student_tokenizer, sizes, sizes.student_tokens, seed, guidance, teacher_dir=teacher,
+                           teacher_cache=loss_cache, **more)  # fmt: skip
+
+    results: dict[str, list[dict[str, Any]]] = {}
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=one_thread) as pool:
+        # The teacher: larger, on clean text with its own tokenizer; then frozen.
+        trained = pool.submit(train_run, out_dir / "runs" / "teacher", teacher_config, teacher_data,
+                              teacher_tokenizer, sizes, sizes.teacher_tokens, 0, {"method": "ce"})
+        if two_teachers:  # the same clean text and budget (in its own tokens), its own tokenizer and initialisation
+            trained2 = pool.submit(train_run, out_dir / "runs" / "teacher2", teacher2_config, teacher2_data,
+                                   teacher2_tokenizer, sizes, sizes.teacher_tokens, 1, {"method": "ce"})
+        # Per seed one initialisation, the same noisy text and budget. Students that need no teacher start at once.
+        futures = {student(pool, m, s): (m, s) for m, s in runs if not method_of(m).needs_teacher}
+        teacher = trained.result()
+        print(summarize_run("teacher", teacher))
+        teacher2 = trained2.result() if two_teachers else None
+        if teacher2 is not None:
+            print(summarize_run("second teacher", teacher2))
+        # uld runs the teacher on every batch and sorts both vocabularies' probabilities for every token (5x the cost
+        # of a `ce` step), so it starts first. The others need only the teacher's per-token losses, scored once.
+        futures |= {student(pool, m, s): (m, s) for m, s in runs if method_of(m).teacher_logits}
+        cached = [(m, s) for m, s in runs if method_of(m).teacher_loss]
+        if cached:
+            scored = [pool.submit(score_run, student_data, teacher_dir, cache)]
+            if two_teachers:
+                scored.append(pool.submit(score_run, student_data2, teacher2_dir, cache2))
+            for future in scored:
+                future.result()
+        futures |= {student(pool, m, s): (m, s) for m, s in cached}
+        for future in as_completed(futures):
+            method, seed = futures[future]
+            results.setdefault(method, []).append(future.result())
+            print(summarize_run(f"{method} (seed {seed})", results[method][-1]))
+    results = {m: sorted(results[m], key=lambda run: run["seed"]) for m in methods}
+
+    # 6. Evaluation: held-out bits per byte (logged by the runs); noise in the tokens each method trains; table, plot,
+    # claims.
+    stage("Noise: the share of training tokens that touch it, of all and of those each method trains")
+    teachers = [(teacher_tokenizer, teacher_dir)] + ([(teacher2_tokenizer, teacher2_dir)] if two_teachers else [])
+    samples, touched = noise_sample(noisy[: len(noisy_texts)], student_tokenizer, [t for t, _ in teachers], sizes,
+                                    window)  # fmt: skip
+    samples = [score_blocks(d, blocks) for (_, d), blocks in zip(teachers, samples)]  # each teacher's losses
+    noise_all = touched[:, 1:].float().mean().item()  # the targets of full blocks
+    for method in methods:
+        guidance = GuidanceArgs(**{**STUDENTS[method], "top_k": top_k})
+        scored = samples if method in TWO_TEACHERS else samples[:1]
+        for run in results[method]:
+            run_dir = out_dir / "runs" / f"{method}-seed{run['seed']}" / "final"
+            run["noise_trained"] = trained_noise_share(run_dir, guidance, scored, touched, sizes, run["seed"])
+    rows = [method_row(method, results[method], noise_all) for method in methods]
+    write_csv(out_dir / "results.csv", rows)
+    table = markdown_table(rows, teacher, teacher2)
+    summary = noise_summary(rows, touched[:, 1:].numel())
+    (out_dir / "results.md").write_text(f"{table}\n\n{summary}\n", encoding="utf-8")
+    plot(out_dir / "bpb.png", results, teacher, noise, top_k)
+    stage(f"Results: held-out bits per byte after {rows[0]['tokens']:,} training tokens")
+    print(table)
+    stage("What these runs show")
+    print("\n".join([summary, *claims(results, teacher)]))
+    # ru_maxrss: KiB on Linux; the children's is the largest of the training processes, once the pool has ended.
+    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) * 1024
+    print(f"Wrote {out_dir / 'results.csv'}, {out_dir / 'results.md'} and {out_dir / 'bpb.png'}"
+          f" in {time.perf_counter() - t0:.0f} s; the largest process peaked at {peak / 1e9:.1f} GB.")  # fmt: skip
