@@ -80,7 +80,7 @@ def test_dry_run_predicts_the_real_run(tmp_path, capsys, openwebmath_like, prepa
     teacher = tokenizer_info(find_tokenizer_file(QWEN))
     figures = measure_prepare(
         files, ["text"], student, teacher, 129, manifest["teacher_max_length"], BlockDtypes(**manifest["dtypes"]),
-        0.01, 4, QWEN,
+        val_fraction=0.01, num_workers=4, teacher_dir=QWEN,
     )  # fmt: skip
     # The sample is the whole input here: the extrapolation must land on what prepare wrote (the input's size comes
     # from the metadata, as above).

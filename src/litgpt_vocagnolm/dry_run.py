@@ -98,9 +98,10 @@ def measure_prepare(
     block_tokens: int,
     teacher_max_length: int,
     dtypes: BlockDtypes,
-    val_fraction: Optional[float],
-    num_workers: int,
-    teacher_dir: Path,
+    *,
+    val_fraction: Optional[float] = None,
+    num_workers: int = 1,
+    teacher_dir: Optional[Path] = None,
     max_tokens: float = PAPER_TOKENS,
 ) -> dict:
     """Measures prepare's work on the first SAMPLE_CHARS characters of `files` and extrapolates it to all of them.
@@ -125,7 +126,7 @@ def measure_prepare(
     train_share = 1 - (val_fraction or 0)
     trained_tokens = student_tokens * train_share * (block_tokens - 1) / block_tokens  # inputs, not the extra target
     cache_bytes = (LOSS_BYTES * (window_tokens - stats.blocks) + OFFSET_BYTES * stats.blocks) * scale
-    flops = teacher_flops_per_token(teacher_dir)
+    flops = None if teacher_dir is None else teacher_flops_per_token(teacher_dir)
     return {
         "sample_documents": stats.documents,
         "sample_bytes": sampled[0],

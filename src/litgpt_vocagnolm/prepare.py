@@ -379,8 +379,9 @@ def prepare(
         derived = block_settings(units, keys, student_info, teacher_info, block_tokens, teacher_max_length)
         dtypes, cap = BlockDtypes(**derived["dtypes"]), derived["teacher_max_length"]
         figures = measure_prepare(
-            files, keys, student_info, teacher_info, block_tokens, cap, dtypes, val_fraction, num_workers, teacher
-        )
+            files, keys, student_info, teacher_info, block_tokens, cap, dtypes,
+            val_fraction=val_fraction, num_workers=num_workers, teacher_dir=teacher,
+        )  # fmt: skip
         print(format_dry_run(figures))
         return
     settings = {
