@@ -26,7 +26,7 @@ install() {
         echo "local-cluster: missing ${missing[*]}: as root on Debian run apt-get install ${PACKAGES[*]}" >&2
         exit 1
     fi
-    echo "local-cluster: installing ${PACKAGES[*]}"
+    echo "local-cluster: installing ${PACKAGES[*]}" >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${PACKAGES[@]}" >/dev/null
 }
 
@@ -66,8 +66,9 @@ EOF
 start() {
     install
     mkdir -p "$DIR/state" "$DIR/munge" "${NODES[@]/#/$DIR/}"
-    [ -f "$CONF" ] || write_config
+    write_config
     chown munge: "$DIR/munge" && chmod 755 "$DIR/munge"
+    [ -f /etc/munge/munge.key ] || runuser -u munge -- mungekey --create  # the package makes one; in case it did not
     alive "$DIR/munge/munged.pid" || runuser -u munge -- munged --socket="$DIR/munge/munge.socket" \
         --pid-file="$DIR/munge/munged.pid" --log-file="$DIR/munge/munged.log" --seed-file="$DIR/munge/munged.seed"
     # -c: forget jobs of an earlier run of this cluster
