@@ -65,6 +65,10 @@ EOF
 
 start() {
     install
+    if [ "$(id -u)" -ne 0 ]; then  # munged runs as munge, slurmd as root
+        echo "local-cluster: needs root to start munged and slurmd" >&2
+        exit 1
+    fi
     mkdir -p "$DIR/state" "$DIR/munge" "${NODES[@]/#/$DIR/}"
     write_config
     chown munge: "$DIR/munge" && chmod 755 "$DIR/munge"
