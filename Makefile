@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo demo-cpu bench clean
+.PHONY: install test test-slurm demo demo-cpu bench clean
 
 install: $(STAMP)
 
@@ -19,7 +19,14 @@ $(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/tran
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slurm"
+
+# Jobs submitted to a real two-node Slurm on this machine, which the script installs (as root) and starts, and stops
+# after. Where it cannot start, the tests skip, except under CI=true, where they fail.
+test-slurm: install
+	eval "$$(bash tests/slurm/local-cluster.sh start)"; \
+		$(PY) -m pytest -q -m slurm tests/slurm; status=$$?; \
+		bash tests/slurm/local-cluster.sh stop; exit $$status
 
 demo: install
 	$(VENV)/bin/vocagnolm demo

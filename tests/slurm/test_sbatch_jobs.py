@@ -1,0 +1,191 @@
+"""The sbatch scripts under a real Slurm: two nodes on this machine (tests/slurm/local-cluster.sh), CPUs and gloo, the
+tiny recipe. `make test-slurm` starts the cluster, runs these and stops it; without a cluster they are skipped, and
+under CI=true they fail instead.
+
+A job warned by Slurm before its time limit (`--signal USR1@N`) must end the same optimizer step on every rank, save
+it, requeue itself and resume there, so that the whole job trains exactly what an uninterrupted one trains."""
+
+import csv
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import BIN, QWEN, ROOT, TINYLLAMA, prepare_pair
+from litgpt_vocagnolm.teacher_cache import CACHE_MANIFEST
+
+pytestmark = pytest.mark.slurm
+
+# Two CPU nodes, one process each; the header's 8 GPUs and 12 CPUs per task do not fit this machine.
+SHAPE = ["--ntasks-per-node", "1", "--gpus-per-node", "0", "--cpus-per-task", "1"]
+STEPS = 72  # ~80 s at ~1.1 s a step on an idle 2-core machine: longer than the first run lasts before the warning
+# Slurm checks the warning every 30 s and sends it up to 30 s early: with 2 minutes and a 40 s lead it arrives 50-80 s
+# after the start, past the ~10 s before the first step (the handler must be in place), well before the limit.
+TIME_LIMIT, SIGNAL_LEAD = "2", 40
+TRAIN = ["recipes/demo-cpu.yaml", "--train.max_tokens", str(STEPS * 16 * 128), "--train.log_interval", "1",
+         "--train.save_interval", "null", "--eval.interval", "1000", "--eval.final_validation", "false"]  # fmt: skip
+DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster() -> None:
+    """A Slurm whose two nodes answer, else skip (fail under CI=true, where `make test-slurm` must run them)."""
+    try:
+        nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=30)
+        reason = nodes.stderr.strip() if nodes.returncode else None
+    except (OSError, subprocess.TimeoutExpired) as error:
+        nodes, reason = None, str(error)
+    if reason is None and len(nodes.stdout.split("\n")) - 1 < 2:
+        reason = f"fewer than two nodes: {nodes.stdout!r}"
+    if reason is not None:
+        message = f"no two-node Slurm ({reason}): run `make test-slurm`, which starts one"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def sbatch(script: str, *args: str, nodes: int = 2, output: Path, options: tuple[str, ...] = ()) -> str:
+    """Submit recipes/slurm/SCRIPT from the repository root with this environment's console scripts; the job's id."""
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    command = ["sbatch", "--parsable", "--nodes", str(nodes), *SHAPE, "--output", str(output), *options]
+    result = subprocess.run([*command, f"recipes/slurm/{script}", *args], cwd=ROOT, env=env, capture_output=True,
+                            text=True, check=True, timeout=60)  # fmt: skip
+    return result.stdout.strip().split(";")[0]
+
+
+def job(job_id: str) -> dict[str, str]:
+    """`scontrol show job` as a dict (JobState, Restarts, ...)."""
+    text = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+    return dict(field.split("=", 1) for field in text.split() if "=" in field)
+
+
+def wait(job_id: str, timeout: float = 420) -> dict[str, str]:
+    """Poll until the job has ended (through any number of requeues); its final record."""
+    deadline = time.monotonic() + timeout
+    while (record := job(job_id))["JobState"] not in DONE:
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id])
+            pytest.fail(f"job {job_id} still {record['JobState']} after {timeout} s")
+        time.sleep(1)
+    return record
+
+
+def losses(out_dir: Path) -> list[tuple[int, float]]:
+    """(step, loss) of every logged step of every run of a job, in the order the runs logged them. The step is the data
+    position: the blocks trained on all ranks so far (`total_tokens`), in steps of 16 blocks of 128 tokens, so that it
+    counts the same on any number of processes."""
+    rows = []
+    for metrics in sorted((out_dir / "logs" / "csv").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])):
+        with open(metrics) as f:
+            rows += [(int(row["total_tokens"]) // (16 * 128), float(row["loss"])) for row in csv.DictReader(f)
+                     if row.get("loss")]  # fmt: skip
+    return rows
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """1,000 GSM8K records in ~1,400 blocks of 128: one epoch holds all the job's 72 x 16 blocks."""
+    corpus = tmp_path_factory.mktemp("corpus") / "gsm8k.jsonl"
+    corpus.write_text("".join((ROOT / "data" / "gsm8k" / "train.jsonl").open().readlines()[:1000]))
+    return prepare_pair(tmp_path_factory.mktemp("data") / "tl-qwen", corpus, TINYLLAMA, QWEN, max_seq_length=128)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, data) -> Path:
+    """The same job with time to spare: its out_dir."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    job_id = sbatch("vocagnolm.sbatch", *TRAIN, "--data.path", str(data), "--out_dir", str(tmp / "out"),
+                    output=tmp / "job.out", options=("--time", "10"))  # fmt: skip
+    assert wait(job_id)["JobState"] == "COMPLETED", (tmp / "job.out").read_text()[-3000:]
+    return tmp / "out"
+
+
+@pytest.fixture(scope="module")
+def preempted(tmp_path_factory, data) -> tuple[Path, str]:
+    """The job with a time limit that Slurm warns it of mid-run: its out_dir and log."""
+    tmp = tmp_path_factory.mktemp("preempted")
+    options = ("--time", TIME_LIMIT, "--signal", f"USR1@{SIGNAL_LEAD}")
+    job_id = sbatch("vocagnolm.sbatch", *TRAIN, "--data.path", str(data), "--out_dir", str(tmp / "out"),
+                    output=tmp / "job.out", options=options)  # fmt: skip
+    record = wait(job_id)
+    log = (tmp / "job.out").read_text()
+    assert record["JobState"] == "COMPLETED", log[-3000:]
+    assert int(record["Restarts"]) >= 1, f"never warned: {record}\n{log[-3000:]}"
+    return tmp / "out", log
+
+
+def test_warned_job_stops_on_every_rank_requeues_and_resumes(preempted, uninterrupted):
+    out_dir, log = preempted
+    # One piece per run of the job, each from the line the script prints first
+    runs = re.split(r"^\S+ job \d+: (?=SLURM_RESTART_COUNT=)", log, flags=re.M)[1:]
+    assert [int(re.match(r"SLURM_RESTART_COUNT=(\d+)", run)[1]) for run in runs] == list(range(len(runs)))
+    assert len(runs) >= 2
+    for run, following in zip(runs, runs[1:]):
+        # Each node's rank prints its own line: the two ranks stopped after the same step, which was saved.
+        stops = re.findall(r"^Stopped after step (\d+) on SIGUSR1", run, flags=re.M)
+        assert len(stops) == 2 and stops[0] == stops[1], run[-3000:]
+        checkpoint = out_dir / f"step-{int(stops[0]):08d}"
+        assert (checkpoint / "lit_model.pth").is_file()
+        # The requeue itself shows in the next run's SLURM_RESTART_COUNT: the recipe's own line about it may not, as
+        # Slurm ends the tasks (SIGTERM) as soon as `scontrol requeue` has returned.
+        assert re.findall(r"^Resuming training from (.*)$", following, flags=re.M) == [str(checkpoint / "lit_model.pth")] * 2
+    assert "Stopped after step" not in runs[-1] and (out_dir / "final" / "lit_model.pth").is_file()
+
+    # Every step trained once, none skipped (step i reads blocks 16(i-1)..16i-1 of the epoch), and each with the loss
+    # of the uninterrupted run: the same blocks, the same weights and optimizer state.
+    resumed, reference = losses(out_dir), losses(uninterrupted)
+    assert [step for step, _ in reference] == list(range(1, STEPS + 1))
+    assert resumed == reference
+    final = torch.load(out_dir / "final" / "lit_model.pth", weights_only=True)["model"]
+    expected = torch.load(uninterrupted / "final" / "lit_model.pth", weights_only=True)["model"]
+    assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final)
+
+
+@pytest.mark.xfail(reason="needs resume on another world size (issue 21)", strict=True)
+def test_job_resubmitted_on_one_node_resumes_from_the_two_node_checkpoint(preempted, uninterrupted, data, tmp_path):
+    """The preempted job's first warned checkpoint (two processes), resubmitted on one node: one process finishes it,
+    each later step once, with the uninterrupted run's losses (up to the order of the sums: the two ranks' batches
+    are now two micro-batches of one process)."""
+    first = min(preempted[0].glob("step-*"))
+    shutil.copytree(first, tmp_path / "out" / first.name)
+    job_id = sbatch("vocagnolm.sbatch", *TRAIN, "--data.path", str(data), "--out_dir", str(tmp_path / "out"), nodes=1,
+                    output=tmp_path / "job.out", options=("--time", "10"))  # fmt: skip
+    record, log = wait(job_id), (tmp_path / "job.out").read_text()
+    assert record["JobState"] == "COMPLETED", log[-3000:]
+    assert f"Resuming training from {tmp_path / 'out' / first.name / 'lit_model.pth'}" in log
+    resumed, reference = losses(tmp_path / "out"), dict(losses(uninterrupted))
+    start = int(first.name.removeprefix("step-"))
+    assert [step for step, _ in resumed] == list(range(start + 1, STEPS + 1))
+    assert dict(resumed) == pytest.approx({step: reference[step] for step, _ in resumed}, rel=1e-3)
+
+
+@pytest.mark.xfail(reason="score-teacher on two processes scores only half the blocks (issue 22/24)", strict=True)
+def test_score_teacher_cancelled_and_resubmitted_ends_with_the_uninterrupted_cache(
+    tmp_path, tinyllama_qwen_data, qwen_teacher
+):
+    """`score-teacher.sbatch` on two nodes, cancelled once a shard is written and submitted again, leaves the cache an
+    uninterrupted run (one process, no Slurm) leaves, byte for byte."""
+    data, teacher, shards = str(tinyllama_qwen_data), str(qwen_teacher), ["--blocks_per_shard", "16"]
+    subprocess.run([BIN / "vocagnolm", "score-teacher", "--data", data, "--teacher", teacher, "--output",
+                    tmp_path / "reference", *shards], check=True, capture_output=True, timeout=300)  # fmt: skip
+    output = tmp_path / "cache"
+    args = (data, teacher, "--output", str(output), *shards)
+    job_id = sbatch("score-teacher.sbatch", *args, output=tmp_path / "job.out", options=("--time", "10"))
+    deadline = time.monotonic() + 300
+    while not any((output / "train").glob("*.losses.npy")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    subprocess.run(["scancel", job_id], check=True)
+    assert wait(job_id)["JobState"] == "CANCELLED"
+    assert not (output / CACHE_MANIFEST).exists(), "finished before it was cancelled"
+
+    job_id = sbatch("score-teacher.sbatch", *args, output=tmp_path / "job.out", options=("--time", "10"))
+    assert wait(job_id)["JobState"] == "COMPLETED", (tmp_path / "job.out").read_text()[-3000:]
+    files = {p.relative_to(output): p.read_bytes() for p in output.rglob("*") if p.is_file()}
+    reference = {p.relative_to(tmp_path / "reference"): p.read_bytes() for p in (tmp_path / "reference").rglob("*") if p.is_file()}
+    assert files.keys() == reference.keys()
+    assert [name for name in files if files[name] != reference[name]] == []
