@@ -197,6 +197,29 @@ def test_convert_names_an_unknown_config(tmp_path):
 # demo: deletes only what it wrote
 
 
+@pytest.mark.parametrize(
+    "options, flag", [({"top_k": 1.5}, "--top_k"), ({"workers": 0}, "worker"), ({"noise": -0.1}, "--noise")]
+)
+def test_demo_refuses_numbers_out_of_range_before_any_work(tmp_path, options, flag):
+    from litgpt_vocagnolm.demo import demo
+
+    with pytest.raises(InvalidArgument, match=flag):
+        demo(out_dir=tmp_path / "demo", **options)
+    assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize(
+    "sizes, flag",
+    [({"micro_batch_size": 0}, "--sizes.micro_batch_size"), ({"student_tokens": -1}, "--sizes.student_tokens"),
+     ({"documents": 0}, "--sizes.documents"), ({"heldout_share": 0.0}, "--sizes.heldout_share")],
+)  # fmt: skip
+def test_demo_sizes_refuse_numbers_out_of_range(sizes, flag):
+    from litgpt_vocagnolm.demo.settings import DemoSizes
+
+    with pytest.raises(InvalidArgument, match=flag):
+        DemoSizes(**sizes)
+
+
 def test_demo_refuses_a_folder_with_anything_else_and_keeps_it(tmp_path):
     from litgpt_vocagnolm.demo import demo
 

@@ -52,6 +52,7 @@ from litgpt_vocagnolm.demo.table import claims, markdown_table, method_row, nois
 from litgpt_vocagnolm.demo.tokenizer_training import describe_tokenizers, train_student_tokenizer, train_teacher_tokenizer
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, check_writable
 from litgpt_vocagnolm.files import write_json
+from litgpt_vocagnolm.loss import check_top_k
 from litgpt_vocagnolm.methods import GuidanceArgs
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
@@ -130,6 +131,7 @@ def demo(
         raise InvalidArgument("Give at least one method, one seed and one worker.")
     if not 0 <= noise < 1:
         raise InvalidArgument(f"--noise is a share of characters in [0, 1), got {noise}.")
+    check_top_k(top_k, what="--top_k")
     sample_tokens = sizes.noise_batches * sizes.micro_batch_size * (sizes.max_seq_length + 1)
     if not 0 < sample_tokens <= sizes.student_tokens:
         raise InvalidArgument(
