@@ -33,8 +33,8 @@ def assert_one_line(out: subprocess.CompletedProcess, prog: str, message: str) -
 
 
 def test_user_error_is_one_line_and_debug_shows_its_traceback(tmp_path):
-    args = (str(BIN / "vocagnolm"), "prepare", "--student", str(TINYLLAMA), "--teacher", str(MISTRAL),
-            "--input", str(tmp_path / "none.jsonl"), "--output", str(tmp_path / "out"), "--num_workers", "0")  # fmt: skip
+    args = (str(BIN / "vocagnolm"), "prepare", "--student", str(TINYLLAMA), "--teacher", str(MISTRAL), "--input",
+            str(tmp_path / "none.jsonl"), "--output", str(tmp_path / "out"), "--num_workers", "0")  # fmt: skip
     assert_one_line(run(*args), "vocagnolm prepare", "--num_workers must be at least 1, got 0.")
     for out in (run(*args, "--debug"), run(*args, env={"VOCAGNOLM_DEBUG": "1"})):
         assert out.returncode == 1 and "Traceback" in out.stderr, out.stderr[-3000:]

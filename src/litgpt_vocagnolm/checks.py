@@ -62,7 +62,9 @@ def check_setup(
 ) -> None:
     """Every configuration error we can see before building a model, each with what to change."""
     if data is None:
-        raise InvalidArgument("Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`).")
+        raise InvalidArgument(
+            "Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`)."
+        )
     if isinstance(data, VocAgnoData):
         data.check_files()  # a missing or cut chunk: now, not when the loader reaches it (hours in)
     if initial_checkpoint_dir is not None and resume not in (False, "auto"):

@@ -155,7 +155,9 @@ def find_input_files(paths: Union[list[Path], Path], flag: str) -> tuple[list[Pa
             skipped += [(str(p), f"unsupported file type {p.suffix or '(none)'!r}") for p in unsupported]
         elif path.is_file():
             if path.suffix not in SUFFIXES:
-                raise InvalidArgument(f"{flag} {path}: unsupported file type {path.suffix!r}; use {', '.join(SUFFIXES)}.")
+                raise InvalidArgument(
+                    f"{flag} {path}: unsupported file type {path.suffix!r}; use {', '.join(SUFFIXES)}."
+                )
             candidates = [path]
         else:
             raise PathMissing(f"{flag} {path} does not exist.")
@@ -443,5 +445,7 @@ def read_whole_files(paths: Union[list[Path], Path], keys: list[str], flag: str)
         documents[path] = ["".join(d.chunks) for piece in pieces for d in read_documents(piece, keys, stats)]
         problems = [f"{path}: {why}" for path, why in stats.skipped_files] + stats.examples
         if problems:
-            raise InvalidArgument(f"{flag}: {'; '.join(problems[:5])}. Fix or remove these records; nothing is skipped here.")
+            raise InvalidArgument(
+                f"{flag}: {'; '.join(problems[:5])}. Fix or remove these records; nothing is skipped here."
+            )
     return documents

@@ -298,7 +298,9 @@ class GuidanceArgs:
         """Refuses several teachers for a method that takes one."""
         if num_teachers > 1 and not self.spec.several_teachers:
             several = method_names(lambda m: m.several_teachers)
-            raise InvalidArgument(f"guidance.method={self.method!r} takes one teacher; several teachers guide {several}. {fix}")
+            raise InvalidArgument(
+                f"guidance.method={self.method!r} takes one teacher; several teachers guide {several}. {fix}"
+            )
 
 
 # `--help` prints the table: jsonargparse reads a field's help from the class docstring's Args section.
