@@ -151,7 +151,7 @@ def setup(
         print("Available values:\n" + "\n".join(sorted(name_to_config)))
         return
     check_run_args(train, eval, devices, num_nodes)
-    check_writable(out_dir, "--out_dir")  # a read-only one fails now, not when the first checkpoint is saved
+    check_writable(init_out_dir(out_dir), "--out_dir")  # a read-only one fails now, not at the first checkpoint
     config = resolve_model_config(model_name, model_config)
     devices = parse_devices(devices)
     check_setup(config, data, train, teacher, guidance, tokenizer_dir=tokenizer_dir,
