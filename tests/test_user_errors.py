@@ -32,6 +32,7 @@ def assert_one_line(out: subprocess.CompletedProcess, prog: str, message: str) -
 # The entry points: `vocagnolm <command>` and `litgpt pretrain --recipe vocagnolm`.
 
 
+@pytest.mark.slow  # console scripts in subprocesses
 def test_user_error_is_one_line_and_debug_shows_its_traceback(tmp_path):
     args = (str(BIN / "vocagnolm"), "prepare", "--student", str(TINYLLAMA), "--teacher", str(MISTRAL), "--input",
             str(tmp_path / "none.jsonl"), "--output", str(tmp_path / "out"), "--num_workers", "0")  # fmt: skip
@@ -42,6 +43,7 @@ def test_user_error_is_one_line_and_debug_shows_its_traceback(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # console scripts in subprocesses
 def test_recipe_user_error_is_one_line():
     out = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--train.micro_batch_size", "0")
     assert_one_line(out, "litgpt pretrain --recipe vocagnolm", "--train.micro_batch_size must be at least 1, got 0.")
@@ -167,6 +169,8 @@ def test_damaged_chunk_names_the_file_and_the_fix(tmp_path, tinyllama_mistral_da
         (["--window", "5000"], "longer than Qwen2.5-Math-7B's block size 4096"),
         (["--train.max_seq_length", "4096"], "longer than the student's block size 2048"),
         (["--gpu_memory", "0"], "--gpu_memory must be above 0"),
+        (["--model_name", "nope-1b"], "--model_name: 'nope-1b' is not a LitGPT config name."),
+        (["--teacher.checkpoint_dir", "checkpoints/Org/nope-7b"], "(no model_config.yaml there yet: its name): 'nope"),
     ],
 )
 def test_plan_refuses_what_cannot_run(args, message, capsys):
@@ -181,6 +185,7 @@ def test_plan_refuses_what_cannot_run(args, message, capsys):
 # convert_to_litgpt
 
 
+@pytest.mark.slow  # console scripts in subprocesses
 def test_convert_on_a_missing_folder_says_so():
     out = run(str(BIN / "vocagnolm"), "convert_to_litgpt", "nope")
     assert_one_line(out, "vocagnolm convert_to_litgpt", "checkpoint_dir 'nope' is not a folder.")
@@ -190,7 +195,7 @@ def test_convert_names_an_unknown_config(tmp_path):
     from litgpt_vocagnolm.model_configs import convert_to_litgpt
 
     (tmp_path / "my-model").mkdir()
-    with pytest.raises(InvalidArgument, match="'my-model' .* is not a LitGPT config name. Pass --model_name"):
+    with pytest.raises(InvalidArgument, match=r"The folder's name .*else pass --model_name NAME\): 'my-model' is not a LitGPT config name"):
         convert_to_litgpt(tmp_path / "my-model")
 
 

@@ -13,6 +13,7 @@ from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, check_vocab_size,
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
 from litgpt_vocagnolm.errors import InvalidArgument, at_least
 from litgpt_vocagnolm.methods import GuidanceArgs, method_names
+from litgpt_vocagnolm.model_configs import config_named
 from litgpt_vocagnolm.teacher import TeacherArgs
 from litgpt_vocagnolm.teacher_cache import check_cache
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
@@ -23,7 +24,7 @@ def resolve_model_config(model_name: str | None, model_config: Config | None) ->
         return model_config
     if model_name is None:
         raise InvalidArgument("Name the student: --model_name (e.g. tiny-llama-1.1b) or --model_config.")
-    return Config.from_name(model_name)
+    return config_named(model_name, "--model_name")
 
 
 def check_run_args(train: TrainArgs, eval: EvalArgs, devices: int | str, num_nodes: int) -> None:

@@ -91,6 +91,17 @@ def register() -> None:
             config.name_to_config[entry["name"]] = entry
 
 
+def config_named(name: str, what: str) -> Config:
+    """LitGPT's config of that name (after `register()`), or an error saying where the names are listed."""
+    try:
+        return Config.from_name(name)
+    except ValueError:
+        raise InvalidArgument(
+            f"{what}: {name!r} is not a LitGPT config name. `litgpt pretrain --recipe vocagnolm --model_name list`"
+            " lists them."
+        ) from None
+
+
 def convert_to_litgpt(checkpoint_dir: Path, model_name: str | None = None, dtype: str | None = None) -> None:
     """`litgpt convert_to_litgpt` that also knows llemma_7b, deepseek-math-7b-* and Mistral-7B-ProXMath.
 
@@ -110,13 +121,6 @@ def convert_to_litgpt(checkpoint_dir: Path, model_name: str | None = None, dtype
         )
     check_writable(checkpoint_dir, "checkpoint_dir")
     register()
-    name = model_name or checkpoint_dir.name
-    try:
-        Config.from_name(name)
-    except ValueError:
-        given = f"--model_name {name!r}" if model_name else f"The folder's name {name!r} (the default --model_name)"
-        raise InvalidArgument(
-            f"{given} is not a LitGPT config name. Pass --model_name NAME"
-            " (`litgpt pretrain --recipe vocagnolm --model_name list` lists them)."
-        ) from None
+    inferred = "The folder's name (the default --model_name; else pass --model_name NAME)"
+    config_named(model_name or checkpoint_dir.name, "--model_name" if model_name else inferred)
     convert_hf_checkpoint(checkpoint_dir=checkpoint_dir, model_name=model_name, dtype=dtype)

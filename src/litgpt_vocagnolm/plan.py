@@ -253,7 +253,7 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     from jsonargparse import CLI, ArgumentParser, capture_parser
 
     from litgpt_vocagnolm.data import VocAgnoData, load_manifest
-    from litgpt_vocagnolm.model_configs import register
+    from litgpt_vocagnolm.model_configs import config_named, register
     from litgpt_vocagnolm.checks import check_run_args, resolve_model_config
     from litgpt_vocagnolm.recipe import setup
 
@@ -287,7 +287,8 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     teachers = []
     for directory in teacher_args.checkpoint_dirs:
         found = directory / "model_config.yaml"
-        teachers.append(Config.from_file(found) if found.is_file() else Config.from_name(directory.name))
+        by_name = f"--teacher.checkpoint_dir {directory} (no model_config.yaml there yet: its name)"
+        teachers.append(Config.from_file(found) if found.is_file() else config_named(directory.name, by_name))
     teacher = (teachers[0] if len(teachers) == 1 else teachers) if teachers else None
     if window is None:  # the longest window of any teacher's prepared data
         data = args.data
