@@ -65,17 +65,16 @@ RECORD = ".vocagnolm-demo.json"
 def claim_out_dir(out_dir: Path) -> None:
     """Makes out_dir the demo's: refuses a folder that holds anything the demo did not write (its record lists what
     it writes), deletes what an earlier demo wrote there, and records its own files before writing any."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise PathTaken(f"--out_dir {out_dir} is a file. Give a new or empty folder.")
-    check_writable(out_dir, "--out_dir")
+    check_writable(out_dir, "--out_dir")  # and not a file
     entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
-    ours = json.loads((out_dir / RECORD).read_text(encoding="utf-8"))["outputs"] if RECORD in entries else []
+    recorded = json.loads((out_dir / RECORD).read_text(encoding="utf-8"))["outputs"] if RECORD in entries else []
+    ours = [name for name in recorded if name in OUTPUTS]  # never a path an edited record points elsewhere with
     others = [name for name in entries if name not in (RECORD, *ours)]
     if others:
         more = f" and {len(others) - 5} more" if len(others) > 5 else ""
         raise PathTaken(
             f"--out_dir {out_dir} holds {', '.join(others[:5])}{more}, which `vocagnolm demo` did not write; it"
-            f" would replace its own folders there. Give a new or empty folder (e.g. --out_dir out/demo)."
+            " would replace its own folders there. Give a new or empty folder (e.g. --out_dir out/demo)."
         )
     for name in ours:
         path = out_dir / name
