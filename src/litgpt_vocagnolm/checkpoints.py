@@ -24,12 +24,13 @@ from litgpt.data import DataModule
 from litgpt.utils import copy_config_files, save_config
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
 from litgpt_vocagnolm.tokenizer_files import TOKENIZER_FILES, load_tokenizer
 
 MODEL_FILES = ("lit_model.pth", "model_config.yaml")
 
 
-class UnreadableCheckpoint(ValueError):
+class UnreadableCheckpoint(InvalidArgument):
     """A weight file that can't be loaded safely: truncated, corrupt, or holding more than tensors and plain data."""
 
 
@@ -39,14 +40,14 @@ def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = Fals
     (`read_weights`: memory-mapped, their pickled index read, not the tensor data), so a refused or damaged file fails
     here rather than after minutes of model building."""
     if not checkpoint_dir.is_dir():
-        raise FileNotFoundError(f"{what} {str(checkpoint_dir)!r} is not a directory. Pass a LitGPT checkpoint directory.")
+        raise PathMissing(f"{what} {str(checkpoint_dir)!r} is not a directory. Pass a LitGPT checkpoint directory.")
     wanted = [(name,) for name in MODEL_FILES]
     if tokenizer:
         wanted += [("tokenizer.json", "tokenizer.model"), ("tokenizer_config.json",)]  # what `litgpt.Tokenizer` reads
     missing = [" or ".join(names) for names in wanted if not any((checkpoint_dir / n).is_file() for n in names)]
     if missing:
         present = sorted(p.name for p in checkpoint_dir.iterdir())
-        raise FileNotFoundError(
+        raise PathMissing(
             f"{what} {str(checkpoint_dir)!r} lacks {missing} (it holds {present}). A LitGPT checkpoint has"
             " lit_model.pth and model_config.yaml next to the tokenizer files: run `litgpt download <repo>` (it"
             " converts), or `litgpt convert_to_litgpt` on a Hugging Face checkpoint; for a trained model, copy the"
@@ -64,7 +65,7 @@ def check_vocab_size(config: Config, tokenizer_dir: Path, what: str, fix: str) -
     tokenizer makes: a larger id is an IndexError on a CPU and an opaque device-side assert on a GPU, mid-run."""
     vocab_size = load_tokenizer(tokenizer_dir).get_vocab_size(with_added_tokens=True)
     if vocab_size > config.padded_vocab_size:
-        raise ValueError(
+        raise InvalidArgument(
             f"{what} {str(tokenizer_dir)!r}: its tokenizer has {vocab_size} tokens but the model only"
             f" {config.padded_vocab_size} (padded_vocab_size of {config.name!r}): {fix}"
         )
@@ -147,7 +148,7 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
         fabric.print(f"Skipping {path}: {reason or 'another rank cannot read it'}")
     skipped = f" ({len(candidates)} unreadable, skipped)" if candidates else ""
     if resume is True:
-        raise FileNotFoundError(f"--resume true, but no readable checkpoint in --out_dir {out_dir}{skipped}.")
+        raise PathMissing(f"--resume true, but no readable checkpoint in --out_dir {out_dir}{skipped}.")
     if candidates:
         fabric.print(f"No readable checkpoint in {out_dir}{skipped}: starting afresh.")
     return None

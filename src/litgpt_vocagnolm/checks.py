@@ -4,14 +4,16 @@ and the line that makes a wrong tokenizer pairing visible at the start of a run.
 from pathlib import Path
 from typing import Literal
 
-from litgpt.args import TrainArgs
+from litgpt.args import EvalArgs, TrainArgs
 from litgpt.config import Config
 from litgpt.data import DataModule
 
 from litgpt_vocagnolm.alignment import vocab_overlap
 from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, check_vocab_size, read_weights
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
+from litgpt_vocagnolm.errors import InvalidArgument, at_least
 from litgpt_vocagnolm.methods import GuidanceArgs, method_names
+from litgpt_vocagnolm.model_configs import config_named
 from litgpt_vocagnolm.teacher import TeacherArgs
 from litgpt_vocagnolm.teacher_cache import check_cache
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
@@ -21,8 +23,30 @@ def resolve_model_config(model_name: str | None, model_config: Config | None) ->
     if model_config is not None:
         return model_config
     if model_name is None:
-        raise ValueError("Name the student: --model_name (e.g. tiny-llama-1.1b) or --model_config.")
-    return Config.from_name(model_name)
+        raise InvalidArgument("Name the student: --model_name (e.g. tiny-llama-1.1b) or --model_config.")
+    return config_named(model_name, "--model_name")
+
+
+def check_run_args(train: TrainArgs, eval: EvalArgs, devices: int | str, num_nodes: int) -> None:
+    """The recipe's numbers in range, before anything is loaded (LitGPT's TrainArgs checks few: a micro-batch of 0
+    divides by zero, a negative one reaches LitData)."""
+    if devices != "auto" and (not isinstance(devices, int) or devices < 1):
+        raise InvalidArgument(f"--devices must be 'auto' or a positive number of GPUs per node, got {devices!r}.")
+    at_least("--num_nodes", num_nodes, 1)
+    for name in ("global_batch_size", "micro_batch_size", "log_interval"):
+        at_least(f"--train.{name}", getattr(train, name), 1)
+    for name in ("save_interval", "max_tokens", "max_steps", "max_seq_length"):
+        if getattr(train, name) is not None:
+            at_least(f"--train.{name}", getattr(train, name), 1)
+    if train.lr_warmup_steps is not None:
+        at_least("--train.lr_warmup_steps", train.lr_warmup_steps, 0)
+    if train.max_norm is not None and not train.max_norm > 0:
+        raise InvalidArgument(f"--train.max_norm must be above 0 (the paper's: 1.0), got {train.max_norm}.")
+    if train.max_time is not None and not train.max_time > 0:
+        raise InvalidArgument(f"--train.max_time must be above 0 seconds, got {train.max_time}.")
+    at_least("--train.min_lr", train.min_lr, 0)
+    at_least("--eval.interval", eval.interval, 1)
+    at_least("--eval.max_iters", eval.max_iters, 0)
 
 
 def check_setup(
@@ -39,11 +63,13 @@ def check_setup(
 ) -> None:
     """Every configuration error we can see before building a model, each with what to change."""
     if data is None:
-        raise ValueError("Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`).")
+        raise InvalidArgument(
+            "Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`)."
+        )
     if isinstance(data, VocAgnoData):
         data.check_files()  # a missing or cut chunk: now, not when the loader reaches it (hours in)
     if initial_checkpoint_dir is not None and resume not in (False, "auto"):
-        raise ValueError(
+        raise InvalidArgument(
             "Can't provide both --resume and --initial_checkpoint_dir. Choose one, or --resume auto: it starts from"
             " --initial_checkpoint_dir until out_dir has a checkpoint (what a requeued Slurm job needs)."
         )
@@ -52,13 +78,13 @@ def check_setup(
     if isinstance(resume, Path):
         read_weights(resume)  # refused or unreadable: fail now, naming the file
     if train.max_tokens is None or train.max_norm is None:
-        raise ValueError("The recipe needs --train.max_tokens and --train.max_norm.")
+        raise InvalidArgument("The recipe needs --train.max_tokens and --train.max_norm.")
     if train.epochs is not None:
-        raise ValueError("The recipe counts tokens, not epochs: set --train.max_tokens instead of --train.epochs.")
+        raise InvalidArgument("The recipe counts tokens, not epochs: set --train.max_tokens instead of --train.epochs.")
     per_step = world_size * train.micro_batch_size
     if train.global_batch_size % per_step:  # LitGPT's `gradient_accumulation_iters` would floor it, or assert on 0
         lower = train.global_batch_size // per_step * per_step
-        raise ValueError(
+        raise InvalidArgument(
             f"--train.global_batch_size {train.global_batch_size} must be a multiple of (--devices x --num_nodes) x"
             f" --train.micro_batch_size = {world_size} x {train.micro_batch_size} = {per_step}, so that every rank"
             f" accumulates whole micro-batches: use {' or '.join(map(str, filter(None, (lower, lower + per_step))))},"
@@ -68,13 +94,13 @@ def check_setup(
         check_vocab_size(config, tokenizer_dir, "--tokenizer_dir", fix="train the model this tokenizer belongs to.")
     method = guidance.spec
     if method.needs_prepared_data and not isinstance(data, VocAgnoData):
-        raise ValueError(
+        raise InvalidArgument(
             f"--guidance.method {guidance.method} needs aligned data: --data VocAgnoData --data.path DIR"
             f" (from `vocagnolm prepare`), not {type(data).__name__}."
             f" Only {method_names(lambda m: not m.needs_prepared_data)} trains on plain LitGPT data."
         )
     if isinstance(data, VocAgnoData) and tokenizer_dir is None:
-        raise ValueError("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
+        raise InvalidArgument("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
     paths = data.paths if isinstance(data, VocAgnoData) else [None]  # each teacher's prepared data
     guidance.check_several_teachers(len(paths), fix="Drop --data.other_teachers, or choose one of those methods.")
     if not method.needs_prepared_data:
@@ -84,13 +110,13 @@ def check_setup(
     caches, checkpoint_dirs = teacher.caches, teacher.checkpoint_dirs
     for option, given in (("--teacher.cache", caches), ("--teacher.checkpoint_dir", checkpoint_dirs)):
         if given and len(given) != len(paths):
-            raise ValueError(
+            raise InvalidArgument(
                 f"{len(given)} {option} for the data of {len(paths)} teachers (--data.path, then"
                 f" --data.other_teachers): give one per teacher, in that order."
             )
     if caches:
         if method.teacher_logits:
-            raise ValueError(
+            raise InvalidArgument(
                 f"--guidance.method {guidance.method} distils the teacher's logits; a --teacher.cache holds only its"
                 " per-token losses. Drop --teacher.cache and pass --teacher.checkpoint_dir."
             )
@@ -98,7 +124,7 @@ def check_setup(
             check_cache(cache, path / MANIFEST, checkpoint_dirs[k] if checkpoint_dirs else None)
     if method.needs_teacher and not caches:
         if not checkpoint_dirs:
-            raise ValueError(
+            raise InvalidArgument(
                 f"--guidance.method {guidance.method} needs a teacher: --teacher.checkpoint_dir DIR (or"
                 " --teacher.cache DIR from `vocagnolm score-teacher`)."
             )

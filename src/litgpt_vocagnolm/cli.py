@@ -4,13 +4,16 @@ Each command is a typed function; jsonargparse builds its parser (with `--help`,
 dotted overrides) only for the command that runs, so `vocagnolm --help` stays fast.
 """
 
+import os
 import re
 import sys
+from contextlib import contextmanager
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import Callable, Literal, NoReturn, get_args, get_origin
+from typing import Callable, Iterator, Literal, NoReturn, get_args, get_origin
 
 RECIPE_GROUP = "litgpt.recipes"
+DEBUG_FLAG, DEBUG_ENV = "--debug", "VOCAGNOLM_DEBUG"  # either shows a user error's traceback
 UNION_OF_NO_TYPES = "Cannot take a Union of no types."
 
 # name -> ("module:function", one-line help). `pretrain` is dispatched through the recipe registry instead.
@@ -64,12 +67,38 @@ def _fail(message: str, recipes: dict) -> NoReturn:
     raise SystemExit(2)
 
 
+def _split_debug(args: list[str]) -> tuple[bool, list[str]]:
+    """Takes `--debug` out of `args` (a copy); VOCAGNOLM_DEBUG=1 in the environment does the same."""
+    rest = [arg for arg in args if arg != DEBUG_FLAG]
+    return len(rest) < len(args) or os.environ.get(DEBUG_ENV, "") not in ("", "0"), rest
+
+
+@contextmanager
+def plain_user_errors(prog: str, debug: bool) -> Iterator[None]:
+    """A user error (`errors.UserError`: a bad value, a missing or taken path) as one line and exit status 1, its
+    traceback only with `debug`. Every other exception is a bug and keeps its traceback."""
+    from litgpt_vocagnolm.errors import UserError
+
+    try:
+        yield
+    except UserError as error:
+        if debug:
+            raise
+        # Raised in a DataLoader worker, it arrives with the worker's traceback in its message (torch's
+        # ExceptionWrapper): keep what follows its last line's "InvalidArgument: ".
+        message = str(error).rsplit(f"\n{type(error).__name__}: ", 1)[-1]
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 def run_recipe(name: str, args: list[str]) -> None:
     recipes = registered_recipes()
     if name not in recipes:
         _fail(f"unknown recipe {name!r}", recipes)
-    setup = recipes[name].load()
-    _run(setup, args, prog=f"litgpt pretrain --recipe {name}")
+    debug, args = _split_debug(args)
+    prog = f"litgpt pretrain --recipe {name}"
+    with plain_user_errors(prog, debug):
+        _run(recipes[name].load(), args, prog=prog)
 
 
 def _run(function: Callable, args: list[str], prog: str) -> None:
@@ -121,7 +150,10 @@ def litgpt_main(upstream_main: Callable[[], None]) -> None:
 def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    return "usage: vocagnolm <command> [--help] [options]\n\ncommands:\n" + "\n".join(lines)
+    return (
+        "usage: vocagnolm <command> [--help] [--debug] [options]\n\ncommands:\n" + "\n".join(lines)
+        + f"\n\nA mistake in the options prints one line; {DEBUG_FLAG} (or {DEBUG_ENV}=1) shows its traceback too."
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -137,10 +169,13 @@ def main(argv: list[str] | None = None) -> None:
         name, rest = _split_recipe(rest)
         return run_recipe(name or "vocagnolm", rest)
     module, function = COMMANDS[command][0].split(":")
-    if command == "plan":
-        return getattr(import_module(module), function)(rest, prog=f"vocagnolm {command}", parser_class=_configure())
+    debug, rest = _split_debug(rest)
+    prog = f"vocagnolm {command}"
     try:
-        _run(getattr(import_module(module), function), rest, prog=f"vocagnolm {command}")
+        with plain_user_errors(prog, debug):
+            if command == "plan":
+                return getattr(import_module(module), function)(rest, prog=prog, parser_class=_configure())
+            _run(getattr(import_module(module), function), rest, prog=prog)
     except KeyboardInterrupt:
         # 128 + SIGINT, what a shell reports for Ctrl-C: `vocagnolm prepare ... && litgpt pretrain ...` stops here.
         print(f"vocagnolm {command}: interrupted.", file=sys.stderr)

@@ -20,6 +20,7 @@ from litdata.streaming.sampler import ChunkedIndex
 from litgpt.data import DataModule
 
 from litgpt_vocagnolm.alignment import chunk_align
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
 from litgpt_vocagnolm.files import file_sha256
 from litgpt_vocagnolm.teacher_cache import TeacherLossCache
 from litgpt_vocagnolm.tokenizer_files import find_tokenizer_file, load_tokenizer, same_vocabulary, tokenizer_sha256
@@ -43,13 +44,13 @@ def load_manifest(path: Path) -> dict:
     path = Path(path)
     if not (path / MANIFEST).is_file():
         unfinished = " An interrupted run left it unfinished: run it again." if (path / PARTIAL).exists() else ""
-        raise FileNotFoundError(
+        raise PathMissing(
             f"No prepared data in {path} (no {MANIFEST}). Make it with `vocagnolm prepare ... --output {path}`."
             + unfinished
         )
     manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path / MANIFEST} is format {manifest.get('format')!r}; this version reads {FORMAT!r}.")
+        raise InvalidArgument(f"{path / MANIFEST} is format {manifest.get('format')!r}; this version reads {FORMAT!r}.")
     return manifest
 
 
@@ -77,20 +78,37 @@ class BlockDataset(StreamingDataset):
         self.others = [BlockDataset(other, split, shuffle=False, seed=seed, teacher_cache=cache) for other, cache in others]
 
     def __getitem__(self, index: Any) -> Any:
-        item = super().__getitem__(index)
         position = index.index if isinstance(index, ChunkedIndex) else index
+        try:
+            item = super().__getitem__(index)
+        except (IndexError, ValueError, OverflowError) as error:  # LitData on a chunk damaged in place (same size)
+            raise InvalidArgument(
+                f"Block {position} of {self.path / self.split} can't be read (LitData raised {type(error).__name__}):"
+                f" {chunk_file(self.path / self.split, position)} is damaged. Copy {self.path} again, whole, or"
+                " prepare the data again: `vocagnolm prepare ... --output NEW_DIR`."
+            ) from error
         if self.teacher_losses is not None:
             item["teacher_loss"] = self.teacher_losses[position]
         if self.others:
             item["more_teachers"] = [other[position] for other in self.others]
             for other, block in zip(self.others, item["more_teachers"]):
                 if not np.array_equal(block["student_ids"], item["student_ids"]):
-                    raise ValueError(
+                    raise InvalidArgument(
                         f"Block {position} of {other.path / self.split} holds other student tokens than block"
                         f" {position} of {self.path / self.split}: the data of every teacher must be prepared from"
                         " the same --input, --val_input, --student, --max_seq_length and --text_key."
                     )
         return item
+
+
+def chunk_file(folder: Path, position: int) -> Path:
+    """The chunk file of a split's `folder` that holds block number `position` (chunks hold consecutive blocks)."""
+    end = 0
+    for chunk in json.loads((folder / "index.json").read_text(encoding="utf-8"))["chunks"]:
+        end += chunk["chunk_size"]
+        if position < end:
+            return folder / chunk["filename"]
+    raise IndexError(f"{folder} holds {end} blocks, not {position + 1}.")
 
 
 def check_split(path: Path, split: str, manifest: dict) -> None:
@@ -100,7 +118,7 @@ def check_split(path: Path, split: str, manifest: dict) -> None:
     folder = Path(path) / split
     index = folder / "index.json"
     if not index.is_file() or file_sha256(index) != manifest["splits"][split]["index_sha256"]:
-        raise ValueError(
+        raise InvalidArgument(
             f"{index} is missing or not the one {Path(path) / MANIFEST} recorded: the folder mixes two preparations."
             " Prepare the data again into a new --output."
         )
@@ -108,10 +126,10 @@ def check_split(path: Path, split: str, manifest: dict) -> None:
         file, recorded = folder / chunk["filename"], chunk["chunk_bytes"]
         fix = f"Copy {path} again, whole, or prepare the data again: `vocagnolm prepare ... --output NEW_DIR`."
         if not file.is_file():
-            raise FileNotFoundError(f"{file} is missing: {index} lists it ({recorded:,} bytes). {fix}")
+            raise PathMissing(f"{file} is missing: {index} lists it ({recorded:,} bytes). {fix}")
         if file.stat().st_size != recorded:
             size = file.stat().st_size
-            raise ValueError(f"{file} has {size:,} bytes, {index} records {recorded:,}: it is damaged. {fix}")
+            raise InvalidArgument(f"{file} has {size:,} bytes, {index} records {recorded:,}: it is damaged. {fix}")
 
 
 def open_split(
@@ -286,16 +304,16 @@ class VocAgnoData(DataModule):
         alignment (`--guidance.method chunk`), `teacher_cache` attaches each block's cached teacher losses
         (`--teacher.cache`: one cache per teacher, in the order of `paths`)."""
         if num_chunks is not None and num_chunks < 1:
-            raise ValueError(f"num_chunks must be at least 1, got {num_chunks}.")
+            raise InvalidArgument(f"num_chunks must be at least 1, got {num_chunks}.")
         if teacher_cache is not None and len(teacher_cache) != len(self.paths):
-            raise ValueError(
+            raise InvalidArgument(
                 f"{len(teacher_cache)} teacher loss caches for the data of {len(self.paths)} teachers (--data.path and"
                 " --data.other_teachers): give one --teacher.cache per teacher, in the same order."
             )
         self.batch_size, self.num_chunks, self.teacher_cache = batch_size, num_chunks, teacher_cache
         prepared = self.manifest["max_seq_length"]
         if max_seq_length is not None and max_seq_length != prepared:
-            raise ValueError(
+            raise InvalidArgument(
                 f"{self.path} holds blocks for max_seq_length {prepared}, but training asks for {max_seq_length}."
                 f" Prepare it again with `vocagnolm prepare --max_seq_length {max_seq_length}`, or train with"
                 f" --train.max_seq_length {prepared}."
@@ -327,7 +345,7 @@ class VocAgnoData(DataModule):
                             differ.append(f"the student tokens of {split} block {i}")
                             break
             if differ:
-                raise ValueError(
+                raise InvalidArgument(
                     f"{path} (--data.other_teachers) does not hold the student blocks of {self.path} (--data.path):"
                     f" {', '.join(differ)} differ. Prepare every teacher's data with the same --input, --val_input,"
                     " --student, --max_seq_length, --text_key and --val_fraction; only --teacher and"
@@ -344,7 +362,7 @@ class VocAgnoData(DataModule):
             path, recorded, file = self.paths[k], self.manifests[k][side], find_tokenizer_file(given)
             sha256 = tokenizer_sha256(file)
             if sha256 != recorded["sha256"]:
-                raise ValueError(
+                raise InvalidArgument(
                     f"The {side} tokenizer is not the one {path} was prepared with:\n"
                     f"  prepared with {recorded['path']} (sha256 {recorded['sha256']})\n"
                     f"  given         {file} (sha256 {sha256})\n"

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 FIELD_SEPARATOR = "\n\n"  # joins the fields of `--text_key question,answer`, as paragraphs
 UNITS = 256  # work units to cut the input into, so that many workers stay busy to the end
@@ -123,7 +124,7 @@ class Stats:
 def parse_text_key(text_key: str) -> list[str]:
     keys = [key.strip() for key in text_key.split(",")]
     if not all(keys):
-        raise ValueError(f"--text_key {text_key!r}: give one field name, or several separated by commas.")
+        raise InvalidArgument(f"--text_key {text_key!r}: give one field name, or several separated by commas.")
     return keys
 
 
@@ -149,25 +150,27 @@ def find_input_files(paths: Union[list[Path], Path], flag: str) -> tuple[list[Pa
             found = sorted(p for p in path.rglob("*") if p.is_file())
             candidates = [p for p in found if p.suffix in SUFFIXES]
             if not candidates:
-                raise ValueError(f"{flag} {path}: no {', '.join(SUFFIXES)} files in this directory or below it.")
+                raise InvalidArgument(f"{flag} {path}: no {', '.join(SUFFIXES)} files in this directory or below it.")
             unsupported = [p for p in found if p.suffix not in SUFFIXES]
             skipped += [(str(p), f"unsupported file type {p.suffix or '(none)'!r}") for p in unsupported]
         elif path.is_file():
             if path.suffix not in SUFFIXES:
-                raise ValueError(f"{flag} {path}: unsupported file type {path.suffix!r}; use {', '.join(SUFFIXES)}.")
+                raise InvalidArgument(
+                    f"{flag} {path}: unsupported file type {path.suffix!r}; use {', '.join(SUFFIXES)}."
+                )
             candidates = [path]
         else:
-            raise FileNotFoundError(f"{flag} {path} does not exist.")
+            raise PathMissing(f"{flag} {path} does not exist.")
         for p in candidates:
             if p.resolve() in seen:
-                raise ValueError(f"{flag}: {p} is given twice (directly or inside a directory); give it once.")
+                raise InvalidArgument(f"{flag}: {p} is given twice (directly or inside a directory); give it once.")
             seen.add(p.resolve())
             if p.stat().st_size == 0:
                 skipped.append((str(p), "empty file (0 bytes)"))
             else:
                 files.append(p)
     if not files:
-        raise ValueError(f"{flag}: every file is empty ({', '.join(p for p, _ in skipped)}).")
+        raise InvalidArgument(f"{flag}: every file is empty ({', '.join(p for p, _ in skipped)}).")
     return files, skipped
 
 
@@ -180,18 +183,18 @@ def check_input_file(path: Path, keys: list[str], flag: str) -> None:
         try:
             record = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"{flag} {path}: the first line is not a UTF-8 JSON record ({error}).") from None
+            raise InvalidArgument(f"{flag} {path}: the first line is not a UTF-8 JSON record ({error}).") from None
         text, why = record_text(record, keys)
         if text is None:
             names = ", ".join(record) if isinstance(record, dict) else "none"
-            raise ValueError(f"{flag} {path}: the first record fails, {why} (its fields: {names}). {hint}")
+            raise InvalidArgument(f"{flag} {path}: the first record fails, {why} (its fields: {names}). {hint}")
     elif path.suffix == ".parquet":
         schema = pq.read_schema(path)
         for key in keys:
             if key not in schema.names:
-                raise ValueError(f"{flag} {path}: no column {key!r} (columns: {', '.join(schema.names)}). {hint}")
+                raise InvalidArgument(f"{flag} {path}: no column {key!r} (columns: {', '.join(schema.names)}). {hint}")
             if not (pa.types.is_string(schema.field(key).type) or pa.types.is_large_string(schema.field(key).type)):
-                raise ValueError(f"{flag} {path}: column {key!r} holds {schema.field(key).type}, not text. {hint}")
+                raise InvalidArgument(f"{flag} {path}: column {key!r} holds {schema.field(key).type}, not text. {hint}")
 
 
 def file_pieces(path: Path, unit_bytes: int) -> list[Piece]:
@@ -433,7 +436,7 @@ def read_whole_files(paths: Union[list[Path], Path], keys: list[str], flag: str)
     read all of them (`vocagnolm evaluate --bpb`): a file or record that can't be read is an error naming it."""
     files, skipped = find_input_files(paths, flag)
     if skipped:
-        raise ValueError(f"{flag}: can't read {', '.join(f'{path} ({why})' for path, why in skipped)}.")
+        raise InvalidArgument(f"{flag}: can't read {', '.join(f'{path} ({why})' for path, why in skipped)}.")
     documents = {}
     for path in files:
         check_input_file(path, keys, flag)
@@ -442,5 +445,7 @@ def read_whole_files(paths: Union[list[Path], Path], keys: list[str], flag: str)
         documents[path] = ["".join(d.chunks) for piece in pieces for d in read_documents(piece, keys, stats)]
         problems = [f"{path}: {why}" for path, why in stats.skipped_files] + stats.examples
         if problems:
-            raise ValueError(f"{flag}: {'; '.join(problems[:5])}. Fix or remove these records; nothing is skipped here.")
+            raise InvalidArgument(
+                f"{flag}: {'; '.join(problems[:5])}. Fix or remove these records; nothing is skipped here."
+            )
     return documents

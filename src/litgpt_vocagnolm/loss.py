@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from litgpt_vocagnolm.errors import InvalidArgument
 Aggregation = Literal["max", "mean"]
 Unmapped = Literal["include", "exclude"]
 Scope = Literal["batch", "sequence", "global"]
@@ -28,7 +29,7 @@ def check_top_k(top_k: float, what: str = "top_k") -> None:
     """The one range check of `top_k`, where it enters (`GuidanceArgs`, `teacher_guided_weights`): 0 selects none of
     the mapped tokens, 1 all of them."""
     if not 0 <= top_k <= 1:
-        raise ValueError(f"{what} must be in [0, 1] (the paper uses 0.4), got {top_k}")
+        raise InvalidArgument(f"{what} must be in [0, 1] (the paper uses 0.4), got {top_k}")
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from litgpt_vocagnolm.distillation import kld_loss, paired_teacher_positions, uld_loss
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.loss import (
     Aggregation,
     AllGather,
@@ -262,14 +263,14 @@ class GuidanceArgs:
         kinds = {"method": Method, "aggregation": Aggregation, "unmapped": Unmapped, "scope": Scope, "combine": Combine}
         for name, kind in kinds.items():
             if getattr(self, name) not in get_args(kind):
-                raise ValueError(f"guidance.{name} must be one of {get_args(kind)}, got {getattr(self, name)!r}")
+                raise InvalidArgument(f"guidance.{name} must be one of {get_args(kind)}, got {getattr(self, name)!r}")
         check_top_k(self.top_k, what="guidance.top_k")
         if not self.temperature > 0:
-            raise ValueError(f"guidance.temperature must be > 0 (1.0: the plain softmax), got {self.temperature}")
+            raise InvalidArgument(f"guidance.temperature must be > 0 (1.0: the plain softmax), got {self.temperature}")
         if not (math.isfinite(self.distill_weight) and self.distill_weight >= 0):
-            raise ValueError(f"guidance.distill_weight must be finite and >= 0, got {self.distill_weight}")
+            raise InvalidArgument(f"guidance.distill_weight must be finite and >= 0, got {self.distill_weight}")
         if self.num_chunks < 1:
-            raise ValueError(f"guidance.num_chunks must be >= 1, got {self.num_chunks}")
+            raise InvalidArgument(f"guidance.num_chunks must be >= 1, got {self.num_chunks}")
 
     @property
     def spec(self) -> GuidanceMethod:
@@ -284,7 +285,7 @@ class GuidanceArgs:
     def check_tokenizers(self, same_vocabulary: bool) -> None:
         """Refuses a same-vocabulary method unless every student token has the same id in the teacher's vocabulary."""
         if self.spec.same_vocabulary and not same_vocabulary:
-            raise ValueError(
+            raise InvalidArgument(
                 f"guidance.method={self.method!r} needs a teacher with the student's vocabulary (every student token"
                 " with the same id in the teacher's; more teacher tokens are fine, as Llemma's 32,016 hold"
                 f" TinyLlama's 32,000), but these tokenizers differ. Use --guidance.method"
@@ -297,7 +298,9 @@ class GuidanceArgs:
         """Refuses several teachers for a method that takes one."""
         if num_teachers > 1 and not self.spec.several_teachers:
             several = method_names(lambda m: m.several_teachers)
-            raise ValueError(f"guidance.method={self.method!r} takes one teacher; several teachers guide {several}. {fix}")
+            raise InvalidArgument(
+                f"guidance.method={self.method!r} takes one teacher; several teachers guide {several}. {fix}"
+            )
 
 
 # `--help` prints the table: jsonargparse reads a field's help from the class docstring's Args section.

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from litgpt.config import Config
 
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, check_writable
+
 CONFIGS = [
     # https://huggingface.co/EleutherAI/llemma_7b/blob/main/config.json (Code Llama 7B continued on Proof-Pile-2)
     dict(
@@ -89,15 +91,36 @@ def register() -> None:
             config.name_to_config[entry["name"]] = entry
 
 
+def config_named(name: str, what: str) -> Config:
+    """LitGPT's config of that name (after `register()`), or an error saying where the names are listed."""
+    try:
+        return Config.from_name(name)
+    except ValueError:
+        raise InvalidArgument(
+            f"{what}: {name!r} is not a LitGPT config name. `litgpt pretrain --recipe vocagnolm --model_name list`"
+            " lists them."
+        ) from None
+
+
 def convert_to_litgpt(checkpoint_dir: Path, model_name: str | None = None, dtype: str | None = None) -> None:
     """`litgpt convert_to_litgpt` that also knows llemma_7b, deepseek-math-7b-* and Mistral-7B-ProXMath.
 
     Arguments:
-        checkpoint_dir: A Hugging Face checkpoint directory (e.g. from `litgpt download --convert_checkpoint false`).
+        checkpoint_dir: A Hugging Face checkpoint directory (e.g. from `litgpt download --convert_checkpoint false`),
+            writable: lit_model.pth is written into it.
         model_name: The LitGPT config name; inferred from the directory name by default.
         dtype: The dtype of the converted weights.
     """
     from litgpt.scripts.convert_hf_checkpoint import convert_hf_checkpoint
 
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        raise PathMissing(
+            f"checkpoint_dir {str(checkpoint_dir)!r} is not a folder. Give the folder of a Hugging Face checkpoint"
+            " (e.g. checkpoints/EleutherAI/llemma_7b, from `litgpt download --convert_checkpoint false`)."
+        )
+    check_writable(checkpoint_dir, "checkpoint_dir")
     register()
+    inferred = "The folder's name (the default --model_name; else pass --model_name NAME)"
+    config_named(model_name or checkpoint_dir.name, "--model_name" if model_name else inferred)
     convert_hf_checkpoint(checkpoint_dir=checkpoint_dir, model_name=model_name, dtype=dtype)

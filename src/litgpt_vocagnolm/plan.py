@@ -36,6 +36,7 @@ import torch
 from litgpt.config import Config
 
 from litgpt_vocagnolm.cross_entropy import TILE_ELEMENTS
+from litgpt_vocagnolm.errors import InvalidArgument, at_least
 from litgpt_vocagnolm.gpt import GPT
 
 GB = 1e9
@@ -252,39 +253,56 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     from jsonargparse import CLI, ArgumentParser, capture_parser
 
     from litgpt_vocagnolm.data import VocAgnoData, load_manifest
-    from litgpt_vocagnolm.model_configs import register
-    from litgpt_vocagnolm.checks import resolve_model_config
+    from litgpt_vocagnolm.model_configs import config_named, register
+    from litgpt_vocagnolm.checks import check_run_args, resolve_model_config
     from litgpt_vocagnolm.recipe import setup
 
     register()
     parser = capture_parser(lambda: CLI(setup, args=[], parser_class=parser_class or ArgumentParser))
     parser.prog = prog
     parser.description = plan.__doc__
-    parser.add_argument("--gpu_memory", type=float, default=80.0, help="GB of memory per GPU (H100: 80).")
+    parser.add_argument("--gpu_memory", type=float, default=80.0, help="GB of memory per GPU, above 0 (H100: 80).")
     parser.add_argument("--window", type=Optional[int], default=None,
-                        help="Teacher tokens per student sequence (default: the prepared data's teacher_max_length,"
-                             " else max_seq_length + 1).")  # fmt: skip
+                        help="Teacher tokens per student sequence, from 1 to the teacher's block size (default: the"
+                             " prepared data's teacher_max_length, else max_seq_length + 1).")  # fmt: skip
     parsed = parser.parse_args(args)
     gpu_memory, window = parsed.pop("gpu_memory"), parsed.pop("window")
     args = parser.instantiate_classes(parsed)
     student = resolve_model_config(args.model_name, args.model_config)
     if args.devices == "auto":
-        raise ValueError("--devices auto: say how many GPUs per node the job will have, e.g. --devices 8.")
+        raise InvalidArgument("--devices auto: say how many GPUs per node the job will have, e.g. --devices 8.")
+    check_run_args(args.train, args.eval, args.devices, args.num_nodes)
+    if not gpu_memory > 0:
+        raise InvalidArgument(f"--gpu_memory must be above 0 GB, got {gpu_memory}.")
     devices, num_nodes = int(args.devices), args.num_nodes
     world = devices * num_nodes
     T = args.train.max_seq_length or student.block_size
+    if T > student.block_size:
+        raise InvalidArgument(
+            f"--train.max_seq_length {T} is longer than the student's block size {student.block_size}"
+            f" ({student.name}): it can't run. Give at most {student.block_size}."
+        )
     guidance, teacher_args = args.guidance, args.teacher
     online = guidance.spec.needs_teacher and not teacher_args.caches  # `random` and `ce` load none
     teachers = []
     for directory in teacher_args.checkpoint_dirs:
         found = directory / "model_config.yaml"
-        teachers.append(Config.from_file(found) if found.is_file() else Config.from_name(directory.name))
+        by_name = f"--teacher.checkpoint_dir {directory} (no model_config.yaml there yet: its name)"
+        teachers.append(Config.from_file(found) if found.is_file() else config_named(directory.name, by_name))
     teacher = (teachers[0] if len(teachers) == 1 else teachers) if teachers else None
     if window is None:  # the longest window of any teacher's prepared data
         data = args.data
         paths = data.paths if isinstance(data, VocAgnoData) else []
         prepared = [load_manifest(p)["teacher_max_length"] for p in paths if (p / "manifest.json").is_file()]
         window = max(prepared) if prepared else T + 1
+    at_least("--window", window, 1)
+    for t in teachers:
+        if window > t.block_size:
+            raise InvalidArgument(
+                f"The teacher window of {window} tokens is longer than {t.name}'s block size {t.block_size}: the run"
+                f" would fail once both models are loaded. Give --window at most {t.block_size}, or prepare the data"
+                f" with --teacher_max_length {t.block_size} or less."
+            )
     checkpointing = args.fsdp.activation_checkpointing
 
     def estimate(micro_batch: int, train: bool = True, with_teacher: bool = online) -> MemoryEstimate:

@@ -46,6 +46,7 @@ from litgpt_vocagnolm.documents import (
     split_documents,
 )
 from litgpt_vocagnolm.dry_run import format_dry_run, measure_prepare
+from litgpt_vocagnolm.errors import InvalidArgument, PathTaken, at_least, check_writable
 from litgpt_vocagnolm.files import file_fingerprint, file_sha256, write_json
 from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
 from litgpt_vocagnolm.tokenizer_files import (
@@ -226,7 +227,7 @@ def _changed_files(key: str, recorded: list, now: list[dict]) -> str:
 def output_progress(output: Path, settings: dict) -> Literal["new", "done", "resume"]:
     """What `--output` holds: nothing, this very dataset, or an unfinished run of it. Refuses anything else."""
     if output.exists() and not output.is_dir():
-        raise FileExistsError(f"--output {output} is a file; give a directory.")
+        raise PathTaken(f"--output {output} is a file; give a directory.")
     entries = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
     if not entries:
         return "new"
@@ -234,7 +235,7 @@ def output_progress(output: Path, settings: dict) -> Literal["new", "done", "res
         recorded = json.loads((output / MANIFEST).read_text(encoding="utf-8"))["settings"]
         if recorded == settings:
             return "done"
-        raise FileExistsError(
+        raise PathTaken(
             f"--output {output} holds data prepared with other settings ({_differences(recorded, settings)})."
             f" Give another --output, or delete {output} to prepare it again."
         )
@@ -245,12 +246,12 @@ def output_progress(output: Path, settings: dict) -> Literal["new", "done", "res
             return "resume"
         if not any((output / PARTIAL / f"{split}.json").is_file() for split in SPLITS):
             return "new"  # an unfinished run that finished no split (it failed, or was killed early): start over
-        raise FileExistsError(
+        raise PathTaken(
             f"--output {output} holds an unfinished `vocagnolm prepare` with other settings"
             f" ({_differences(recorded, settings)}). Re-run that command to finish it, give another --output, or"
             f" delete {output}."
         )
-    raise FileExistsError(
+    raise PathTaken(
         f"--output {output} is not empty and holds no prepared data (it has: {', '.join(entries[:5])}"
         f"{', ...' if len(entries) > 5 else ''}). Give a new or empty directory."
     )
@@ -282,9 +283,9 @@ def smallest_hash_threshold(units: list[Unit], keys: list[str], skipped_files: l
     stats = Stats()
     smallest, copies = smallest_hash(units, keys, stats)
     if smallest is None:
-        raise ValueError(nothing_readable("--input", skipped_files, stats))
+        raise InvalidArgument(nothing_readable("--input", skipped_files, stats))
     if copies == stats.documents:
-        raise ValueError(
+        raise InvalidArgument(
             f"--input holds {stats.documents} readable document{'s, all the same text' if copies > 1 else ''}: give"
             " two different documents at least (one is kept for validation), or --val_input."
         )
@@ -336,38 +337,43 @@ def prepare(
         input: A file or directory, or a list of them (`--input [a,b]`); directories are searched recursively for .txt
             (one document per file), .jsonl (one per line) and .parquet (one per row, e.g. OpenWebMath) files.
             Documents of any length: long ones are tokenized in segments (`documents.segments`).
-        output: A new or empty directory.
-        max_seq_length: Student tokens per training sequence; blocks hold one more (inputs and shifted targets).
-        teacher_max_length: Teacher tokens per block at most; student tokens whose teacher tokens lie beyond are
-            unmapped (counted in the manifest). Default: max_seq_length + 1 times the teacher/student token ratio
-            measured on the input, plus 25%.
-        num_workers: Worker processes. Default: one per CPU.
+        output: A new or empty directory, writable.
+        max_seq_length: Student tokens per training sequence, at least 1; blocks hold one more (inputs and shifted
+            targets).
+        teacher_max_length: Teacher tokens per block at most, at least 1; student tokens whose teacher tokens lie
+            beyond are unmapped (counted in the manifest). Default: max_seq_length + 1 times the teacher/student token
+            ratio measured on the input, plus 25%.
+        num_workers: Worker processes, at least 1. Default: one per CPU.
         text_key: The field holding the text in .jsonl and .parquet records; several, comma-separated (e.g.
             question,answer), are joined with a blank line between them.
-        val_fraction: Share of the documents for validation, chosen by a hash of their text (so the same on every
-            run); if that leaves none, the document with the smallest hash. Default: 0.01, unless --val_input is given.
+        val_fraction: Share of the documents for validation, above 0 and below 1, chosen by a hash of their text (so
+            the same on every run); if that leaves none, the document with the smallest hash. Default: 0.01, unless
+            --val_input is given.
         val_input: Files or directories (as --input) for validation instead of a share of --input.
         dry_run: Write nothing: prepare the input's first 2M characters in this process, time it, and print what the
             whole input will take (hours at --num_workers, tokens, passes 15B tokens make, disk for the shards and
             the teacher loss cache).
     """
     # Every check before any work.
-    if max_seq_length < 1:
-        raise ValueError(f"--max_seq_length must be at least 1, got {max_seq_length}.")
-    if teacher_max_length is not None and teacher_max_length < 1:
-        raise ValueError(f"--teacher_max_length must be at least 1, got {teacher_max_length}.")
+    at_least("--max_seq_length", max_seq_length, 1)
+    if teacher_max_length is not None:
+        at_least("--teacher_max_length", teacher_max_length, 1)
+    if num_workers is not None:
+        at_least("--num_workers", num_workers, 1)
     if val_input and val_fraction is not None:
-        raise ValueError("Give --val_fraction or --val_input, not both.")
+        raise InvalidArgument("Give --val_fraction or --val_input, not both.")
     if not val_input:
         val_fraction = 0.01 if val_fraction is None else val_fraction
         if not 0 < val_fraction < 1:
-            raise ValueError(f"--val_fraction must lie between 0 and 1, got {val_fraction}.")
+            raise InvalidArgument(f"--val_fraction must lie between 0 and 1, got {val_fraction}.")
+    if not dry_run:
+        check_writable(output, "--output")
     num_workers = num_workers or os.cpu_count() or 1
     keys = parse_text_key(text_key)
     files, skipped_files = find_input_files(input, "--input")
     val_files, val_skipped = find_input_files(val_input, "--val_input") if val_input else ([], [])
     if {f.resolve() for f in files} & {f.resolve() for f in val_files}:
-        raise ValueError("A file is in both --input and --val_input; validation text must not be trained on.")
+        raise InvalidArgument("A file is in both --input and --val_input; validation text must not be trained on.")
     for path in files:
         check_input_file(path, keys, "--input")
     for path in val_files:
@@ -445,13 +451,13 @@ def prepare(
                 job = dataclasses.replace(job, val_threshold=derived["val_threshold"])
                 stats = write_split(split, units[split], job, partial, num_workers)
             if stats.documents == 0 and split == "train" and not val_input:
-                raise ValueError(
+                raise InvalidArgument(
                     f"The train split is empty: --val_fraction {val_fraction} put all"
                     f" {read_stats(partial / 'val.json').documents} documents in the val split. Lower it."
                 )
             if stats.documents == 0:
                 flag, skipped = ("--val_input", val_skipped) if split == "val" else ("--input", skipped_files)
-                raise ValueError(nothing_readable(flag, skipped, stats))
+                raise InvalidArgument(nothing_readable(flag, skipped, stats))
             write_json(partial / f"{split}.json", asdict(stats))
     except KeyboardInterrupt:
         print(f"Interrupted. The finished splits are kept in {partial}: run the same command again to finish.")

@@ -46,10 +46,11 @@ from litgpt.utils import (
 )
 
 from litgpt_vocagnolm.checkpoints import find_resume_checkpoint, hyperparameters, load_weights, save_checkpoint
-from litgpt_vocagnolm.checks import check_setup, resolve_model_config, tokenizer_pair_summary
+from litgpt_vocagnolm.checks import check_run_args, check_setup, resolve_model_config, tokenizer_pair_summary
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.data import VocAgnoData
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, parallelize
+from litgpt_vocagnolm.errors import check_writable
 from litgpt_vocagnolm.gpt import GPT, load_model
 from litgpt_vocagnolm.loss import bits_per_byte, selection_generator
 from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
@@ -131,8 +132,8 @@ def setup(
         eval: Evaluation-related arguments. See ``litgpt.args.EvalArgs``.
         log: Logger-related arguments. See ``litgpt.args.LogArgs``.
         optimizer: An optimizer name (such as "AdamW") or config.
-        devices: Devices (GPUs) per node. Uses all GPUs by default.
-        num_nodes: Number of nodes.
+        devices: Devices (GPUs) per node, at least 1. Uses all GPUs by default.
+        num_nodes: Number of nodes, at least 1.
         tokenizer_dir: The student's tokenizer directory (usually ``initial_checkpoint_dir``); copied into every
             checkpoint so that ``litgpt generate`` can use it.
         logger_name: Where to send metrics.
@@ -149,6 +150,8 @@ def setup(
 
         print("Available values:\n" + "\n".join(sorted(name_to_config)))
         return
+    check_run_args(train, eval, devices, num_nodes)
+    check_writable(init_out_dir(out_dir), "--out_dir")  # a read-only one fails now, not at the first checkpoint
     config = resolve_model_config(model_name, model_config)
     devices = parse_devices(devices)
     check_setup(config, data, train, teacher, guidance, tokenizer_dir=tokenizer_dir,

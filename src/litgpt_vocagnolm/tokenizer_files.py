@@ -15,6 +15,7 @@ from typing import Optional, Union
 
 from tokenizers import Tokenizer
 
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.json.gz")
 
 
@@ -24,7 +25,7 @@ def find_tokenizer_file(path: Union[str, Path]) -> Path:
     if path.is_file():
         return path
     if not path.is_dir():
-        raise FileNotFoundError(f"Tokenizer path {str(path)!r} does not exist.")
+        raise PathMissing(f"Tokenizer path {str(path)!r} does not exist.")
     for name in TOKENIZER_FILES:
         if (path / name).is_file():
             return path / name
@@ -35,7 +36,7 @@ def find_tokenizer_file(path: Union[str, Path]) -> Path:
             " There is a SentencePiece `tokenizer.model`, which reports no character offsets: write the fast tokenizer"
             " next to it with `transformers.AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)`."
         )
-    raise FileNotFoundError(
+    raise PathMissing(
         f"No {' or '.join(TOKENIZER_FILES)} in {str(path)!r} (it holds: {', '.join(names) or 'nothing'}).{hint}"
         " Pass a LitGPT checkpoint dir, a tokenizer dir or the tokenizer.json file itself."
     )
@@ -57,7 +58,7 @@ def load_tokenizer(path: Union[str, Path]) -> Tokenizer:
     try:
         tokenizer = Tokenizer.from_str(read_tokenizer_json(file).decode("utf-8"))
     except Exception as error:  # tokenizers raises a bare Exception for malformed files
-        raise ValueError(
+        raise InvalidArgument(
             f"{str(file)!r} is not a fast-tokenizer JSON file (the tokenizer.json written by Hugging Face tokenizers):"
             f" {error}"
         ) from error
@@ -96,7 +97,7 @@ def document_specials(tokenizer_file: Path, tokenizer: Tokenizer) -> tuple[Optio
             return None
         id_ = tokenizer.token_to_id(content)
         if id_ is None:
-            raise ValueError(f"{config_file}: {key} {content!r} is not in the vocabulary of {tokenizer_file}.")
+            raise InvalidArgument(f"{config_file}: {key} {content!r} is not in the vocabulary of {tokenizer_file}.")
         return id_
 
     bos_id, eos_id = token_id("bos_token"), token_id("eos_token")
@@ -109,7 +110,7 @@ def document_specials(tokenizer_file: Path, tokenizer: Tokenizer) -> tuple[Optio
     wanted = ((add_bos, bos_id, "bos_token"), (add_eos, eos_id, "eos_token"))
     missing = [key for add, id_, key in wanted if add and id_ is None]
     if missing or not (add_bos or add_eos):
-        raise ValueError(
+        raise InvalidArgument(
             f"{tokenizer_file}: documents need a {' and '.join(missing) or 'bos_token or eos_token'} to keep them"
             f" apart, and {config_file} names none{'' if config_file.is_file() else ' (the file is missing)'}."
             " Put the tokenizer_config.json of this tokenizer next to it."

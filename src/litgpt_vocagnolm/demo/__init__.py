@@ -32,6 +32,7 @@ docs/demo.md gives a full run's numbers and what the miniature does and does not
 """
 
 
+import json
 import resource
 import shutil
 import time
@@ -49,8 +50,40 @@ from litgpt_vocagnolm.demo.runs import model_config, one_thread, prepare_data, s
 from litgpt_vocagnolm.demo.settings import CORPUS, DATA, QUICK, STUDENTS, TWO_TEACHERS, DemoSizes, method_of
 from litgpt_vocagnolm.demo.table import claims, markdown_table, method_row, noise_summary, write_csv
 from litgpt_vocagnolm.demo.tokenizer_training import describe_tokenizers, train_student_tokenizer, train_teacher_tokenizer
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, check_writable
+from litgpt_vocagnolm.files import write_json
+from litgpt_vocagnolm.loss import check_top_k
 from litgpt_vocagnolm.methods import GuidanceArgs
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+
+
+# What the demo writes in out_dir, and the record that says a folder holds only that (so a rerun may replace it).
+OUTPUTS = ("corpus", "tokenizers", "data", "runs", "results.csv", "results.md", "bpb.png")
+RECORD = ".vocagnolm-demo.json"
+
+
+def claim_out_dir(out_dir: Path) -> None:
+    """Makes out_dir the demo's: refuses a folder that holds anything the demo did not write (its record lists what
+    it writes), deletes what an earlier demo wrote there, and records its own files before writing any."""
+    check_writable(out_dir, "--out_dir")  # and not a file
+    entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    recorded = json.loads((out_dir / RECORD).read_text(encoding="utf-8"))["outputs"] if RECORD in entries else []
+    ours = [name for name in recorded if name in OUTPUTS]  # never a path an edited record points elsewhere with
+    others = [name for name in entries if name not in (RECORD, *ours)]
+    if others:
+        more = f" and {len(others) - 5} more" if len(others) > 5 else ""
+        raise PathTaken(
+            f"--out_dir {out_dir} holds {', '.join(others[:5])}{more}, which `vocagnolm demo` did not write; it"
+            " would replace its own folders there. Give a new or empty folder (e.g. --out_dir out/demo)."
+        )
+    for name in ours:
+        path = out_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / RECORD, {"written_by": "vocagnolm demo", "outputs": list(OUTPUTS)})
 
 
 def demo(
@@ -71,44 +104,46 @@ def demo(
     tokens), and prints the table, the noise shares and what the runs show.
 
     Arguments:
-        out_dir: Where everything goes (corpus, tokenizers, prepared data, runs, results); the demo's folders in it
-            are replaced.
+        out_dir: Where everything goes (corpus, tokenizers, prepared data, runs, results): a new or empty folder, or
+            one an earlier demo wrote (it records its own files in .vocagnolm-demo.json): their files are replaced.
+            A folder that holds anything else is refused.
         methods: The students, from: ce, random, chunk, uld, vocagnolm, vocagnolm-mean (Table 3: mean aggregation),
             vocagnolm-exclude (Table 3: unmapped tokens not trained), vocagnolm-2teachers (a second teacher, of
             another tokenizer family, beside the first: each token's lower teacher loss is its reference).
         seeds: Student seeds (initialisation and data order). Every method runs with the first.
         seeded_methods: The methods run with every seed, to tell a small difference from seed noise.
-        noise: Share of each student document's characters replaced by noise (0: clean text).
-        top_k: Share of the mapped tokens trained by the selecting methods (vocagnolm, chunk, random); the paper's 0.4.
+        noise: Share of each student document's characters replaced by noise, from 0 (clean text) to below 1.
+        top_k: Share of the mapped tokens trained by the selecting methods (vocagnolm, chunk, random), from 0 to 1;
+            the paper's 0.4.
         sizes: Corpus, vocabulary, model and budget sizes. See ``DemoSizes``.
         quick: Tiny sizes instead (``QUICK``): every stage in well under a minute; a smoke test, its numbers mean
             nothing.
-        workers: Training runs at a time, each a process of one thread.
+        workers: Training runs at a time, each a process of one thread; at least 1.
         data_dir: The shipped corpus (the repository's data/ folder).
     """
     # Settings, checked before any work.
     sizes, out_dir, data_dir = (QUICK if quick else sizes), Path(out_dir), Path(data_dir)
     unknown = [m for m in (*methods, *seeded_methods) if m not in STUDENTS]
     if unknown:
-        raise ValueError(f"Unknown method(s) {unknown}: choose from {', '.join(STUDENTS)}.")
+        raise InvalidArgument(f"Unknown method(s) {unknown}: choose from {', '.join(STUDENTS)}.")
     if not methods or not seeds or workers < 1:
-        raise ValueError("Give at least one method, one seed and one worker.")
+        raise InvalidArgument("Give at least one method, one seed and one worker.")
     if not 0 <= noise < 1:
-        raise ValueError(f"--noise is a share of characters in [0, 1), got {noise}.")
+        raise InvalidArgument(f"--noise is a share of characters in [0, 1), got {noise}.")
+    check_top_k(top_k, what="--top_k")
     sample_tokens = sizes.noise_batches * sizes.micro_batch_size * (sizes.max_seq_length + 1)
     if not 0 < sample_tokens <= sizes.student_tokens:
-        raise ValueError(
+        raise InvalidArgument(
             f"--sizes.noise_batches {sizes.noise_batches} counts noise on {sample_tokens:,} training tokens: it must"
             f" be at least 1 and fit the students' budget of {sizes.student_tokens:,} tokens."
         )
     missing = [file for file, _ in CORPUS if not (data_dir / file).is_file()]
     if missing:
-        raise FileNotFoundError(
+        raise PathMissing(
             f"The demo's corpus is not in {data_dir} (missing {', '.join(missing)}): run it from a clone of the"
             " repository, or pass --data_dir DIR with the repository's data/ folder."
         )
-    for folder in ("corpus", "tokenizers", "data", "runs"):
-        shutil.rmtree(out_dir / folder, ignore_errors=True)
+    claim_out_dir(out_dir)
     runs = [(m, s) for s in seeds for m in methods if s == seeds[0] or m in seeded_methods]
     t0 = time.perf_counter()
 

@@ -1,8 +1,9 @@
 """The demo's settings: its corpus, its sizes (`DemoSizes`, `QUICK`) and the students it compares."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
+from litgpt_vocagnolm.errors import InvalidArgument, at_least
 from litgpt_vocagnolm.methods import METHODS, GuidanceMethod
 
 DATA = Path(__file__).resolve().parents[3] / "data"  # the repository's data/ folder, in a clone
@@ -14,7 +15,8 @@ CORPUS = (  # (file, the fields that make one document)
 
 @dataclass
 class DemoSizes:
-    """How big the miniature is. The defaults take about 5 minutes on 2 idle CPU cores (the demo prints its time)."""
+    """How big the miniature is. The defaults take about 5 minutes on 2 idle CPU cores (the demo prints its time).
+    Every count is at least 1; heldout_share lies between 0 and 1."""
 
     documents: int | None = None
     """Documents read from the corpus (None: all 8,461); the budgets take what they need of them."""
@@ -51,6 +53,14 @@ class DemoSizes:
     noise_batches: int = 4
     """Micro-batches of the students' first training blocks on which the tokens touching noise are counted, of all
     tokens and of those each method trains."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.heldout_share < 1:
+            raise InvalidArgument(f"--sizes.heldout_share must lie between 0 and 1, got {self.heldout_share}.")
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if field.name != "heldout_share" and value is not None:
+                at_least(f"--sizes.{field.name}", value, 1)
 
 
 QUICK = DemoSizes(

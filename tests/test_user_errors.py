@@ -1,0 +1,257 @@
+"""User errors, by command: one plain line and exit status 1 (its traceback with --debug), numbers refused where they
+enter, paths checked before any work, and folders that keep what the user had in them."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import BIN, MISTRAL, ROOT, TINYLLAMA
+from litgpt.args import EvalArgs, TrainArgs
+
+from litgpt_vocagnolm.cli import plain_user_errors
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken
+
+PAPER_RECIPE = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b.yaml"  # TinyLlama (block 2048), Qwen2.5-Math-7B (4096)
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env or {})}
+    return subprocess.run(list(args), cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+
+
+def assert_one_line(out: subprocess.CompletedProcess, prog: str, message: str) -> None:
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith(f"{prog}: error: ")]
+    assert len(errors) == 1 and message in errors[0], out.stderr[-3000:]
+
+
+# The entry points: `vocagnolm <command>` and `litgpt pretrain --recipe vocagnolm`.
+
+
+@pytest.mark.slow  # console scripts in subprocesses
+def test_user_error_is_one_line_and_debug_shows_its_traceback(tmp_path):
+    args = (str(BIN / "vocagnolm"), "prepare", "--student", str(TINYLLAMA), "--teacher", str(MISTRAL), "--input",
+            str(tmp_path / "none.jsonl"), "--output", str(tmp_path / "out"), "--num_workers", "0")  # fmt: skip
+    assert_one_line(run(*args), "vocagnolm prepare", "--num_workers must be at least 1, got 0.")
+    for out in (run(*args, "--debug"), run(*args, env={"VOCAGNOLM_DEBUG": "1"})):
+        assert out.returncode == 1 and "Traceback" in out.stderr, out.stderr[-3000:]
+        assert out.stderr.strip().endswith("InvalidArgument: --num_workers must be at least 1, got 0."), out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # console scripts in subprocesses
+def test_recipe_user_error_is_one_line():
+    out = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--train.micro_batch_size", "0")
+    assert_one_line(out, "litgpt pretrain --recipe vocagnolm", "--train.micro_batch_size must be at least 1, got 0.")
+    out = run(str(BIN / "vocagnolm"), "pretrain", "--guidance.top_k", "5")  # a check in an argument dataclass
+    assert_one_line(out, "litgpt pretrain --recipe vocagnolm", "guidance.top_k must be in [0, 1]")
+
+
+def test_only_user_errors_lose_their_traceback(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        with plain_user_errors("vocagnolm x", debug=False):
+            raise PathMissing("data/nope is missing. Run `vocagnolm prepare`.")
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err == "vocagnolm x: error: data/nope is missing. Run `vocagnolm prepare`.\n"
+    with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
+        with plain_user_errors("vocagnolm x", debug=False):
+            1 / 0
+    with pytest.raises(InvalidArgument):
+        with plain_user_errors("vocagnolm x", debug=True):
+            raise InvalidArgument("bad")
+    # As torch's DataLoader re-raises an error of its worker: the worker's traceback, then the error's last line.
+    wrapped = "Caught InvalidArgument in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+    wrapped += '  File "x.py", line 1, in f\nInvalidArgument: chunk-0-0.bin is damaged.\nPrepare again.'
+    with pytest.raises(SystemExit):
+        with plain_user_errors("vocagnolm x", debug=False):
+            raise InvalidArgument(wrapped)
+    assert capsys.readouterr().err == "vocagnolm x: error: chunk-0-0.bin is damaged.\nPrepare again.\n"
+
+
+# prepare
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("num_workers", 0), ("num_workers", -2), ("max_seq_length", 0), ("teacher_max_length", -1),
+     ("val_fraction", 0.0), ("val_fraction", 1.5)],  # fmt: skip
+)
+def test_prepare_refuses_numbers_out_of_range(tmp_path, option, value):
+    from litgpt_vocagnolm.prepare import prepare
+
+    with pytest.raises(InvalidArgument, match=f"--{option} must"):
+        prepare(student=TINYLLAMA, teacher=MISTRAL, input=tmp_path / "none.jsonl", output=tmp_path / "out",
+                **{option: value})  # fmt: skip
+
+
+def test_prepare_refuses_an_output_it_cannot_create(tmp_path, gsm8k_sample):
+    from litgpt_vocagnolm.prepare import prepare
+
+    (tmp_path / "a-file").write_text("mine")
+    with pytest.raises(PathTaken, match="a-file is a file, not a folder"):
+        prepare(student=TINYLLAMA, teacher=MISTRAL, input=gsm8k_sample, output=tmp_path / "a-file" / "data")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_prepare_refuses_a_read_only_output(tmp_path, gsm8k_sample):
+    from litgpt_vocagnolm.prepare import prepare
+
+    (tmp_path / "locked").mkdir(mode=0o555)
+    with pytest.raises(InvalidArgument, match="is not writable"):
+        prepare(student=TINYLLAMA, teacher=MISTRAL, input=gsm8k_sample, output=tmp_path / "locked" / "data")
+
+
+# training: `litgpt pretrain --recipe vocagnolm`
+
+
+@pytest.mark.parametrize(
+    "train, eval, devices, num_nodes, flag",
+    [
+        (TrainArgs(micro_batch_size=0), EvalArgs(), 1, 1, "--train.micro_batch_size"),
+        (TrainArgs(micro_batch_size=-4), EvalArgs(), 1, 1, "--train.micro_batch_size"),
+        (TrainArgs(global_batch_size=0), EvalArgs(), 1, 1, "--train.global_batch_size"),
+        (TrainArgs(max_tokens=-1, max_norm=1.0), EvalArgs(), 1, 1, "--train.max_tokens"),
+        (TrainArgs(max_tokens=100, max_norm=0.0), EvalArgs(), 1, 1, "--train.max_norm"),
+        (TrainArgs(save_interval=0), EvalArgs(), 1, 1, "--train.save_interval"),
+        (TrainArgs(), EvalArgs(interval=0), 1, 1, "--eval.interval"),
+        (TrainArgs(), EvalArgs(), 0, 1, "--devices"),
+        (TrainArgs(), EvalArgs(), -1, 1, "--devices"),
+        (TrainArgs(), EvalArgs(), 1, 0, "--num_nodes"),
+    ],
+)
+def test_recipe_refuses_numbers_out_of_range(tmp_path, train, eval, devices, num_nodes, flag):
+    from litgpt_vocagnolm.recipe import setup
+
+    with pytest.raises(InvalidArgument, match=f"{flag} must"):
+        setup(model_name="pythia-14m", out_dir=tmp_path / "out", train=train, eval=eval, devices=devices,
+              num_nodes=num_nodes)  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_recipe_refuses_an_out_dir_it_cannot_create_before_loading_anything(tmp_path):
+    from litgpt_vocagnolm.recipe import setup
+
+    (tmp_path / "a-file").write_text("mine")
+    with pytest.raises(PathTaken, match="a-file is a file, not a folder"):
+        setup(model_name="pythia-14m", out_dir=tmp_path / "a-file" / "run")  # data: not even looked at yet
+
+
+def test_damaged_chunk_names_the_file_and_the_fix(tmp_path, tinyllama_mistral_data):
+    from litgpt_vocagnolm.data import VocAgnoData
+
+    data = shutil.copytree(tinyllama_mistral_data, tmp_path / "data")
+    chunk = data / "train" / json.loads((data / "train" / "index.json").read_text())["chunks"][0]["filename"]
+    with open(chunk, "r+b") as f:  # damaged in place: the same size, so the start-up checks pass
+        f.write(b"\xff" * 4096)
+    module = VocAgnoData(path=data, num_workers=0)
+    module.connect(batch_size=4, max_seq_length=64)
+    module.check_files()
+    with pytest.raises(InvalidArgument) as error:
+        for _ in module.train_dataloader():
+            pass
+    assert f"{chunk} is damaged" in str(error.value) and "vocagnolm prepare" in str(error.value)
+
+
+# plan: what can't run is refused before any estimate
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--train.micro_batch_size", "-1"], "--train.micro_batch_size must be at least 1, got -1."),
+        (["--devices", "0"], "--devices must be 'auto' or a positive number"),
+        (["--window", "0"], "--window must be at least 1, got 0."),
+        (["--window", "-5"], "--window must be at least 1, got -5."),
+        (["--window", "5000"], "longer than Qwen2.5-Math-7B's block size 4096"),
+        (["--train.max_seq_length", "4096"], "longer than the student's block size 2048"),
+        (["--gpu_memory", "0"], "--gpu_memory must be above 0"),
+        (["--model_name", "nope-1b"], "--model_name: 'nope-1b' is not a LitGPT config name."),
+        (["--teacher.checkpoint_dir", "checkpoints/Org/nope-7b"], "(no model_config.yaml there yet: its name): 'nope"),
+    ],
+)
+def test_plan_refuses_what_cannot_run(args, message, capsys):
+    from litgpt_vocagnolm.plan import plan
+
+    with pytest.raises(InvalidArgument) as error:
+        plan(["--config", str(PAPER_RECIPE), *args])
+    assert message in str(error.value)
+    assert "fits" not in capsys.readouterr().out
+
+
+# convert_to_litgpt
+
+
+@pytest.mark.slow  # console scripts in subprocesses
+def test_convert_on_a_missing_folder_says_so():
+    out = run(str(BIN / "vocagnolm"), "convert_to_litgpt", "nope")
+    assert_one_line(out, "vocagnolm convert_to_litgpt", "checkpoint_dir 'nope' is not a folder.")
+
+
+def test_convert_names_an_unknown_config(tmp_path):
+    from litgpt_vocagnolm.model_configs import convert_to_litgpt
+
+    (tmp_path / "my-model").mkdir()
+    with pytest.raises(InvalidArgument, match=r"The folder's name .*else pass --model_name NAME\): 'my-model' is not a LitGPT config name"):
+        convert_to_litgpt(tmp_path / "my-model")
+
+
+# demo: deletes only what it wrote
+
+
+@pytest.mark.parametrize(
+    "options, flag", [({"top_k": 1.5}, "--top_k"), ({"workers": 0}, "worker"), ({"noise": -0.1}, "--noise")]
+)
+def test_demo_refuses_numbers_out_of_range_before_any_work(tmp_path, options, flag):
+    from litgpt_vocagnolm.demo import demo
+
+    with pytest.raises(InvalidArgument, match=flag):
+        demo(out_dir=tmp_path / "demo", **options)
+    assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize(
+    "sizes, flag",
+    [({"micro_batch_size": 0}, "--sizes.micro_batch_size"), ({"student_tokens": -1}, "--sizes.student_tokens"),
+     ({"documents": 0}, "--sizes.documents"), ({"heldout_share": 0.0}, "--sizes.heldout_share")],
+)  # fmt: skip
+def test_demo_sizes_refuse_numbers_out_of_range(sizes, flag):
+    from litgpt_vocagnolm.demo.settings import DemoSizes
+
+    with pytest.raises(InvalidArgument, match=flag):
+        DemoSizes(**sizes)
+
+
+def test_demo_refuses_a_folder_with_anything_else_and_keeps_it(tmp_path):
+    from litgpt_vocagnolm.demo import demo
+
+    clone = tmp_path / "clone"  # `vocagnolm demo --out_dir .` in a clone of the repository
+    (clone / "data").mkdir(parents=True)
+    (clone / "data" / "gsm8k.jsonl").write_text("the repository's data\n")
+    (clone / "README.md").write_text("# readme\n")
+    with pytest.raises(PathTaken, match="holds README.md, data, which `vocagnolm demo` did not write"):
+        demo(out_dir=clone, quick=True)
+    assert (clone / "data" / "gsm8k.jsonl").read_text() == "the repository's data\n"
+    assert sorted(p.name for p in clone.iterdir()) == ["README.md", "data"]
+
+
+def test_demo_replaces_only_its_own_files(tmp_path):
+    from litgpt_vocagnolm.demo import RECORD, claim_out_dir
+
+    out_dir = tmp_path / "demo"
+    claim_out_dir(out_dir)  # a new folder: the demo records what it will write before writing it
+    (out_dir / "runs" / "teacher").mkdir(parents=True)
+    (out_dir / "results.md").write_text("an earlier demo's table")
+    claim_out_dir(out_dir)  # a rerun: replaces the earlier demo's files
+    assert sorted(p.name for p in out_dir.iterdir()) == [RECORD]
+    (out_dir / "runs").mkdir()
+    (out_dir / "notes.txt").write_text("mine")
+    with pytest.raises(PathTaken, match="holds notes.txt, which"):
+        claim_out_dir(out_dir)
+    assert (out_dir / "notes.txt").read_text() == "mine" and (out_dir / "runs").is_dir()
+    (out_dir / "notes.txt").unlink()
+    with pytest.raises(PathTaken, match="is a file"):
+        claim_out_dir(out_dir / RECORD)
