@@ -282,7 +282,7 @@ def test_an_earlier_results_table_of_another_layout_is_refused_before_the_model_
 ):
     monkeypatch.setattr(evaluate_module, "load_model", lambda *args, **kwargs: pytest.fail("the model was loaded"))
     (tmp_path / "results.csv").write_text("model,GSM8K,AVG\nckpt,10.0,10.0\n")
-    with pytest.raises(ValueError, match="results.csv has columns .* move it away to keep it"):
+    with pytest.raises(FileExistsError, match="results.csv has columns .* move it away to keep it"):
         evaluate(small_checkpoint, tasks="gsm8k", data_dir=small_test_sets, out_dir=tmp_path)
     assert (tmp_path / "results.csv").read_text() == "model,GSM8K,AVG\nckpt,10.0,10.0\n"
 

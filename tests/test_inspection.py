@@ -7,6 +7,7 @@ import pytest
 from jsonargparse import CLI
 
 from litgpt_vocagnolm.alignment import chunk_span_ios_iou, encode
+from litgpt_vocagnolm.errors import UserError
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 from litgpt_vocagnolm.inspection import (
     KINDS,
@@ -252,7 +253,7 @@ def test_inspect_file_errors_name_the_problem(tmp_path):
         (tmp_path / "empty.txt", r"--file .*empty.txt is empty: give some text to inspect"),
     ]
     for file, message in cases:
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(UserError, match=message):
             inspect(student=TINYLLAMA, teacher=MISTRAL, file=file)
     with pytest.raises(ValueError, match="--text is empty"):
         inspect(student=TINYLLAMA, teacher=MISTRAL, text="")

@@ -22,6 +22,7 @@ from litgpt.config import Config
 from litgpt.model import GPT
 
 from litgpt_vocagnolm.documents import FIELD_SEPARATOR, Segment, Stats, Unit, file_pieces, split_documents
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
 from litgpt_vocagnolm.tokenizer_files import TokenizerInfo
 
@@ -119,7 +120,7 @@ def measure_prepare(
         window_tokens += len(block["teacher_ids"])
     seconds = time.perf_counter() - start
     if stats.student_tokens == 0:
-        raise ValueError("--dry_run found no readable document in the input: nothing to measure.")
+        raise InvalidArgument("--dry_run found no readable document in the input: nothing to measure.")
     input_bytes = sum(text_bytes(path, keys) for path in files)
     scale = input_bytes / sampled[0]  # the input per sampled byte of text
     student_tokens = stats.student_tokens * scale

@@ -29,6 +29,7 @@ from tqdm import tqdm
 from litgpt_vocagnolm import gpt
 from litgpt_vocagnolm.checkpoints import check_checkpoint_dir
 from litgpt_vocagnolm.documents import parse_text_key, read_whole_files
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken
 from litgpt_vocagnolm.loss import bits_per_byte
 from litgpt_vocagnolm.math_tasks import (
     DATA_DIR,
@@ -116,9 +117,9 @@ def evaluate(
     results = read_results(out_dir) if selected else []  # earlier runs' rows: kept
     for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens), ("limit", limit)):
         if value is not None and value < 1:
-            raise ValueError(f"--{name} must be at least 1, got {value}")
+            raise InvalidArgument(f"--{name} must be at least 1, got {value}")
     if not selected and not documents:
-        raise ValueError("nothing to evaluate: give --tasks, --bpb FILE, or both")
+        raise InvalidArgument("nothing to evaluate: give --tasks, --bpb FILE, or both")
 
     model, tokenizer = load_model(checkpoint_dir, precision)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,7 @@ def parse_tasks(tasks: str) -> list[Task]:
     names = [name.strip() for name in tasks.split(",") if name.strip()]
     unknown = [name for name in names if name not in TASKS]
     if unknown:
-        raise ValueError(f"unknown task(s) {', '.join(map(repr, unknown))}; available: {', '.join(TASKS)}")
+        raise InvalidArgument(f"unknown task(s) {', '.join(map(repr, unknown))}; available: {', '.join(TASKS)}")
     return [task for name, task in TASKS.items() if name in names]
 
 
@@ -166,7 +167,7 @@ def check_task_files(tasks: list[Task], data_dir: Path) -> None:
     if not missing:
         return
     present = sorted(str(p.relative_to(data_dir)) for p in data_dir.rglob("*") if p.is_file())
-    raise FileNotFoundError(
+    raise PathMissing(
         f"--data_dir {str(data_dir)!r} lacks "
         + ", ".join(f"{task.file} (task {task.name})" for task in missing)
         + f"; it holds: {', '.join(present) or 'nothing'}."
@@ -426,7 +427,7 @@ def evaluate_task(
     """Every question of `task` (the first `limit`) with the model's generation, extracted answer and score."""
     examples = load_examples(task, data_dir)[:limit]
     if not examples:
-        raise ValueError(f"{data_dir / task.file} holds no examples")
+        raise InvalidArgument(f"{data_dir / task.file} holds no examples")
     shots = load_prompt(task)
     block_size = model.config.block_size
     rows, prompts = [], []
@@ -470,7 +471,7 @@ def read_results(out_dir: Path) -> list[dict]:
         reader = csv.DictReader(f)
         rows = list(reader)
     if tuple(reader.fieldnames or ()) != RESULT_FIELDS:
-        raise ValueError(
+        raise PathTaken(
             f"{path} has columns {reader.fieldnames}, not those of this version ({', '.join(RESULT_FIELDS)}): move it"
             " away to keep it, or give another --out_dir"
         )

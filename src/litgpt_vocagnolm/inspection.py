@@ -20,6 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from litgpt_vocagnolm.alignment import align, chunk_align, chunk_span_ios_iou, encode, ios_iou
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 # Written for this project: word problems, LaTeX and the Unicode that math text carries.
@@ -312,13 +313,13 @@ def read_text_file(file: Path) -> str:
     """The contents of `--file`, or one clear error naming what is wrong with it and what to pass instead."""
     file = Path(file)
     if not file.exists():
-        raise ValueError(f"--file {file} does not exist: pass a UTF-8 text file.")
+        raise PathMissing(f"--file {file} does not exist: pass a UTF-8 text file.")
     if file.is_dir():
-        raise ValueError(f"--file {file} is a folder: pass one UTF-8 text file in it.")
+        raise InvalidArgument(f"--file {file} is a folder: pass one UTF-8 text file in it.")
     try:
         return file.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(
+        raise InvalidArgument(
             f"--file {file} is not UTF-8 text (byte {error.start}: {error.reason}): convert it first, e.g."
             f" `iconv -f latin1 -t utf-8 {file}`."
         ) from None
@@ -352,9 +353,9 @@ def inspect(
         rows: How many rows of the alignment to print (0: none).
     """
     if text is not None and file is not None:
-        raise ValueError("Pass --text or --file, not both.")
+        raise InvalidArgument("Pass --text or --file, not both.")
     if any(c < 1 for c in chunks):
-        raise ValueError(f"Chunk counts must be at least 1, got {chunks}.")
+        raise InvalidArgument(f"Chunk counts must be at least 1, got {chunks}.")
     if file is not None:
         source, text = str(file), read_text_file(file)
     elif text is not None:
@@ -362,7 +363,7 @@ def inspect(
     else:
         source, text = "built-in math sample", SAMPLE
     if not text:
-        raise ValueError(f"{'--file ' + source if file is not None else '--text'} is empty: give some text to inspect.")
+        raise InvalidArgument(f"{'--file ' + source if file is not None else '--text'} is empty: give some text to inspect.")
     student_tokenizer, teacher_tokenizer = load_tokenizer(student), load_tokenizer(teacher)
     report = pair_report(student_tokenizer, teacher_tokenizer, text, chunks)
     summary = format_report(report, str(student), str(teacher), source)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from word2number import w2n
 
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.grading import check_latex_parser, is_correct, math_equal  # noqa: F401 (evaluate's imports)
 
 DATA_DIR = Path(__file__).parent / "eval_data"
@@ -100,7 +101,7 @@ def load_examples(task: Task, data_dir: Path = DATA_DIR) -> list[dict]:
             try:
                 examples.append(json.loads(line))
             except json.JSONDecodeError as error:
-                raise ValueError(
+                raise InvalidArgument(
                     f"{path}, line {number}: not a JSON object ({error.msg}, column {error.colno}). Each line of a"
                     f" test file holds one example as JSON; fix or remove that line"
                 ) from error
