@@ -40,7 +40,7 @@ def reference_aggregate(lt: list, ranges: list, aggregation: str) -> tuple[list,
 
 
 def reference_weights(ls, lt, ranges, valid, top_k, aggregation, unmapped, scope) -> list:
-    """DESIGN.md §3.2 in plain Python; ties go to the earlier (b, i). "global" here is the whole list (a batch)."""
+    """docs/design.md, "Teacher-guided loss", in plain Python; ties go to the earlier (b, i). "global" here is the whole list (a batch)."""
     agg, mapped = reference_aggregate(lt, ranges, aggregation)
     B, T = len(ls), len(ls[0])
     weights = [[0.0] * T for _ in range(B)]

@@ -2,7 +2,7 @@
 
 `vocagnolm prepare` (prepare.py) writes DIR/manifest.json, DIR/train and DIR/val (LitData shards of blocks; packing.py
 describes a stored block). Here they are checked against the manifest, decoded to plain arrays (`iter_blocks`, the
-contract of DESIGN.md §4) and batched for training (`collate_blocks`), with the teacher's cached per-token losses
+contract of docs/design.md, "Prepared data") and batched for training (`collate_blocks`), with the teacher's cached per-token losses
 attached when training reads a loss cache (teacher_cache.py).
 """
 
@@ -49,7 +49,11 @@ def load_manifest(path: Path) -> dict:
         )
     manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path / MANIFEST} is format {manifest.get('format')!r}; this version reads {FORMAT!r}.")
+        raise ValueError(
+            f"{path / MANIFEST} is format {manifest.get('format')!r}; this version of litgpt-vocagnolm reads"
+            f" {FORMAT!r}. Prepare the data again: `vocagnolm prepare` with the arguments it was prepared with (its"
+            f" \"settings\" in the manifest) and a new --output (or delete {path} first)."
+        )
     return manifest
 
 

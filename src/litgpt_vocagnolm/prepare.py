@@ -3,7 +3,7 @@
 Aligning inside the training loop would take CPU from the GPUs and redo the same work on every run, so `prepare`
 tokenizes every document with both tokenizers, aligns them and packs them into student blocks with their teacher
 windows (packing.py), written by `litdata.optimize` over work units (documents.py) into OUTPUT/val and OUTPUT/train,
-then OUTPUT/manifest.json with the tokenizers' hashes, the settings and the counts (DESIGN.md §4). Each unit ends in
+then OUTPUT/manifest.json with the tokenizers' hashes, the settings and the counts (docs/design.md, "Prepared data"). Each unit ends in
 one padded block (at most about 0.4% padding).
 
 Resumable: an unfinished run works in OUTPUT/.partial and each finished split is recorded there; a run with the same
