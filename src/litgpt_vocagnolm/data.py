@@ -2,8 +2,8 @@
 
 `vocagnolm prepare` (prepare.py) writes DIR/manifest.json, DIR/train and DIR/val (LitData shards of blocks; packing.py
 describes a stored block). Here they are checked against the manifest, decoded to plain arrays (`iter_blocks`, the
-contract of docs/design.md, "Prepared data") and batched for training (`collate_blocks`), with the teacher's cached per-token losses
-attached when training reads a loss cache (teacher_cache.py).
+contract of docs/design.md, "Prepared data") and batched for training (`collate_blocks`), with the teacher's cached
+per-token losses attached when training reads a loss cache (teacher_cache.py).
 """
 
 import functools
