@@ -798,3 +798,18 @@ def test_loader_resumes_at_the_next_sample(prepared, num_workers):
     assert len(rest) == len(epoch) - 5
     for got, expected in zip(rest, epoch[5:]):
         assert all(torch.equal(got[key], expected[key]) for key in expected)
+
+
+def test_data_of_another_format_fails_naming_both_versions_and_the_fix(prepared, tmp_path):
+    from litgpt_vocagnolm.data import FORMAT, MANIFEST, load_manifest
+
+    copy = tmp_path / "old"
+    copy.mkdir()
+    manifest = json.loads((prepared / MANIFEST).read_text(encoding="utf-8"))
+    (copy / MANIFEST).write_text(json.dumps({**manifest, "format": "vocagnolm-blocks/0"}), encoding="utf-8")
+    with pytest.raises(ValueError) as error:
+        load_manifest(copy)
+    message = str(error.value)
+    assert "'vocagnolm-blocks/0'" in message and repr(FORMAT) in message and "`vocagnolm prepare`" in message
+    with pytest.raises(ValueError, match="vocagnolm-blocks/0"):
+        VocAgnoData(copy).check_files()  # training reads it through the same check

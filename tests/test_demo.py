@@ -263,3 +263,14 @@ def test_command_line_takes_sizes_and_lists_of_methods():
                                 "--quick", "true", "--noise", "0"])  # fmt: skip
     assert config.methods == ("ce", "vocagnolm") and config.seeds == (3,) and config.quick is True
     assert config.sizes.student_tokens == 4096 and config.sizes.teacher_vocab_size == 6000 and config.noise == 0
+
+
+def test_the_paper_pair_overlap_the_demo_prints_is_computed(tmp_path):
+    """The demo sets its tokenizer pair beside TinyLlama's and Qwen2.5's overlap, measured on the fixtures (6.3%)."""
+    from litgpt_vocagnolm.demo.settings import PAPER_PAIR
+    from litgpt_vocagnolm.demo.tokenizer_training import describe_tokenizers
+
+    student, teacher = (load_tokenizer(path) for path in PAPER_PAIR)
+    printed = describe_tokenizers(*PAPER_PAIR, "Let x = 2.")
+    assert f"(TinyLlama vs Qwen2.5: {vocab_overlap(student, teacher):.1%})" in printed
+    assert "(TinyLlama vs Qwen2.5: 6.3%)" in printed  # the paper's Figure 1: 6.32%

@@ -89,3 +89,23 @@ def test_no_function_takes_more_than_eight_parameters():
                 found.append(f"{module_name(path)}.{node.name}: {count}")
     assert found == []
 
+
+
+def test_nothing_cites_a_file_outside_the_repository():
+    """Design notes the code relies on are in docs/design.md; the code cites that, nothing outside the repository."""
+    found = [module_name(p) for p in PACKAGE.rglob("*.py") if "DESIGN.md" in p.read_text(encoding="utf-8")]
+    assert found == []
+    design = (PACKAGE.parents[1] / "docs" / "design.md").read_text(encoding="utf-8")
+    for section in ("Alignment", "Teacher-guided loss", "Prepared data"):  # the sections docstrings cite by name
+        assert f"## {section}\n" in design
+
+
+def test_the_readme_layout_lists_every_module_and_data_folder():
+    readme = (PACKAGE.parents[1] / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout") :]
+    listed = {line.split()[0] for line in layout.splitlines() if line.startswith("  ") and line.split()}
+    modules = {p.name for p in PACKAGE.rglob("*.py")} | {f"{p.name}/" for p in PACKAGE.iterdir() if p.is_dir()}
+    modules -= {"__pycache__/"}
+    assert modules - listed == set()
+    for folder in ("recipes/", "docs/", "tests/", "benchmarks/", "data/"):
+        assert f"\n{folder}" in layout, folder

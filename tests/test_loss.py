@@ -40,7 +40,7 @@ def reference_aggregate(lt: list, ranges: list, aggregation: str) -> tuple[list,
 
 
 def reference_weights(ls, lt, ranges, valid, top_k, aggregation, unmapped, scope) -> list:
-    """DESIGN.md §3.2 in plain Python; ties go to the earlier (b, i). "global" here is the whole list (a batch)."""
+    """docs/design.md, "Teacher-guided loss", in plain Python; ties go to the earlier (b, i). "global" here is the whole list (a batch)."""
     agg, mapped = reference_aggregate(lt, ranges, aggregation)
     B, T = len(ls), len(ls[0])
     weights = [[0.0] * T for _ in range(B)]
@@ -550,3 +550,26 @@ def test_guidance_args_on_the_command_line():
         assert f"{method.name}: {method.description}" in help_text
     with pytest.raises(Exception):
         parser.parse_args(["--guidance.aggregation", "median"])
+
+
+def test_the_readme_example_of_a_new_method():
+    """README, "Adding a guidance method": the worked example's loss function, as written there, against a loop."""
+    from litgpt_vocagnolm.methods import GuidanceMethod, LossInputs, MethodLoss
+
+    def top_k_by_student_loss(args: "GuidanceArgs", ls, valid, inputs: LossInputs) -> MethodLoss:
+        """The top-k valid tokens by the student's own loss."""
+        selected = select_top_k(ls.detach(), valid, args.top_k, scope=args.scope, all_gather=inputs.all_gather,
+                                rank=inputs.rank)  # fmt: skip
+        return MethodLoss(ls, selected.float(), {"selected_fraction": selected.sum() / valid.sum().clamp(min=1)})
+
+    method = GuidanceMethod("hardest", "the top-k tokens by the student's own loss, no teacher", top_k_by_student_loss,
+                            selects=True)  # fmt: skip
+    assert not method.needs_prepared_data  # plain LitGPT data will do
+    ls = torch.tensor([[0.5, 3.0, 1.0, 2.0], [4.0, 0.1, 0.2, 9.0]])
+    valid = torch.tensor([[True, True, True, True], [True, True, True, False]])
+    per_token, weights, metrics = method.loss(GuidanceArgs(top_k=0.5), ls, valid, LossInputs())
+    ranked = sorted((-v, i) for i, (v, ok) in enumerate(zip(ls.flatten().tolist(), valid.flatten().tolist())) if ok)
+    expected = torch.zeros(8)
+    expected[[i for _, i in ranked[: math.ceil(0.5 * len(ranked))]]] = 1.0  # 4 of the 7 valid tokens
+    assert torch.equal(weights.flatten(), expected) and per_token is ls
+    assert metrics["selected_fraction"].item() == pytest.approx(4 / 7)

@@ -77,3 +77,17 @@ def test_plan_command_on_the_paper_recipe():
                                world_size=32).total  # fmt: skip
 
     assert total(largest) <= 80e9 < total(largest + 1)  # the largest, by the same estimate
+
+
+def test_plan_counts_no_teacher_for_a_method_that_loads_none(capsys):
+    """`random` draws among the mapped tokens: like `ce` it loads no teacher, so its step holds none (the table says
+    so); `vocagnolm` with the same recipe runs its teacher online."""
+    from litgpt_vocagnolm.plan import plan
+
+    recipe = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b-instruct.yaml"
+    printed = {}
+    for method in ("random", "vocagnolm"):
+        plan(["--config", str(recipe), "--window", "1900", "--guidance.method", method])
+        printed[method] = capsys.readouterr().out
+    assert "no teacher" in printed["random"] and "teacher parameters" not in printed["random"]
+    assert "teacher online" in printed["vocagnolm"] and "teacher parameters" in printed["vocagnolm"]

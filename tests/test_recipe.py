@@ -475,7 +475,7 @@ def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_
     same_vocab = method in ("rho1", "kld")
     guidance = GuidanceArgs(method=method, num_chunks=4)
     data = VocAgnoData(path=tinyllama_llemma_data if same_vocab else tinyllama_mistral_data, num_workers=0)
-    data.connect(batch_size=2, max_seq_length=64, num_chunks=guidance.num_chunks if method == "chunk" else None)
+    data.connect(batch_size=2, max_seq_length=64, num_chunks=guidance.num_chunks_if_chunked)
     guidance.check_tokenizers(same_vocabulary=data.same_vocabulary(TINYLLAMA, LLEMMA if same_vocab else MISTRAL))
     batch = next(iter(data.train_dataloader()))
     torch.manual_seed(0)

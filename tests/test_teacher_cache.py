@@ -138,3 +138,18 @@ def test_training_with_the_cache_follows_the_online_teacher(tmp_path, cache, tin
         assert cached["selected_fraction"] == pytest.approx(online["selected_fraction"], abs=1e-6)
         assert cached["loss"] == pytest.approx(online["loss"], rel=1e-3)
         assert cached["teacher_loss"] == pytest.approx(online["teacher_loss"], rel=1e-3)
+
+
+def test_a_cache_of_another_format_fails_naming_both_versions_and_the_fix(tmp_path, cache, tinyllama_mistral_data):
+    from litgpt_vocagnolm.data import MANIFEST
+    from litgpt_vocagnolm.teacher_cache import CACHE_FORMAT, CACHE_MANIFEST, check_cache
+
+    old = tmp_path / "old"
+    shutil.copytree(cache, old)
+    manifest = json.loads((old / CACHE_MANIFEST).read_text())
+    (old / CACHE_MANIFEST).write_text(json.dumps({**manifest, "format": "vocagnolm-teacher-loss/0"}))
+    with pytest.raises(ValueError) as error:
+        check_cache(old, tinyllama_mistral_data / MANIFEST, None)
+    message = str(error.value)
+    assert "'vocagnolm-teacher-loss/0'" in message and repr(CACHE_FORMAT) in message
+    assert f"vocagnolm score-teacher --data {tinyllama_mistral_data}" in message

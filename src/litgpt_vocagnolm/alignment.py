@@ -2,8 +2,9 @@
 
 Each student token is mapped to the contiguous range of teacher tokens whose character spans overlap its own. Both
 tokenizers report spans into the same text, so two binary searches over the teacher's sorted span ends and starts
-find every range at once: O(N log M), vectorized, exact (DESIGN.md §3.1). A NumPy call costs microseconds whatever
-its size, more than a Python loop spends on a short document: `align_batch` aligns many documents in one call.
+find every range at once: O(N log M), vectorized, exact (docs/design.md, "Alignment"). A NumPy call costs
+microseconds whatever its size, more than a Python loop spends on a short document: `align_batch` aligns many
+documents in one call.
 
 Special tokens: the BOS/EOS that the data pipeline adds carry empty spans (e.g. `(0, 0)`, or `(len(text), len(text))`
 for EOS). An empty student span is unmapped (`a == b`) and an empty teacher span is never inside a range, wherever it

@@ -145,9 +145,9 @@ def tokenizer_pair_summary(data: VocAgnoData, student_dir: Path, teacher_dir: Pa
     which = f" (teacher {index}, {data.paths[index]})" if len(data.paths) > 1 else ""
     line = f"Tokenizer pair{which}: {manifest['mapped_share']:.2%} of the prepared student tokens map to teacher tokens"
     if teacher_dir is not None:
-        student_tokenizer, teacher_tokenizer = load_tokenizer(student_dir), load_tokenizer(teacher_dir)
+        student, teacher = load_tokenizer(student_dir), load_tokenizer(teacher_dir)
         line += (
-            f"; vocabulary overlap {vocab_overlap(student_tokenizer, teacher_tokenizer):.2%} of the teacher's"
-            f" ({student_tokenizer.get_vocab_size():,} student vs {teacher_tokenizer.get_vocab_size():,} teacher tokens)"
+            f"; vocabulary overlap {vocab_overlap(student, teacher):.2%} of the teacher's"
+            f" ({student.get_vocab_size():,} student vs {teacher.get_vocab_size():,} teacher tokens)"
         )
     return line + f"; teacher windows up to {manifest['teacher_max_length']} tokens for {manifest['max_seq_length']}."

@@ -2,8 +2,8 @@
 
 `vocagnolm prepare` (prepare.py) writes DIR/manifest.json, DIR/train and DIR/val (LitData shards of blocks; packing.py
 describes a stored block). Here they are checked against the manifest, decoded to plain arrays (`iter_blocks`, the
-contract of DESIGN.md §4) and batched for training (`collate_blocks`), with the teacher's cached per-token losses
-attached when training reads a loss cache (teacher_cache.py).
+contract of docs/design.md, "Prepared data") and batched for training (`collate_blocks`), with the teacher's cached
+per-token losses attached when training reads a loss cache (teacher_cache.py).
 """
 
 import functools
@@ -50,7 +50,11 @@ def load_manifest(path: Path) -> dict:
         )
     manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     if manifest.get("format") != FORMAT:
-        raise InvalidArgument(f"{path / MANIFEST} is format {manifest.get('format')!r}; this version reads {FORMAT!r}.")
+        raise InvalidArgument(
+            f"{path / MANIFEST} is format {manifest.get('format')!r}; this version of litgpt-vocagnolm reads"
+            f" {FORMAT!r}. Prepare the data again: `vocagnolm prepare` with the arguments it was prepared with (its"
+            f" \"settings\" in the manifest) and a new --output (or delete {path} first)."
+        )
     return manifest
 
 
@@ -75,7 +79,10 @@ class BlockDataset(StreamingDataset):
         super().__init__(input_dir=str(Path(path) / split), shuffle=shuffle, seed=seed)
         self.path, self.split = Path(path), split
         self.teacher_losses = None if teacher_cache is None else TeacherLossCache(teacher_cache, split)
-        self.others = [BlockDataset(other, split, shuffle=False, seed=seed, teacher_cache=cache) for other, cache in others]
+        self.others = [
+            BlockDataset(other, split, shuffle=False, seed=seed, teacher_cache=teacher_cache)
+            for other, teacher_cache in others
+        ]
 
     def __getitem__(self, index: Any) -> Any:
         position = index.index if isinstance(index, ChunkedIndex) else index
@@ -255,7 +262,7 @@ class VocAgnoData(DataModule):
         ranges         (B, T, 2) long for each target token, the range `[a, b)` of teacher positions in its row
                                       whose characters cover it; `a == b`: unmapped
         num_bytes      (B,) long      UTF-8 bytes of the text the targets cover (for bits per byte)
-        teacher_loss   (B, M) float32 with a `teacher_cache` connected: the cached teacher losses, NaN where unavailable
+        teacher_loss   (B, M) float32 with `teacher_caches` connected: the cached teacher losses, NaN where unavailable
         more_teachers  with `other_teachers`: for each further teacher, a dict of its own teacher_ids, teacher_valid,
                        ranges (and teacher_loss), as above, M its longest window in the batch
     The loaders are stateful (`state_dict` / `load_state_dict`), so a resumed run continues mid-epoch.
@@ -273,7 +280,7 @@ class VocAgnoData(DataModule):
     tokens; `path` holds the first teacher's. Their loss caches follow in `--teacher.cache`, in this order."""
     batch_size: int = field(default=1, init=False, repr=False)
     num_chunks: Optional[int] = field(default=None, init=False, repr=False)
-    teacher_cache: Optional[list[Path]] = field(default=None, init=False, repr=False)
+    teacher_caches: Optional[list[Path]] = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -298,19 +305,13 @@ class VocAgnoData(DataModule):
         max_seq_length: Optional[int] = None,
         *,
         num_chunks: Optional[int] = None,
-        teacher_cache: Optional[list[Path]] = None,
+        teacher_caches: Optional[list[Path]] = None,
     ) -> None:
         """LitGPT's late arguments, and two of the recipe's: `num_chunks` replaces every block's ranges by chunk
-        alignment (`--guidance.method chunk`), `teacher_cache` attaches each block's cached teacher losses
+        alignment (`--guidance.method chunk`), `teacher_caches` attach each block's cached teacher losses
         (`--teacher.cache`: one cache per teacher, in the order of `paths`)."""
-        if num_chunks is not None and num_chunks < 1:
-            raise InvalidArgument(f"num_chunks must be at least 1, got {num_chunks}.")
-        if teacher_cache is not None and len(teacher_cache) != len(self.paths):
-            raise InvalidArgument(
-                f"{len(teacher_cache)} teacher loss caches for the data of {len(self.paths)} teachers (--data.path and"
-                " --data.other_teachers): give one --teacher.cache per teacher, in the same order."
-            )
-        self.batch_size, self.num_chunks, self.teacher_cache = batch_size, num_chunks, teacher_cache
+        # Both checked where they enter: `num_chunks` by `GuidanceArgs`, one cache per teacher by `checks.check_setup`.
+        self.batch_size, self.num_chunks, self.teacher_caches = batch_size, num_chunks, teacher_caches
         prepared = self.manifest["max_seq_length"]
         if max_seq_length is not None and max_seq_length != prepared:
             raise InvalidArgument(
@@ -385,9 +386,9 @@ class VocAgnoData(DataModule):
     def _loader(self, split: str, shuffle: bool) -> StreamingDataLoader:
         # No file checks here (a stat per chunk, each split's index hashed): call `check_files` once before training,
         # as the recipe's `check_setup` does.
-        caches = self.teacher_cache or [None] * len(self.paths)
-        others = list(zip(self.paths[1:], caches[1:]))
-        dataset = BlockDataset(self.path, split, shuffle, self.seed, caches[0], others)
+        teacher_caches = self.teacher_caches or [None] * len(self.paths)
+        others = list(zip(self.paths[1:], teacher_caches[1:]))
+        dataset = BlockDataset(self.path, split, shuffle, self.seed, teacher_caches[0], others)
         return StreamingDataLoader(
             dataset,
             batch_size=self.batch_size,

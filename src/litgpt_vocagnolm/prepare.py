@@ -3,8 +3,8 @@
 Aligning inside the training loop would take CPU from the GPUs and redo the same work on every run, so `prepare`
 tokenizes every document with both tokenizers, aligns them and packs them into student blocks with their teacher
 windows (packing.py), written by `litdata.optimize` over work units (documents.py) into OUTPUT/val and OUTPUT/train,
-then OUTPUT/manifest.json with the tokenizers' hashes, the settings and the counts (DESIGN.md §4). Each unit ends in
-one padded block (at most about 0.4% padding).
+then OUTPUT/manifest.json with the format version, the tokenizers' hashes, the settings and the counts
+(docs/design.md, "Prepared data"). Each unit ends in one padded block (at most about 0.4% padding).
 
 Resumable: an unfinished run works in OUTPUT/.partial and each finished split is recorded there; a run with the same
 settings finishes the work, a run with other settings is refused, and the data appears (split by split, the manifest

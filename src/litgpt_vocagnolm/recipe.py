@@ -242,7 +242,7 @@ def main(
     if isinstance(data, VocAgnoData):
         data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length,
                      num_chunks=guidance.num_chunks_if_chunked,
-                     teacher_cache=teacher_args.caches or None)  # fmt: skip
+                     teacher_caches=teacher_args.caches or None)  # fmt: skip
     else:
         data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length)
     with fabric.rank_zero_first():

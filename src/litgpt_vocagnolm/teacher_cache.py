@@ -91,7 +91,13 @@ def load_cache_manifest(cache: Path) -> dict:
         )
     manifest = json.loads(path.read_text())
     if manifest.get("format") != CACHE_FORMAT:
-        raise ValueError(f"{path} has format {manifest.get('format')!r}, this version reads {CACHE_FORMAT!r}.")
+        data = manifest.get("data", {}).get("path", "DIR")
+        teacher = manifest.get("teacher", {}).get("checkpoint_dir", "CHECKPOINT_DIR")
+        raise ValueError(
+            f"{path} has format {manifest.get('format')!r}; this version of litgpt-vocagnolm reads {CACHE_FORMAT!r}."
+            f" Score the teacher again: `vocagnolm score-teacher --data {data} --teacher {teacher} --output NEW_CACHE`"
+            f" (or delete {cache} and give it as --output)."
+        )
     return manifest
 
 

@@ -218,14 +218,14 @@ def demo(
         kind = method_of(method)
         guidance = {**STUDENTS[method], **({"top_k": top_k} if kind.selects else {})}
         teacher = teacher_dir if kind.needs_teacher else None
-        loss_cache = cache if kind.teacher_loss else None  # logit distillation runs the teacher on every batch
+        teacher_cache = cache if kind.teacher_loss else None  # logit distillation runs the teacher on every batch
         more = {}
         if method in TWO_TEACHERS:  # the second teacher's data beside the first's, a cache for each
-            teacher, loss_cache = [teacher_dir, teacher2_dir], [cache, cache2]
+            teacher, teacher_cache = [teacher_dir, teacher2_dir], [cache, cache2]
             more = {"other_teachers": (student_data2,)}
         return pool.submit(train_run, out_dir / "runs" / f"{method}-seed{seed}", student_config, student_data,
                            student_tokenizer, sizes, sizes.student_tokens, seed, guidance, teacher_dir=teacher,
-                           teacher_cache=loss_cache, **more)  # fmt: skip
+                           teacher_cache=teacher_cache, **more)  # fmt: skip
 
     results: dict[str, list[dict[str, Any]]] = {}
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=one_thread) as pool:

@@ -6,7 +6,10 @@ from pathlib import Path
 from litgpt_vocagnolm.errors import InvalidArgument, at_least
 from litgpt_vocagnolm.methods import METHODS, GuidanceMethod
 
-DATA = Path(__file__).resolve().parents[3] / "data"  # the repository's data/ folder, in a clone
+REPOSITORY = Path(__file__).resolve().parents[3]  # in a clone
+DATA = REPOSITORY / "data"  # the shipped corpora
+# The paper's hardest pair, TinyLlama's and Qwen2.5's tokenizers, to set the demo's pair beside (tests/fixtures).
+PAPER_PAIR = tuple(REPOSITORY / "tests" / "fixtures" / "tokenizers" / name for name in ("tinyllama-1.1b", "qwen2.5"))
 CORPUS = (  # (file, the fields that make one document)
     ("gsm8k/train.jsonl", ("question", "answer")),
     ("stackexchange/math_stackexchange_33votes.jsonl", ("input", "output")),

@@ -8,6 +8,7 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from litgpt_vocagnolm.alignment import vocab_overlap
+from litgpt_vocagnolm.demo.settings import PAPER_PAIR
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 # Qwen2.5's pre-tokenizer: letters, single digits, punctuation runs, whitespace (tests/fixtures/tokenizers/qwen2.5).
@@ -81,10 +82,13 @@ def describe_tokenizers(student_dir: Path, teacher_dir: Path, text: str) -> str:
     """Vocabulary overlap (the paper's Figure 1 measure) and the start of one text in both tokenizations."""
     student, teacher = load_tokenizer(student_dir), load_tokenizer(teacher_dir)
     sample = text[:60]
+    paper = ""
+    if all(path.is_dir() for path in PAPER_PAIR):  # a clone: the paper's pair is in tests/fixtures
+        paper = f" (TinyLlama vs Qwen2.5: {vocab_overlap(*(load_tokenizer(path) for path in PAPER_PAIR)):.1%})"
     return (
         f"Student: SentencePiece-style BPE, {student.get_vocab_size():,} tokens; teacher: byte-level BPE,"
         f" {teacher.get_vocab_size():,} tokens. Vocabulary overlap {vocab_overlap(student, teacher):.1%} of the"
-        f" teacher's (TinyLlama vs Qwen2.5: 6.3%).\n"
+        f" teacher's{paper}.\n"
         f"  student: {student.encode(sample, add_special_tokens=False).tokens}\n"
         f"  teacher: {teacher.encode(sample, add_special_tokens=False).tokens}"
     )
