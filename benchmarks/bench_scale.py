@@ -133,7 +133,7 @@ def build(fabric: L.Fabric, setting: Setting, kind: str):
         fused = fabric.device.type == "cuda"
         optimizer = fabric.setup_optimizers(torch.optim.AdamW(student.parameters(), lr=1e-5, fused=fused))
     if kind in ("online", "score"):
-        torch.set_default_dtype(torch.bfloat16)  # as `teacher.load_teacher` builds it
+        torch.set_default_dtype(torch.bfloat16)  # as `gpt.load_model` builds the teacher
         with fabric.init_module():
             teacher = GPT(setting.teacher_config)
         torch.set_default_dtype(torch.float32)
