@@ -49,7 +49,7 @@ from litgpt_vocagnolm.checkpoints import find_resume_checkpoint, hyperparameters
 from litgpt_vocagnolm.checks import check_setup, resolve_model_config, tokenizer_pair_summary
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.data import VocAgnoData
-from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, parallelize
+from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, parallelize
 from litgpt_vocagnolm.gpt import GPT, load_model
 from litgpt_vocagnolm.loss import bits_per_byte, selection_generator
 from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
@@ -140,7 +140,8 @@ def setup(
         teacher: The frozen teacher. See ``TeacherArgs``.
         guidance: The loss: VocAgnoLM or a baseline. See ``GuidanceArgs``.
         fsdp: Sharding settings for multi-device runs. See ``FSDPArgs``.
-        compile: ``torch.compile`` both models (worth it on GPUs; ~20 s of compilation on a CPU).
+        compile: ``torch.compile`` each transformer block of both models (worth it on GPUs; ~20 s of compilation on a
+            CPU). Every step has the same shapes, so they compile once.
     """
     hparams = hyperparameters(locals())
     register()  # the paper's teachers that LitGPT lacks (llemma_7b, deepseek-math-7b-*, Mistral-7B-ProXMath)
@@ -219,14 +220,16 @@ def main(
     if run.fsdp.activation_checkpointing:
         checkpoint_activations(model)  # before sharding, so that FSDP shards the wrapped blocks
     if run.compile:
-        model = torch.compile(model)
+        compile_blocks(model)
     model = fabric.setup(model)
 
     teachers = []  # online: one per prepared dataset, every batch through each
     for checkpoint_dir in teacher_args.checkpoint_dirs if guidance.spec.needs_teacher and not teacher_args.caches else []:
         t0 = time.perf_counter()
         teacher = load_model(checkpoint_dir, fabric, teacher_args.dtype(fabric.device))
-        teachers.append(torch.compile(teacher) if run.compile else teacher)
+        if run.compile:
+            compile_blocks(teacher)
+        teachers.append(teacher)
         fabric.print(
             f"Teacher {checkpoint_dir} ({num_parameters(teacher):,} parameters, frozen) loaded in"
             f" {time.perf_counter() - t0:.02f} seconds."
