@@ -64,9 +64,11 @@ class LoopClock(tqdm):
         super().close()
 
 
-def scored_batches(data: Path, manifest: dict, batch_size: int, blocks_per_shard: int) -> list[tuple[Tensor, int]]:
-    """The (batch_size, padded window) id batches score_teacher forms, in its order, each with the teacher tokens it
-    holds."""
+def scored_batches(
+    data: Path, manifest: dict, batch_size: int, blocks_per_shard: int, width: int
+) -> list[tuple[Tensor, int]]:
+    """The (batch_size, width) id batches score_teacher forms (width: the padded window), in its order, each with the
+    teacher tokens it holds."""
     batches = []
     for split in ("train", "val"):
         dataset = open_split(data, split, manifest)
@@ -75,7 +77,7 @@ def scored_batches(data: Path, manifest: dict, batch_size: int, blocks_per_shard
             indices = range(shard_start, min(shard_start + blocks_per_shard, num_blocks))
             for start in range(0, len(indices), batch_size):
                 blocks = [dataset[i] for i in indices[start : start + batch_size]]
-                ids = torch.zeros(batch_size, padded_window(manifest), dtype=torch.long)
+                ids = torch.zeros(batch_size, width, dtype=torch.long)
                 for row, block in enumerate(blocks):
                     ids[row, : len(block["teacher_ids"])] = torch.from_numpy(block["teacher_ids"].astype(np.int64))
                 batches.append((ids, sum(len(block["teacher_ids"]) for block in blocks)))
@@ -101,9 +103,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         data, teacher_dir, manifest = prepared_pair(tmp, args)
-        batches = scored_batches(data, manifest, args.batch_size, args.blocks_per_shard)
-        tokens = sum(count for _, count in batches)
         model = GPT(Config.from_file(teacher_dir / "model_config.yaml"))
+        width = padded_window(manifest, model.max_seq_length)
+        batches = scored_batches(data, manifest, args.batch_size, args.blocks_per_shard, width)
+        tokens = sum(count for _, count in batches)
         model.load_state_dict(torch.load(teacher_dir / "lit_model.pth", weights_only=True))
         model.requires_grad_(False).eval()
 
@@ -125,7 +128,7 @@ def main() -> None:
 
         # The loop's other work, once, on the same batches: reading and padding the blocks, the per-token loss.
         def read_blocks() -> None:
-            scored_batches(data, manifest, args.batch_size, args.blocks_per_shard)
+            scored_batches(data, manifest, args.batch_size, args.blocks_per_shard, width)
 
         def token_loss() -> None:  # what score_teacher runs: the transformer, then the head and loss tile by tile
             with torch.no_grad():

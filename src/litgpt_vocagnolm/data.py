@@ -40,11 +40,13 @@ def block_tokens(manifest: dict) -> int:
     return manifest["max_seq_length"] + 1
 
 
-def padded_window(manifest: dict) -> int:
+def padded_window(manifest: dict, teacher_block_size: Optional[int] = None) -> int:
     """The one teacher window length M of every batch of a run: the prepared data's `teacher_max_length` rounded up
-    to a multiple of WINDOW_MULTIPLE. A fixed M gives `torch.compile` one shape to compile (a window padded to each
-    batch's longest recompiles on every new length); the teacher's forward on padding is the price."""
-    return -(-manifest["teacher_max_length"] // WINDOW_MULTIPLE) * WINDOW_MULTIPLE
+    to a multiple of WINDOW_MULTIPLE, at most the teacher's block size. A fixed M gives `torch.compile` one shape to
+    compile (a window padded to each batch's longest recompiles on every new length); the teacher's forward on
+    padding is the price."""
+    rounded = -(-manifest["teacher_max_length"] // WINDOW_MULTIPLE) * WINDOW_MULTIPLE
+    return min(rounded, teacher_block_size or rounded)
 
 
 def load_manifest(path: Path) -> dict:
@@ -272,6 +274,7 @@ class VocAgnoData(DataModule):
     batch_size: int = field(default=1, init=False, repr=False)
     num_chunks: Optional[int] = field(default=None, init=False, repr=False)
     teacher_cache: Optional[list[Path]] = field(default=None, init=False, repr=False)
+    teacher_block_size: Optional[int] = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -297,10 +300,12 @@ class VocAgnoData(DataModule):
         *,
         num_chunks: Optional[int] = None,
         teacher_cache: Optional[list[Path]] = None,
+        teacher_block_size: Optional[int] = None,
     ) -> None:
-        """LitGPT's late arguments, and two of the recipe's: `num_chunks` replaces every block's ranges by chunk
+        """LitGPT's late arguments, and three of the recipe's: `num_chunks` replaces every block's ranges by chunk
         alignment (`--guidance.method chunk`), `teacher_cache` attaches each block's cached teacher losses
-        (`--teacher.cache`: one cache per teacher, in the order of `paths`)."""
+        (`--teacher.cache`: one cache per teacher, in the order of `paths`), `teacher_block_size` caps the padded
+        window (`padded_window`) at the online teachers' smallest block size."""
         if num_chunks is not None and num_chunks < 1:
             raise ValueError(f"num_chunks must be at least 1, got {num_chunks}.")
         if teacher_cache is not None and len(teacher_cache) != len(self.paths):
@@ -309,6 +314,7 @@ class VocAgnoData(DataModule):
                 " --data.other_teachers): give one --teacher.cache per teacher, in the same order."
             )
         self.batch_size, self.num_chunks, self.teacher_cache = batch_size, num_chunks, teacher_cache
+        self.teacher_block_size = teacher_block_size
         prepared = self.manifest["max_seq_length"]
         if max_seq_length is not None and max_seq_length != prepared:
             raise ValueError(
@@ -392,7 +398,7 @@ class VocAgnoData(DataModule):
             num_workers=self.num_workers,
             collate_fn=functools.partial(
                 collate_blocks, block_tokens=block_tokens(self.manifest), num_chunks=self.num_chunks,
-                windows=[padded_window(manifest) for manifest in self.manifests],
+                windows=[padded_window(manifest, self.teacher_block_size) for manifest in self.manifests],
             ),
             pin_memory=torch.cuda.is_available(),
         )

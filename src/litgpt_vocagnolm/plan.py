@@ -251,7 +251,7 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     """
     from jsonargparse import CLI, ArgumentParser, capture_parser
 
-    from litgpt_vocagnolm.data import VocAgnoData, load_manifest
+    from litgpt_vocagnolm.data import VocAgnoData, load_manifest, padded_window
     from litgpt_vocagnolm.model_configs import register
     from litgpt_vocagnolm.checks import resolve_model_config
     from litgpt_vocagnolm.recipe import setup
@@ -262,8 +262,9 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     parser.description = plan.__doc__
     parser.add_argument("--gpu_memory", type=float, default=80.0, help="GB of memory per GPU (H100: 80).")
     parser.add_argument("--window", type=Optional[int], default=None,
-                        help="Teacher tokens per student sequence (default: the prepared data's teacher_max_length,"
-                             " else max_seq_length + 1).")  # fmt: skip
+                        help="Teacher tokens per student sequence (default: the prepared data's teacher_max_length"
+                             " rounded up to a multiple of 64, as training pads every window, else"
+                             " max_seq_length + 1).")  # fmt: skip
     parsed = parser.parse_args(args)
     gpu_memory, window = parsed.pop("gpu_memory"), parsed.pop("window")
     args = parser.instantiate_classes(parsed)
@@ -283,7 +284,8 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     if window is None:  # the longest window of any teacher's prepared data
         data = args.data
         paths = data.paths if isinstance(data, VocAgnoData) else []
-        prepared = [load_manifest(p)["teacher_max_length"] for p in paths if (p / "manifest.json").is_file()]
+        # padded as training pads it: one length per run, so that the compiled step has one shape
+        prepared = [padded_window(load_manifest(p)) for p in paths if (p / "manifest.json").is_file()]
         window = max(prepared) if prepared else T + 1
     checkpointing = args.fsdp.activation_checkpointing
 

@@ -241,8 +241,8 @@ def main(
 
     if isinstance(data, VocAgnoData):
         data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length,
-                     num_chunks=guidance.num_chunks_if_chunked,
-                     teacher_cache=teacher_args.caches or None)  # fmt: skip
+                     num_chunks=guidance.num_chunks_if_chunked, teacher_cache=teacher_args.caches or None,
+                     teacher_block_size=min((t.max_seq_length for t in teachers), default=None))  # fmt: skip
     else:
         data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length)
     with fabric.rank_zero_first():

@@ -95,6 +95,7 @@ def score_teacher(
     fabric.barrier()
 
     model = load_model(teacher, fabric, TeacherArgs(precision=precision).dtype(fabric.device))
+    width = padded_window(prepared.manifest, model.max_seq_length)
     model = torch.compile(model, dynamic=False) if compile else model
     manifest = prepared.manifest
     for split in ("train", "val"):
@@ -104,7 +105,7 @@ def score_teacher(
         shards = range(fabric.global_rank, -(-num_blocks // blocks_per_shard), fabric.world_size)
         todo = [s for s in shards if not shard_files(output, split, s)[0].is_file()]
         (output / split).mkdir(parents=True, exist_ok=True)
-        windows = TeacherWindows(data, split, padded_window(manifest))
+        windows = TeacherWindows(data, split, width)
         batches = [
             (shard, start, min(start + batch_size, end))
             for shard in todo
