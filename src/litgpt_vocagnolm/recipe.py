@@ -44,6 +44,7 @@ from litgpt.utils import (
     num_parameters,
     parse_devices,
 )
+from torch.distributed.tensor import DTensor
 
 from litgpt_vocagnolm.checkpoints import find_resume_checkpoint, hyperparameters, load_weights, save_checkpoint
 from litgpt_vocagnolm.checks import check_setup, resolve_model_config, tokenizer_pair_summary
@@ -381,7 +382,7 @@ def fit(
             # No host sync here: whether the norms were finite and whether a rank was asked to stop are read on log
             # steps and before checkpoints (the stop then comes at the next log step: 10 steps in the paper's recipes).
             norm = fabric.clip_gradients(model, optimizer, max_norm=train.max_norm, error_if_nonfinite=False)
-            finite &= torch.isfinite(norm)
+            finite &= torch.isfinite(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # FSDP2: a DTensor
             is_log_step = state["iter_num"] % log_iter_interval == 0
             if is_log_step or (train.save_interval is not None and (state["step_count"] + 1) % train.save_interval == 0):
                 check_finite(finite, state["step_count"] + 1)
