@@ -121,7 +121,8 @@ def main() -> None:
                 used = f"{torch.cuda.max_memory_allocated(device) / GB:8.2f}" if cuda else f"{'n/a':>8}"
                 plan = estimate_memory(student_config, teacher_config if with_teacher else None, micro_batch=B,
                                        seq_len=args.seq, window=args.window, train=train).total  # fmt: skip
-                print(f"{name:<8} {str(compiled):>7} {B:>5} {B * tokens / seconds:>10,.0f} {mfu} {used} {plan / GB:8.2f}")
+                speed = B * tokens / seconds
+                print(f"{name:<8} {str(compiled):>7} {B:>5} {speed:>10,.0f} {mfu} {used} {plan / GB:8.2f}")
 
 
 if __name__ == "__main__":

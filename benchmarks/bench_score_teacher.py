@@ -9,9 +9,10 @@ and, in alternating rounds, times
            to one shape: `--batch_size` rows of the data's padded window), built before the clock starts.
 Throughput is teacher tokens per second (the tokens of the windows, padding not counted, as score_teacher counts them).
 Two ratios (goal: >= 0.95x): score's scoring loop alone (the time of its progress bars, which the benchmark
-instruments: its input pipeline, loader workers included, and its writer thread) and score end to end (a fixed start-up cost that a real corpus amortises). Medians of wall and process
-CPU time. Then where the loop's time goes besides the forward: reading and padding the blocks, and
-`teacher_token_loss` (the transformer, then the head and the loss a tile of rows at a time) in place of the forward.
+instruments: its input pipeline, loader workers included, and its writer thread) and score end to end (a fixed
+start-up cost that a real corpus amortises). Medians of wall and process CPU time. Then where the loop's time goes
+besides the forward: reading and padding the blocks, and `teacher_token_loss` (the transformer, then the head and
+the loss a tile of rows at a time) in place of the forward.
 One torch thread by default (`--threads`): on a shared machine, OpenMP threads wait spinning at every barrier for a
 partner that is descheduled, which swings wall and CPU time alike, and hits most the many small operations of the
 per-token loss (seen with 2 threads on 2 busy cores: 0.41x, against 0.85x with one thread minutes later).

@@ -383,8 +383,8 @@ def fit(
             # steps and before checkpoints (the stop then comes at the next log step: 10 steps in the paper's recipes).
             norm = fabric.clip_gradients(model, optimizer, max_norm=train.max_norm, error_if_nonfinite=False)
             finite &= torch.isfinite(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # FSDP2: a DTensor
-            is_log_step = state["iter_num"] % log_iter_interval == 0
-            if is_log_step or (train.save_interval is not None and (state["step_count"] + 1) % train.save_interval == 0):
+            saves = train.save_interval is not None and (state["step_count"] + 1) % train.save_interval == 0
+            if state["iter_num"] % log_iter_interval == 0 or saves:
                 check_finite(finite, state["step_count"] + 1)
                 stopping = totals[2].item() > 0
             optimizer.step()
