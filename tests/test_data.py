@@ -23,7 +23,7 @@ import litgpt_vocagnolm.files as files_module
 import litgpt_vocagnolm.packing as packing_module
 from litgpt_vocagnolm import prepare as prepare_module
 from litgpt_vocagnolm.alignment import align, chunk_align, encode
-from litgpt_vocagnolm.data import SPLITS, VocAgnoData, iter_blocks
+from litgpt_vocagnolm.data import SPLITS, VocAgnoData, iter_blocks, padded_window
 from litgpt_vocagnolm.documents import Stats, find_input_files, plan_units
 from litgpt_vocagnolm.files import file_sha256
 from litgpt_vocagnolm.packing import BlockDtypes, aligned_stream, aligned_streams, pack_blocks
@@ -756,7 +756,7 @@ def test_batches_have_the_documented_shapes(prepared, chunks):
     assert sum(len(batch["input_ids"]) for batch in batches) == len(blocks)
     for k, batch in enumerate(batches):
         rows = blocks[3 * k : 3 * k + 3]
-        B, T, M = len(rows), MAX_SEQ_LENGTH, max(len(block["teacher_ids"]) for block in rows)
+        B, T, M = len(rows), MAX_SEQ_LENGTH, padded_window(module.manifest)  # one window length per run
         assert {key: (tuple(value.shape), value.dtype) for key, value in batch.items()} == {
             "input_ids": ((B, T), torch.long),
             "targets": ((B, T), torch.long),

@@ -121,7 +121,7 @@ def check_setup(
                 " per-token losses. Drop --teacher.cache and pass --teacher.checkpoint_dir."
             )
         for k, (cache, path) in enumerate(zip(caches, paths)):
-            check_cache(cache, path / MANIFEST, checkpoint_dirs[k] if checkpoint_dirs else None)
+            check_cache(cache, path / MANIFEST, checkpoint_dirs[k] if checkpoint_dirs else None, teacher.precision)
     if method.needs_teacher and not caches:
         if not checkpoint_dirs:
             raise InvalidArgument(

@@ -33,11 +33,21 @@ FORMAT = "vocagnolm-blocks/1"
 MANIFEST = "manifest.json"
 PARTIAL = ".partial"  # where an unfinished `prepare` works; renamed into place at the end
 SPLITS = ("val", "train")  # written in this order: the small split first, so an empty one fails fast
+WINDOW_MULTIPLE = 64  # teacher windows are padded to a multiple of this: one shape per run, friendly to matmul tiles
 
 
 def block_tokens(manifest: dict) -> int:
     """Student tokens per stored block: max_seq_length + 1 (inputs and shifted targets)."""
     return manifest["max_seq_length"] + 1
+
+
+def padded_window(manifest: dict, teacher_block_size: Optional[int] = None) -> int:
+    """The one teacher window length M of every batch of a run: the prepared data's `teacher_max_length` rounded up
+    to a multiple of WINDOW_MULTIPLE, at most the teacher's block size. A fixed M gives `torch.compile` one shape to
+    compile (a window padded to each batch's longest recompiles on every new length); the teacher's forward on
+    padding is the price."""
+    rounded = -(-manifest["teacher_max_length"] // WINDOW_MULTIPLE) * WINDOW_MULTIPLE
+    return min(rounded, teacher_block_size or rounded)
 
 
 def load_manifest(path: Path) -> dict:
@@ -201,38 +211,46 @@ def iter_blocks(path: Path, split: Literal["train", "val"] = "train") -> Iterato
 
 
 def collate_blocks(
-    items: list[dict[str, Any]], block_tokens: int, num_chunks: Optional[int] = None
+    items: list[dict[str, Any]],
+    block_tokens: int,
+    num_chunks: Optional[int] = None,
+    windows: Optional[Sequence[int]] = None,
 ) -> dict[str, torch.Tensor]:
     """Stored blocks -> a batch; see `VocAgnoData` for the shapes. `num_chunks` replaces the ranges by chunk alignment
-    (the `chunk` baseline)."""
+    (the `chunk` baseline); `windows` pads each teacher's windows to that length (one per teacher, `padded_window`),
+    by default to the batch's longest."""
+    windows = windows or [None] * (1 + len(items[0].get("more_teachers", ())))
     blocks = [decode_block(item, block_tokens) for item in items]
     student_ids = torch.from_numpy(np.stack([block["student_ids"] for block in blocks]))  # (B, T + 1)
     padding = torch.arange(block_tokens) >= torch.tensor([block["num_tokens"] for block in blocks])[:, None]
     batch = {
         "input_ids": student_ids[:, :-1],
         "targets": student_ids[:, 1:].masked_fill(padding[:, 1:], -100),
-        **teacher_batch(items, blocks, num_chunks),
+        **teacher_batch(items, blocks, num_chunks, windows[0]),
         "num_bytes": torch.tensor([block["num_bytes"] for block in blocks]),
     }
     if "more_teachers" in items[0]:  # further teachers' blocks (BlockDataset's `others`), one list per teacher
         batch["more_teachers"] = [
-            teacher_batch(more, [decode_block(item, block_tokens) for item in more], num_chunks)
-            for more in zip(*(item["more_teachers"] for item in items))
+            teacher_batch(more, [decode_block(item, block_tokens) for item in more], num_chunks, width)
+            for more, width in zip(zip(*(item["more_teachers"] for item in items)), windows[1:], strict=True)
         ]
     return batch
 
 
 def teacher_batch(
-    items: Sequence[dict[str, Any]], blocks: list[dict[str, Any]], num_chunks: Optional[int]
+    items: Sequence[dict[str, Any]], blocks: list[dict[str, Any]], num_chunks: Optional[int], width: Optional[int]
 ) -> dict[str, torch.Tensor]:
-    """One teacher's part of a batch: its windows, their padding, the student tokens' ranges into them and, from a
-    loss cache, its per-token losses (shapes in `VocAgnoData`)."""
+    """One teacher's part of a batch: its windows padded to `width` (default: the longest), their padding, the student
+    tokens' ranges into them and, from a loss cache, its per-token losses (shapes in `VocAgnoData`)."""
     if num_chunks is not None:
         for block in blocks:
             n = block["num_tokens"]
             block["ranges"][:] = 0
             block["ranges"][:n] = chunk_align(n, len(block["teacher_ids"]), num_chunks)
-    width = max(1, max(len(block["teacher_ids"]) for block in blocks))  # M >= 1 keeps the teacher's forward defined
+    longest = max(len(block["teacher_ids"]) for block in blocks)
+    if width is not None and width < longest:
+        raise ValueError(f"A teacher window of {longest} tokens does not fit the run's padded window of {width}.")
+    width = width or max(1, longest)  # M >= 1 keeps the teacher's forward defined
     teacher_ids = torch.zeros(len(blocks), width, dtype=torch.long)  # (B, M)
     teacher_valid = torch.zeros(len(blocks), width, dtype=torch.bool)  # (B, M)
     for row, block in enumerate(blocks):
@@ -254,7 +272,7 @@ def teacher_batch(
 class VocAgnoData(DataModule):
     """Blocks prepared by `vocagnolm prepare`, streamed with LitData: `--data VocAgnoData --data.path DIR`.
 
-    Loaders yield dicts (B = batch size, T = max_seq_length, M = longest teacher window in the batch, at least 1):
+    Loaders yield dicts (B = batch size, T = max_seq_length, M = the run's padded window, `padded_window`):
         input_ids      (B, T) long    student tokens
         targets        (B, T) long    the next student tokens, -100 on padding
         teacher_ids    (B, M) long    teacher windows, padded with 0
@@ -264,7 +282,7 @@ class VocAgnoData(DataModule):
         num_bytes      (B,) long      UTF-8 bytes of the text the targets cover (for bits per byte)
         teacher_loss   (B, M) float32 with `teacher_caches` connected: the cached teacher losses, NaN where unavailable
         more_teachers  with `other_teachers`: for each further teacher, a dict of its own teacher_ids, teacher_valid,
-                       ranges (and teacher_loss), as above, M its longest window in the batch
+                       ranges (and teacher_loss), as above, M its own padded window
     The loaders are stateful (`state_dict` / `load_state_dict`), so a resumed run continues mid-epoch.
     """
 
@@ -281,6 +299,7 @@ class VocAgnoData(DataModule):
     batch_size: int = field(default=1, init=False, repr=False)
     num_chunks: Optional[int] = field(default=None, init=False, repr=False)
     teacher_caches: Optional[list[Path]] = field(default=None, init=False, repr=False)
+    teacher_block_size: Optional[int] = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -306,12 +325,15 @@ class VocAgnoData(DataModule):
         *,
         num_chunks: Optional[int] = None,
         teacher_caches: Optional[list[Path]] = None,
+        teacher_block_size: Optional[int] = None,
     ) -> None:
-        """LitGPT's late arguments, and two of the recipe's: `num_chunks` replaces every block's ranges by chunk
+        """LitGPT's late arguments, and three of the recipe's: `num_chunks` replaces every block's ranges by chunk
         alignment (`--guidance.method chunk`), `teacher_caches` attach each block's cached teacher losses
-        (`--teacher.cache`: one cache per teacher, in the order of `paths`)."""
+        (`--teacher.cache`: one cache per teacher, in the order of `paths`), `teacher_block_size` caps the padded
+        window (`padded_window`) at the online teachers' smallest block size."""
         # Both checked where they enter: `num_chunks` by `GuidanceArgs`, one cache per teacher by `checks.check_setup`.
         self.batch_size, self.num_chunks, self.teacher_caches = batch_size, num_chunks, teacher_caches
+        self.teacher_block_size = teacher_block_size
         prepared = self.manifest["max_seq_length"]
         if max_seq_length is not None and max_seq_length != prepared:
             raise InvalidArgument(
@@ -394,7 +416,8 @@ class VocAgnoData(DataModule):
             batch_size=self.batch_size,
             num_workers=self.num_workers,
             collate_fn=functools.partial(
-                collate_blocks, block_tokens=block_tokens(self.manifest), num_chunks=self.num_chunks
+                collate_blocks, block_tokens=block_tokens(self.manifest), num_chunks=self.num_chunks,
+                windows=[padded_window(manifest, self.teacher_block_size) for manifest in self.manifests],
             ),
             pin_memory=torch.cuda.is_available(),
         )

@@ -7,6 +7,8 @@ import torch.nn as nn
 
 from litgpt_vocagnolm.gpt import GPT
 
+COMPILE_BACKEND = "inductor"  # what `compile_blocks` compiles with (a test picks the lighter "aot_eager")
+
 
 @dataclass
 class FSDPArgs:
@@ -41,3 +43,12 @@ def checkpoint_activations(model: GPT) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     model.transformer.h = nn.ModuleList(checkpoint_wrapper(b, preserve_rng_state=False) for b in model.transformer.h)
+
+
+def compile_blocks(model: GPT) -> None:
+    """`torch.compile` each transformer block in place, as torchtitan compiles under FSDP2:
+    FSDP's hooks and collectives stay between the compiled blocks, and every block of one shape runs the same
+    compiled code. The run's shapes are fixed (the student's sequence, the data's padded teacher window), so each
+    graph compiles once. `Module.compile` wraps nothing: the checkpoint keys stay LitGPT's."""
+    for block in model.transformer.h:
+        block.compile(backend=COMPILE_BACKEND, dynamic=False)

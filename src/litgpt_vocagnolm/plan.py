@@ -252,7 +252,7 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     """
     from jsonargparse import CLI, ArgumentParser, capture_parser
 
-    from litgpt_vocagnolm.data import VocAgnoData, load_manifest
+    from litgpt_vocagnolm.data import VocAgnoData, load_manifest, padded_window
     from litgpt_vocagnolm.model_configs import config_named, register
     from litgpt_vocagnolm.checks import check_run_args, resolve_model_config
     from litgpt_vocagnolm.recipe import setup
@@ -264,7 +264,8 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     parser.add_argument("--gpu_memory", type=float, default=80.0, help="GB of memory per GPU, above 0 (H100: 80).")
     parser.add_argument("--window", type=Optional[int], default=None,
                         help="Teacher tokens per student sequence, from 1 to the teacher's block size (default: the"
-                             " prepared data's teacher_max_length, else max_seq_length + 1).")  # fmt: skip
+                             " prepared data's teacher_max_length rounded up to a multiple of 64, as training pads"
+                             " every window, else max_seq_length + 1).")  # fmt: skip
     parsed = parser.parse_args(args)
     gpu_memory, window = parsed.pop("gpu_memory"), parsed.pop("window")
     args = parser.instantiate_classes(parsed)
@@ -293,7 +294,8 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     if window is None:  # the longest window of any teacher's prepared data
         data = args.data
         paths = data.paths if isinstance(data, VocAgnoData) else []
-        prepared = [load_manifest(p)["teacher_max_length"] for p in paths if (p / "manifest.json").is_file()]
+        # padded as training pads it: one length per run, so that the compiled step has one shape
+        prepared = [padded_window(load_manifest(p)) for p in paths if (p / "manifest.json").is_file()]
         window = max(prepared) if prepared else T + 1
     at_least("--window", window, 1)
     for t in teachers:

@@ -44,12 +44,13 @@ from litgpt.utils import (
     num_parameters,
     parse_devices,
 )
+from torch.distributed.tensor import DTensor
 
 from litgpt_vocagnolm.checkpoints import find_resume_checkpoint, hyperparameters, load_weights, save_checkpoint
 from litgpt_vocagnolm.checks import check_run_args, check_setup, resolve_model_config, tokenizer_pair_summary
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.data import VocAgnoData
-from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, parallelize
+from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, parallelize
 from litgpt_vocagnolm.errors import check_writable
 from litgpt_vocagnolm.gpt import GPT, load_model
 from litgpt_vocagnolm.loss import bits_per_byte, selection_generator
@@ -141,7 +142,8 @@ def setup(
         teacher: The frozen teacher. See ``TeacherArgs``.
         guidance: The loss: VocAgnoLM or a baseline. See ``GuidanceArgs``.
         fsdp: Sharding settings for multi-device runs. See ``FSDPArgs``.
-        compile: ``torch.compile`` both models (worth it on GPUs; ~20 s of compilation on a CPU).
+        compile: ``torch.compile`` each transformer block of both models (worth it on GPUs; ~20 s of compilation on a
+            CPU). Every step has the same shapes, so they compile once.
     """
     hparams = hyperparameters(locals())
     register()  # the paper's teachers that LitGPT lacks (llemma_7b, deepseek-math-7b-*, Mistral-7B-ProXMath)
@@ -222,14 +224,16 @@ def main(
     if run.fsdp.activation_checkpointing:
         checkpoint_activations(model)  # before sharding, so that FSDP shards the wrapped blocks
     if run.compile:
-        model = torch.compile(model)
+        compile_blocks(model)
     model = fabric.setup(model)
 
     teachers = []  # online: one per prepared dataset, every batch through each
     for checkpoint_dir in teacher_args.checkpoint_dirs if guidance.spec.needs_teacher and not teacher_args.caches else []:
         t0 = time.perf_counter()
         teacher = load_model(checkpoint_dir, fabric, teacher_args.dtype(fabric.device))
-        teachers.append(torch.compile(teacher) if run.compile else teacher)
+        if run.compile:
+            compile_blocks(teacher)
+        teachers.append(teacher)
         fabric.print(
             f"Teacher {checkpoint_dir} ({num_parameters(teacher):,} parameters, frozen) loaded in"
             f" {time.perf_counter() - t0:.02f} seconds."
@@ -241,8 +245,8 @@ def main(
 
     if isinstance(data, VocAgnoData):
         data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length,
-                     num_chunks=guidance.num_chunks_if_chunked,
-                     teacher_caches=teacher_args.caches or None)  # fmt: skip
+                     num_chunks=guidance.num_chunks_if_chunked, teacher_caches=teacher_args.caches or None,
+                     teacher_block_size=min((t.max_seq_length for t in teachers), default=None))  # fmt: skip
     else:
         data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length)
     with fabric.rank_zero_first():
@@ -340,6 +344,7 @@ def fit(
     # alone would leave the others waiting in FSDP's collectives).
     step_sums = torch.zeros(3, device=fabric.device)
     stopping = False
+    finite = torch.ones((), dtype=torch.bool, device=fabric.device)  # every gradient norm since the last check
     step_metrics: dict[str, torch.Tensor] = {}
     teacher_timer, step_time = Stopwatch(fabric.device), 0.0
     fabric.barrier()
@@ -377,9 +382,14 @@ def fit(
             for param in model.parameters():
                 if param.grad is not None:
                     param.grad.mul_(scale)
-            fabric.clip_gradients(model, optimizer, max_norm=train.max_norm)
-            # A host sync per optimizer step, next to the one clip_gradients makes to check that the norm is finite.
-            stopping = totals[2].item() > 0
+            # No host sync here: whether the norms were finite and whether a rank was asked to stop are read on log
+            # steps and before checkpoints (the stop then comes at the next log step: 10 steps in the paper's recipes).
+            norm = fabric.clip_gradients(model, optimizer, max_norm=train.max_norm, error_if_nonfinite=False)
+            finite &= torch.isfinite(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # FSDP2: a DTensor
+            saves = train.save_interval is not None and (state["step_count"] + 1) % train.save_interval == 0
+            if state["iter_num"] % log_iter_interval == 0 or saves:
+                check_finite(finite, state["step_count"] + 1)
+                stopping = totals[2].item() > 0
             optimizer.step()
             optimizer.zero_grad()
             state["step_count"] += 1
@@ -513,6 +523,15 @@ def validate(fabric: L.Fabric, model: nn.Module, val_dataloader, max_iters: int)
     if num_bytes > 0:
         metrics["val_bpb"] = bits_per_byte(nats, int(num_bytes))
     return metrics
+
+
+def check_finite(finite: torch.Tensor, step: int) -> None:
+    """Stops the run when a gradient norm since the last check was not finite (a host sync: on log steps only)."""
+    if not finite.item():
+        raise RuntimeError(
+            f"A gradient norm was not finite between the last log step and step {step}: the weights are no longer"
+            " finite. Resume from the last checkpoint with a lower learning rate or another --train.max_norm."
+        )
 
 
 def format_metrics(metrics: dict[str, float]) -> str:

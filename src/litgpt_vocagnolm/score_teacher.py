@@ -1,22 +1,33 @@
 """`vocagnolm score-teacher`: run the frozen teacher once over prepared data and store its per-token losses."""
 
+import functools
 import json
+import queue
+import threading
 import time
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import torch
-import torch.nn as nn
 from litgpt.utils import parse_devices
+from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, checkpoint_fingerprint
-from litgpt_vocagnolm.data import MANIFEST, VocAgnoData, open_split
+from litgpt_vocagnolm.checkpoints import check_checkpoint_dir
+from litgpt_vocagnolm.data import MANIFEST, BlockDataset, VocAgnoData, check_split, padded_window
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.files import file_sha256, write_json
 from litgpt_vocagnolm.gpt import load_model
 from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
-from litgpt_vocagnolm.teacher_cache import CACHE_FORMAT, CACHE_MANIFEST, checksum_file, file_record, shard_files
+from litgpt_vocagnolm.teacher_cache import (
+    CACHE_FORMAT,
+    CACHE_MANIFEST,
+    checksum_file,
+    file_record,
+    shard_files,
+    weights_sha256,
+)
 
 
 def score_teacher(
@@ -29,12 +40,20 @@ def score_teacher(
     precision: str | None = None,
     batch_size: int = 8,
     blocks_per_shard: int = 1024,
+    num_workers: int = 2,
+    compile: bool = False,
 ) -> None:
     """Run the frozen teacher once over prepared data and store its per-token losses (16-bit) for training.
 
     Training with `--teacher.cache OUTPUT` then loads no teacher: every guided run (top-k, aggregation, unmapped,
-    chunk ablations) costs what plain cross-entropy costs. Data-parallel over devices and nodes (each rank holds the
-    whole teacher and scores its own shards); killed and run again, it scores only the missing shards.
+    chunk ablations) costs what plain cross-entropy costs. Data-parallel over devices and nodes: each rank holds the
+    whole teacher and scores every world_size-th shard, so every block is scored once whatever the number of
+    processes, and the cache is the same bytes. Killed and run again, it scores only the missing shards; a run again
+    with another teacher (by the hash of its weights), precision or shard size is refused, naming both values.
+
+    The GPU does not wait on the host: loader workers read and pad the windows into pinned memory, batches are copied
+    without blocking, every forward has the same shape (batch_size x the data's padded window), the losses come back
+    asynchronously and a writer thread writes and hashes the shards.
 
     Arguments:
         data: The output directory of `vocagnolm prepare`.
@@ -43,97 +62,223 @@ def score_teacher(
         devices: Devices per node.
         num_nodes: Number of nodes.
         precision: "bf16-true" (default on GPU), "16-true" or "32-true" (default on CPU).
-        batch_size: Blocks per teacher forward pass.
-        blocks_per_shard: Blocks per cache file: the unit of resumption.
+        batch_size: Blocks per teacher forward pass, at least 1.
+        blocks_per_shard: Blocks per cache file, at least 1: the unit of resumption.
+        num_workers: Loader worker processes per rank (0: read in the main process).
+        compile: `torch.compile` the teacher (one static shape: compiled once).
     """
+    for name, value, least in (("batch_size", batch_size, 1), ("blocks_per_shard", blocks_per_shard, 1),
+                               ("num_workers", num_workers, 0), ("num_nodes", num_nodes, 1)):  # fmt: skip
+        if value < least:
+            raise InvalidArgument(f"--{name} must be at least {least}, got {value}.")
     data, teacher = Path(data), Path(teacher)
     output = Path(output) if output is not None else data / "teacher_loss" / teacher.name
     check_checkpoint_dir(teacher, what="--teacher")
     prepared = VocAgnoData(path=data)
     prepared.check_tokenizers(None, teacher)  # the teacher's tokenizer must be the one the data was prepared with
-    settings = {
-        "format": CACHE_FORMAT,
-        "teacher": {"checkpoint_dir": str(teacher), "fingerprint": checkpoint_fingerprint(teacher)},
-        "data": {"path": str(data), "manifest_sha256": file_sha256(data / MANIFEST)},
-        "dtype": "float16",
-        "blocks_per_shard": blocks_per_shard,
-    }
+    precision = precision or ("bf16-true" if torch.cuda.is_available() else "32-true")
+    settings = cache_settings(teacher, data, precision, blocks_per_shard)
     if (output / CACHE_MANIFEST).is_file():
-        done = json.loads((output / CACHE_MANIFEST).read_text())
-        if {k: done.get(k) for k in settings} == settings:
-            print(f"{output} already holds this teacher's losses on this data: nothing to do.")
-            return
-        raise ValueError(f"{output} holds a cache of another teacher, data or setting. Choose another --output.")
+        check_same_settings(json.loads((output / CACHE_MANIFEST).read_text()), settings, output)
+        print(f"{output} already holds this teacher's losses on this data: nothing to do.")
+        return
     if output.exists() and any(p.name not in ("train", "val", ".settings.json") for p in output.iterdir()):
-        raise ValueError(f"--output {output} holds something else. Choose a new or empty directory.")
+        raise InvalidArgument(f"--output {output} holds something else. Choose a new or empty directory.")
+    if (output / ".settings.json").is_file():  # a killed run's: resume it only with the same settings
+        check_same_settings(json.loads((output / ".settings.json").read_text()), settings, output)
 
     world_size = parse_devices(devices) * num_nodes
     fabric = L.Fabric(devices=devices, num_nodes=num_nodes, strategy="ddp" if world_size > 1 else "auto")
     fabric.launch()
     if fabric.global_rank == 0:
         output.mkdir(parents=True, exist_ok=True)
-        settings_file = output / ".settings.json"
-        if settings_file.is_file() and json.loads(settings_file.read_text()) != settings:
-            raise ValueError(f"{output} holds a partial cache of another teacher or data. Choose another --output.")
-        settings_file.write_text(json.dumps(settings, indent=2))
+        write_json(output / ".settings.json", settings)
     fabric.barrier()
 
     model = load_model(teacher, fabric, TeacherArgs(precision=precision).dtype(fabric.device))
+    width = padded_window(prepared.manifest, model.max_seq_length)
+    model = torch.compile(model, dynamic=False) if compile else model
     manifest = prepared.manifest
-    splits = {}
     for split in ("train", "val"):
-        dataset = open_split(data, split, manifest)
-        num_blocks = len(dataset)
+        check_split(data, split, manifest)
+        # The block count of the manifest, not `len()` of a LitData dataset, which is a rank's share under DDP.
+        num_blocks = manifest["splits"][split]["blocks"]
         shards = range(fabric.global_rank, -(-num_blocks // blocks_per_shard), fabric.world_size)
         todo = [s for s in shards if not shard_files(output, split, s)[0].is_file()]
         (output / split).mkdir(parents=True, exist_ok=True)
-        bar = tqdm(todo, desc=f"{split} shards (rank {fabric.global_rank})", unit="shard", disable=fabric.global_rank != 0)
-        tokens, t0 = 0, time.perf_counter()
-        for shard in bar:
-            indices = range(shard * blocks_per_shard, min((shard + 1) * blocks_per_shard, num_blocks))
-            pieces = []
-            for start in range(0, len(indices), batch_size):
-                items = [dataset[i] for i in indices[start : start + batch_size]]
-                windows = [torch.from_numpy(item["teacher_ids"].astype(np.int64)) for item in items]
-                ids = nn.utils.rnn.pad_sequence(windows, batch_first=True).to(fabric.device)  # (B, M)
-                lengths = torch.tensor([len(w) for w in windows], device=ids.device)
-                valid = torch.arange(ids.shape[1], device=ids.device) < lengths[:, None]  # (B, M)
+        windows = TeacherWindows(data, split, width)
+        batches = [
+            (shard, start, min(start + batch_size, end))
+            for shard in todo
+            for end in [min((shard + 1) * blocks_per_shard, num_blocks)]
+            for start in range(shard * blocks_per_shard, end, batch_size)
+        ]  # (shard, first block, end block) of each forward, in order
+        loader = DataLoader(
+            windows,
+            batch_sampler=[range(start, end) for _, start, end in batches],
+            collate_fn=functools.partial(collate_windows, batch_size=batch_size),
+            num_workers=num_workers,
+            pin_memory=fabric.device.type == "cuda",
+        )
+        with ShardWriter(output, split, blocks_per_shard, num_blocks) as writer:
+            bar = tqdm(total=len(batches), desc=f"{split} (rank {fabric.global_rank})", unit="batch",
+                       disable=fabric.global_rank != 0)  # fmt: skip
+            tokens, t0 = 0, time.perf_counter()
+            for (shard, start, end), (ids, lengths) in zip(batches, loader, strict=True):
+                ids = ids.to(fabric.device, non_blocking=True)  # (batch_size, M)
+                valid = torch.arange(ids.shape[1]) < lengths[:, None]  # (batch_size, M), built on the host
+                valid = valid.to(fabric.device, non_blocking=True)
                 with torch.no_grad():
-                    loss = teacher_token_loss(model, ids, valid).cpu()  # (B, M)
-                pieces += [loss[row, 1 : len(w)] for row, w in enumerate(windows)]
-                tokens += sum(len(w) for w in windows)
-            losses_file, offsets_file = shard_files(output, split, shard)
-            offsets = np.zeros(len(pieces) + 1, dtype=np.uint32)
-            offsets[1:] = np.cumsum([len(p) for p in pieces])
-            # offsets and checksums first: a shard counts as done once its losses file exists, and that appears last
-            # and whole.
-            np.save(offsets_file, offsets)
-            tmp = losses_file.with_suffix(".partial.npy")
-            np.save(tmp, torch.cat(pieces).numpy().astype(np.float16) if pieces else np.zeros(0, np.float16))
-            records = {f"{split}/{losses_file.name}": file_record(tmp)}
-            records[f"{split}/{offsets_file.name}"] = file_record(offsets_file)
-            write_json(checksum_file(output, split, shard), records)
-            tmp.rename(losses_file)
-            bar.set_postfix(tokens_per_sec=f"{tokens / (time.perf_counter() - t0):,.0f}")
-        splits[split] = num_blocks
+                    loss = teacher_token_loss(model, ids, valid).half()  # (batch_size, M)
+                writer.put(shard, start, end, to_host(loss), lengths)
+                tokens += int(lengths.sum())
+                bar.update()
+                bar.set_postfix(tokens_per_sec=f"{tokens / (time.perf_counter() - t0):,.0f}", refresh=False)
+            bar.close()
     fabric.barrier()
 
     if fabric.global_rank == 0:
         counts = {}
-        for split, num_blocks in splits.items():
+        for split in ("train", "val"):
+            num_blocks = manifest["splits"][split]["blocks"]
             files = sorted((output / split).glob("*.npy"))
             teacher_tokens = manifest["splits"][split]["teacher_tokens"]
             size = sum(f.stat().st_size for f in files)
             counts[split] = {"blocks": num_blocks, "teacher_tokens": teacher_tokens, "bytes": size,
                              "bytes_per_teacher_token": size / max(teacher_tokens, 1)}  # fmt: skip
         files = {}  # every shard's checksums, from the rank that scored it
-        for split, num_blocks in splits.items():
-            for shard in range(-(-num_blocks // blocks_per_shard)):
+        for split, c in counts.items():
+            for shard in range(-(-c["blocks"] // blocks_per_shard)):
                 files.update(json.loads(checksum_file(output, split, shard).read_text()))
-        (output / ".settings.json").unlink()
         cache_manifest = {**settings, "splits": counts, "files": files}
-        (output / CACHE_MANIFEST).write_text(json.dumps(cache_manifest, indent=2))
+        write_json(output / CACHE_MANIFEST, cache_manifest)
+        (output / ".settings.json").unlink()
         for split, c in counts.items():
             print(f"{split}: {c['blocks']:,} blocks, {c['teacher_tokens']:,} teacher tokens,"
                   f" {c['bytes_per_teacher_token']:.3f} bytes per teacher token on disk")  # fmt: skip
         print(f"Wrote {output / CACHE_MANIFEST}. Train with --teacher.cache {output}")
+
+
+def cache_settings(teacher: Path, data: Path, precision: str, blocks_per_shard: int) -> dict:
+    """What a cache holds and how it was scored; `check_same_settings` compares all but the paths."""
+    return {
+        "format": CACHE_FORMAT,
+        "teacher": {"checkpoint_dir": str(teacher.resolve()), "weights_sha256": weights_sha256(teacher)},
+        "data": {"path": str(data.resolve()), "manifest_sha256": file_sha256(data / MANIFEST)},
+        "dtype": "float16",
+        "precision": precision,
+        "blocks_per_shard": blocks_per_shard,
+    }
+
+
+def check_same_settings(recorded: dict, settings: dict, output: Path) -> None:
+    """Fails, naming each old and new value, unless a cache (or a killed run's partial one) was scored with these
+    settings. Paths are not compared: the same teacher and data by another path are the same."""
+    differ = []
+    for keys in (("format",), ("teacher", "weights_sha256"), ("data", "manifest_sha256"), ("dtype",), ("precision",),
+                 ("blocks_per_shard",)):  # fmt: skip
+        old, new = recorded, settings
+        for key in keys:
+            old, new = (old or {}).get(key), new[key]
+        if old != new:
+            differ.append(f"{'.'.join(keys)}: {old} in the cache, {new} now")
+    if differ:
+        raise InvalidArgument(
+            f"{output} holds losses scored otherwise ({'; '.join(differ)}). Score into another --output, or run with"
+            " the cache's settings."
+        )
+
+
+class TeacherWindows(Dataset):
+    """The teacher windows of a split's blocks, by the block's index in the split: `windows[i]` is block i's window
+    (width,) long, padded with 0, and its length. Opens the blocks in each loader worker."""
+
+    def __init__(self, path: Path, split: str, width: int) -> None:
+        self.path, self.split, self.width = path, split, width
+        self.blocks: BlockDataset | None = None
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if self.blocks is None:
+            self.blocks = BlockDataset(self.path, self.split, shuffle=False, seed=0)
+        window = torch.from_numpy(self.blocks[index]["teacher_ids"].astype(np.int64))
+        return torch.nn.functional.pad(window, (0, self.width - len(window))), len(window)
+
+
+def collate_windows(items: list[tuple[torch.Tensor, int]], batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of windows, padded with empty rows to `batch_size`: every forward has the same shape. Returns ids
+    (batch_size, width) long and lengths (batch_size,) long, 0 on the padding rows."""
+    ids = torch.zeros(batch_size, items[0][0].shape[0], dtype=torch.long)
+    lengths = torch.zeros(batch_size, dtype=torch.long)
+    for row, (window, length) in enumerate(items):
+        ids[row], lengths[row] = window, length
+    return ids, lengths
+
+
+def to_host(loss: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Starts copying a device tensor to pinned host memory without waiting for it; returns the host tensor and the
+    event that marks the copy done (None on the CPU, where there is nothing to copy)."""
+    if loss.device.type != "cuda":
+        return loss, None
+    host = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
+    host.copy_(loss, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
+
+
+class ShardWriter:
+    """A background thread that gathers each shard's losses as their copies land and writes the shard: offsets and
+    checksums first, then the losses file renamed into place whole, so a shard counts as done (its losses file exists)
+    only once everything is on disk. A failure in the thread is raised in the caller's thread, at the next `put` or
+    at exit."""
+
+    def __init__(self, output: Path, split: str, blocks_per_shard: int, num_blocks: int) -> None:
+        self.output, self.split, self.blocks_per_shard, self.num_blocks = output, split, blocks_per_shard, num_blocks
+        self.jobs: queue.Queue = queue.Queue(maxsize=8)  # batches in flight: the host memory they hold is bounded
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def __enter__(self) -> "ShardWriter":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.jobs.put(None)
+        self.thread.join()
+        if self.error is not None and exc[0] is None:
+            raise self.error
+
+    def put(self, shard: int, start: int, end: int, loss: tuple, lengths: torch.Tensor) -> None:
+        """Blocks `start`..`end` of `shard`: their losses (batch_size, M) float16 as `to_host` returned them."""
+        if self.error is not None:
+            raise self.error
+        self.jobs.put((shard, start, end, loss, lengths))
+
+    def run(self) -> None:
+        pieces: list[np.ndarray] = []
+        while (job := self.jobs.get()) is not None:
+            if self.error is not None:
+                continue  # drain, so that `put` never blocks on a dead writer
+            try:
+                shard, start, end, (loss, done), lengths = job
+                if done is not None:
+                    done.synchronize()
+                loss = loss.numpy()
+                pieces += [loss[row, 1:n] for row, n in enumerate(lengths[: end - start].tolist())]
+                if end == min((shard + 1) * self.blocks_per_shard, self.num_blocks):
+                    self.write(shard, pieces)
+                    pieces = []
+            except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
+                self.error = error
+
+    def write(self, shard: int, pieces: list[np.ndarray]) -> None:
+        losses_file, offsets_file = shard_files(self.output, self.split, shard)
+        offsets = np.zeros(len(pieces) + 1, dtype=np.uint32)
+        offsets[1:] = np.cumsum([len(p) for p in pieces])
+        np.save(offsets_file, offsets)
+        tmp = losses_file.with_suffix(".partial.npy")
+        np.save(tmp, np.concatenate(pieces) if pieces else np.zeros(0, np.float16))
+        records = {f"{self.split}/{losses_file.name}": file_record(tmp)}
+        records[f"{self.split}/{offsets_file.name}"] = file_record(offsets_file)
+        write_json(checksum_file(self.output, self.split, shard), records)
+        tmp.rename(losses_file)

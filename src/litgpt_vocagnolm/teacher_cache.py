@@ -14,6 +14,7 @@ A shard's files are checked against the manifest when a process first opens the 
 the manifest recorded checksums are read without that check.
 """
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Optional
@@ -21,10 +22,35 @@ from typing import Optional
 import numpy as np
 
 from litgpt_vocagnolm.checkpoints import checkpoint_fingerprint
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
 from litgpt_vocagnolm.files import file_sha256
 
 CACHE_FORMAT = "vocagnolm-teacher-loss/1"
 CACHE_MANIFEST = "manifest.json"
+WHOLE_WEIGHTS_BYTES = 1 << 28  # weight files up to 256 MiB are hashed whole...
+WEIGHT_SAMPLES = 256  # ...larger ones by this many evenly spaced samples...
+WEIGHT_SAMPLE_BYTES = 1 << 18  # ...of 256 KiB each: 64 MiB read of a 15 GB teacher
+
+
+def weights_sha256(checkpoint_dir: Path) -> str:
+    """The teacher's identity: sha256 of its model config and of its weight files' content, wherever it lies.
+
+    A weight file up to WHOLE_WEIGHTS_BYTES is hashed whole; a larger one by its size and WEIGHT_SAMPLES samples spread
+    from its first byte to its last (a teacher's weights differ from another's everywhere, so samples tell them
+    apart), which keeps the check at start-up under a second.
+    """
+    digest = hashlib.sha256(Path(checkpoint_dir, "model_config.yaml").read_bytes())
+    for path in sorted(Path(checkpoint_dir).glob("*.pth")):
+        size = path.stat().st_size
+        digest.update(json.dumps([path.name, size]).encode())
+        with open(path, "rb") as f:
+            if size <= WHOLE_WEIGHTS_BYTES:
+                digest.update(f.read())
+                continue
+            for k in range(WEIGHT_SAMPLES):
+                f.seek(k * (size - WEIGHT_SAMPLE_BYTES) // (WEIGHT_SAMPLES - 1))
+                digest.update(f.read(WEIGHT_SAMPLE_BYTES))
+    return digest.hexdigest()
 
 
 def shard_files(cache: Path, split: str, shard: int) -> tuple[Path, Path]:
@@ -65,7 +91,7 @@ class TeacherLossCache:
         for file in (losses_file, offsets_file) if self.files is not None else ():
             recorded = self.files.get(f"{self.split}/{file.name}")
             if recorded is None or not file.is_file() or file_record(file) != recorded:
-                raise ValueError(
+                raise InvalidArgument(
                     f"{file} is missing or not the file `vocagnolm score-teacher` wrote: its size or sha256 differs"
                     f" from {self.cache / CACHE_MANIFEST}. {rescore_hint(self.cache)}"
                 )
@@ -73,9 +99,9 @@ class TeacherLossCache:
             losses, offsets = np.load(losses_file, mmap_mode="r"), np.load(offsets_file)
         except (OSError, ValueError) as error:
             hint = rescore_hint(self.cache)
-            raise ValueError(f"Can't read {losses_file} or {offsets_file}: {error}. {hint}") from None
+            raise InvalidArgument(f"Can't read {losses_file} or {offsets_file}: {error}. {hint}") from None
         if len(losses) != offsets[-1]:
-            raise ValueError(
+            raise InvalidArgument(
                 f"{losses_file} holds {len(losses):,} losses, {offsets_file} says {offsets[-1]:,}."
                 f" {rescore_hint(self.cache)}"
             )
@@ -85,7 +111,7 @@ class TeacherLossCache:
 def load_cache_manifest(cache: Path) -> dict:
     path = Path(cache) / CACHE_MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(
+        raise PathMissing(
             f"{cache} is not a teacher loss cache (no {CACHE_MANIFEST}), or its scoring has not finished."
             " Run `vocagnolm score-teacher --data DIR --teacher CHECKPOINT_DIR --output CACHE` (again: it resumes)."
         )
@@ -93,7 +119,7 @@ def load_cache_manifest(cache: Path) -> dict:
     if manifest.get("format") != CACHE_FORMAT:
         data = manifest.get("data", {}).get("path", "DIR")
         teacher = manifest.get("teacher", {}).get("checkpoint_dir", "CHECKPOINT_DIR")
-        raise ValueError(
+        raise InvalidArgument(
             f"{path} has format {manifest.get('format')!r}; this version of litgpt-vocagnolm reads {CACHE_FORMAT!r}."
             f" Score the teacher again: `vocagnolm score-teacher --data {data} --teacher {teacher} --output NEW_CACHE`"
             f" (or delete {cache} and give it as --output)."
@@ -101,12 +127,15 @@ def load_cache_manifest(cache: Path) -> dict:
     return manifest
 
 
-def check_cache(cache: Path, data_manifest: Path, teacher_dir: Path | None) -> dict:
-    """Fails unless the cache was scored on exactly this prepared data (and by this teacher, when one is given)."""
+def check_cache(
+    cache: Path, data_manifest: Path, teacher_dir: Path | None, precision: str | None = None
+) -> dict:
+    """Fails unless the cache was scored on exactly this prepared data (and by this teacher, by the hash of its
+    weights, and in this teacher precision, when they are given)."""
     manifest = load_cache_manifest(cache)
     data_sha = file_sha256(data_manifest)
     if manifest["data"]["manifest_sha256"] != data_sha:
-        raise ValueError(
+        raise InvalidArgument(
             f"The teacher loss cache {cache} was scored on other data: its data manifest sha256 is"
             f" {manifest['data']['manifest_sha256']} ({manifest['data']['path']}), {data_manifest} has {data_sha}."
             " Score this data: `vocagnolm score-teacher --data ... --output NEW_CACHE`."
@@ -115,12 +144,22 @@ def check_cache(cache: Path, data_manifest: Path, teacher_dir: Path | None) -> d
         file = Path(cache) / name
         if not file.is_file() or file.stat().st_size != recorded["bytes"]:
             found = f"has {file.stat().st_size:,} bytes" if file.is_file() else "is missing"
-            raise ValueError(
+            raise InvalidArgument(
                 f"{file} {found}; {Path(cache) / CACHE_MANIFEST} records {recorded['bytes']:,}. {rescore_hint(cache)}"
             )
-    if teacher_dir is not None and manifest["teacher"]["fingerprint"] != checkpoint_fingerprint(teacher_dir):
-        raise ValueError(
-            f"The teacher loss cache {cache} was scored by {manifest['teacher']['checkpoint_dir']}, whose config and"
+    recorded = manifest["teacher"]
+    if teacher_dir is not None and (
+        recorded["weights_sha256"] != weights_sha256(teacher_dir)
+        if "weights_sha256" in recorded  # caches scored before: the config and the weight files' names and sizes
+        else recorded["fingerprint"] != checkpoint_fingerprint(teacher_dir)
+    ):
+        raise InvalidArgument(
+            f"The teacher loss cache {cache} was scored by {recorded['checkpoint_dir']}, whose config and"
             f" weights differ from --teacher.checkpoint_dir {teacher_dir}. Drop one of the two, or score again."
+        )
+    if precision is not None and manifest.get("precision", precision) != precision:
+        raise InvalidArgument(
+            f"The teacher loss cache {cache} was scored in {manifest['precision']}, --teacher.precision is {precision}."
+            f" Train with --teacher.precision {manifest['precision']}, or score again in {precision}."
         )
     return manifest

@@ -1,0 +1,83 @@
+"""`vocagnolm score-teacher` as a pipeline: every block scored once on any number of processes, the cache the same
+bytes; bad sizes and changed settings refused, naming the values."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import MISTRAL, make_checkpoint, tiny_config
+from test_teacher_cache import score
+
+from litgpt_vocagnolm.data import iter_blocks
+from litgpt_vocagnolm.score_teacher import score_teacher
+from litgpt_vocagnolm.teacher_cache import TeacherLossCache, check_cache
+
+
+def cache_bytes(cache: Path) -> dict[str, bytes]:
+    """Every file of a cache but its manifest, whose paths and counts are compared apart."""
+    return {str(p.relative_to(cache)): p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()}
+
+
+def test_two_processes_score_every_block_once_and_write_the_same_cache(tmp_path, tinyllama_mistral_data,
+                                                                       mistral_teacher):  # fmt: skip
+    one, two = tmp_path / "one", tmp_path / "two"
+    score(tinyllama_mistral_data, mistral_teacher, one, "--blocks_per_shard", "16")
+    score(tinyllama_mistral_data, mistral_teacher, two, "--blocks_per_shard", "16", "--devices", "2",
+          "--num_workers", "1")  # fmt: skip
+    assert cache_bytes(one) == cache_bytes(two)
+    manifest = json.loads((two / "manifest.json").read_text())
+    data_manifest = json.loads((tinyllama_mistral_data / "manifest.json").read_text())
+    for split in ("train", "val"):
+        blocks = data_manifest["splits"][split]["blocks"]
+        assert blocks > 32  # more shards than processes
+        assert manifest["splits"][split]["blocks"] == blocks
+        cached = TeacherLossCache(two, split)
+        # Every block of the split is in the cache: its window's losses after the first token's NaN.
+        for i, block in enumerate(iter_blocks(tinyllama_mistral_data, split)):
+            assert len(cached[i]) == max(1, len(block["teacher_ids"]))
+    check_cache(two, tinyllama_mistral_data / "manifest.json", mistral_teacher)
+
+
+@pytest.mark.parametrize("option", ["batch_size", "blocks_per_shard", "num_workers"])
+def test_sizes_out_of_range_are_refused(tmp_path, tinyllama_mistral_data, mistral_teacher, option):
+    with pytest.raises(ValueError, match=f"--{option} must be at least"):
+        score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=tmp_path / "c", **{option: -1})
+    assert not (tmp_path / "c").exists()
+
+
+def test_another_teacher_precision_or_shard_size_is_refused_naming_both(tmp_path, tinyllama_mistral_data,
+                                                                       mistral_teacher):  # fmt: skip
+    output = tmp_path / "cache"
+    score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64,
+                  num_workers=0)  # fmt: skip
+    # The same teacher by another (absolute) path, and a copy of it elsewhere: the same teacher.
+    copy = Path(shutil.copytree(mistral_teacher, tmp_path / "copy"))
+    for same in (mistral_teacher.resolve(), copy):
+        score_teacher(data=tinyllama_mistral_data, teacher=same, output=output, blocks_per_shard=64)
+    check_cache(output, tinyllama_mistral_data / "manifest.json", copy, "32-true")
+
+    # Same shape, same file names and sizes, other weights: another teacher.
+    other = make_checkpoint(tmp_path / "other", tiny_config("t", 32000), MISTRAL, seed=2)
+    shutil.copy(other / "lit_model.pth", copy / "lit_model.pth")
+    assert (copy / "lit_model.pth").stat().st_size == (mistral_teacher / "lit_model.pth").stat().st_size
+    with pytest.raises(ValueError, match="weights differ"):
+        check_cache(output, tinyllama_mistral_data / "manifest.json", copy)
+    recorded = json.loads((output / "manifest.json").read_text())["teacher"]["weights_sha256"]
+    with pytest.raises(ValueError, match=f"teacher.weights_sha256: {recorded} in the cache, [0-9a-f]{{64}} now"):
+        score_teacher(data=tinyllama_mistral_data, teacher=copy, output=output, blocks_per_shard=64)
+    with pytest.raises(ValueError, match="precision: 32-true in the cache, 16-true now"):
+        score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64,
+                      precision="16-true")  # fmt: skip
+    with pytest.raises(ValueError, match="blocks_per_shard: 64 in the cache, 32 now"):
+        score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=32)
+    with pytest.raises(ValueError, match="scored in 32-true, --teacher.precision is 16-true"):
+        check_cache(output, tinyllama_mistral_data / "manifest.json", None, "16-true")
+
+    # A killed run's partial cache: resumed only with the same settings.
+    manifest = json.loads((output / "manifest.json").read_text())
+    (output / "manifest.json").unlink()
+    partial = {k: v for k, v in manifest.items() if k not in ("splits", "files")}
+    (output / ".settings.json").write_text(json.dumps({**partial, "blocks_per_shard": 32}))
+    with pytest.raises(ValueError, match="blocks_per_shard: 32 in the cache, 64 now"):
+        score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64)
