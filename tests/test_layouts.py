@@ -20,6 +20,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from block_list_data import BlockList
 from litgpt_vocagnolm.distributed import FSDPArgs
+from litgpt_vocagnolm.plan import collective_bytes, estimate_memory, parameters, traffic_per_step
 from litgpt_vocagnolm.recipe import setup
 from litgpt_vocagnolm.teacher import TeacherArgs
 from test_loss_distributed import free_port
@@ -123,3 +124,53 @@ def test_bf16_gathers_bf16_keeps_float32_shards_and_matches_one_process(
         assert seen == {"student weights": ["torch.bfloat16"], "teacher weights": ["torch.bfloat16"],
                         "parameters": ["torch.float32"], "AdamW state": ["torch.float32"]}  # fmt: skip
     torch.testing.assert_close(losses(run["out_dir"]), losses(tmp_path / "one" / "out"), rtol=2e-2, atol=2e-2)
+
+
+def ring_bytes(nbytes: float, group: int, devices_per_node: int) -> tuple[float, float]:
+    """A ring all-gather hop by hop: device i sends group - 1 chunks to device i + 1, over the network when the next
+    device is on another node. The average per device (within, across)."""
+    within = across = 0.0
+    for i in range(group):
+        crosses = i // devices_per_node != ((i + 1) % group) // devices_per_node
+        sent = (group - 1) * nbytes / group
+        within, across = (within, across + sent) if crosses else (within + sent, across)
+    return within / group, across / group
+
+
+@pytest.mark.parametrize("group, nodes", [(1, 1), (8, 1), (32, 4), (4, 4), (4, 2)])
+def test_collective_bytes_match_a_ring_hop_by_hop(group, nodes):
+    torch.testing.assert_close(collective_bytes(1e9, group, nodes), ring_bytes(1e9, group, group // nodes))
+
+
+def test_traffic_per_step_of_each_layout():
+    """Known figures: 4 nodes of 8 GPUs, 2 micro-batches per step, parameters P (student) and Q (teacher)."""
+    student, teacher = tiny_config("s", 32000, n_layer=2, n_embd=64), tiny_config("t", 32000, n_layer=1, n_embd=64)
+    P, Q, root = parameters(student), parameters(teacher), 2 * 32000 * 64 + 64  # root: embedding, head, final norm
+
+    def traffic(teacher_layout: str, student_layout: str) -> tuple[float, float]:
+        layout = FSDPArgs(teacher=teacher_layout, student=student_layout)
+        return traffic_per_step(student, [teacher], layout, devices=8, num_nodes=4, accumulation=2)
+
+    gathers = 2 * 2 * (2 * P - root)  # two micro-batches, bf16, forward (all) and backward (the blocks)
+    full = collective_bytes(gathers + 4 * P, 32, 4)  # and the float32 reduce-scatter, once
+    torch.testing.assert_close(traffic("replicate", "full"), full)
+    within, across = collective_bytes(gathers + 4 * P, 8, 1)
+    hybrid = (within, across + 2 * 4 * P / 8 * 3 / 4)  # each node's shard all-reduced across the 4 nodes
+    torch.testing.assert_close(traffic("replicate", "hybrid"), hybrid)
+    node = collective_bytes(2 * 2 * Q, 8, 1)  # the bf16 teacher gathered within the node, once per micro-batch
+    torch.testing.assert_close(traffic("node", "hybrid"), (hybrid[0] + node[0], hybrid[1]))
+    everywhere = collective_bytes(2 * 2 * Q, 32, 4)
+    torch.testing.assert_close(traffic("all", "full"), (full[0] + everywhere[0], full[1] + everywhere[1]))
+    assert traffic("replicate", "hybrid")[1] < traffic("replicate", "full")[1] < traffic("all", "full")[1]
+
+
+def test_accumulating_holds_the_whole_float32_gradients():
+    """With two micro-batches per step the head's backward holds all P float32 gradients (FSDP2 skips the
+    reduce-scatter while accumulating), with one only the head's and a block's."""
+    student = tiny_config("s", 32000, n_layer=2, n_embd=64)
+    P = parameters(student)
+    kwargs = dict(micro_batch=1, seq_len=64, window=64, world_size=4, workspace=False)
+    one, two = (estimate_memory(student, None, accumulation=a, **kwargs) for a in (1, 2))
+    assert one.moment == two.moment == "the head's backward"
+    assert two.components["student gradients"] == 4 * (P + 64 * 64)
+    assert one.components["student gradients"] < 4 * P

@@ -283,12 +283,14 @@ def estimate_memory(
 
 def collective_bytes(nbytes: float, group: int, nodes: int) -> tuple[float, float]:
     """(over the node's links, over the network) that each device of a ring all-gather or reduce-scatter of `nbytes`
-    sends (and receives as much), over `group` devices on `nodes` nodes: each device passes on (group - 1) / group of
-    it, and the ring crosses between nodes `nodes - 1` times per chunk of nbytes / group."""
+    sends (and receives as much), on average, over `group` devices on `nodes` nodes (a node's devices adjacent in the
+    ring): each of the ring's `group` hops carries (group - 1) chunks of nbytes / group, and `nodes` of its hops (none
+    on one node) go from one node to the next."""
     if group <= 1:
         return 0.0, 0.0
-    network = nbytes * (nodes - 1) / group
-    return nbytes * (group - 1) / group - network, network
+    sent = nbytes * (group - 1) / group
+    network = sent * nodes / group if nodes > 1 else 0.0
+    return sent - network, network
 
 
 def traffic_per_step(
