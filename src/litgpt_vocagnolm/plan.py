@@ -156,10 +156,11 @@ def _block_bytes_per_token(config_json: str, train: bool, lengths: tuple[int, in
     return per_token, measured[0] - per_token * lengths[0]
 
 
-# Bytes per logit of one tile of `loss.linear_cross_entropy`'s forward at its peak: the bf16 product, its float32 copy
-# and the float32 temporaries of the log-sum-exp. Measured with `cpu_peak_bytes` on bf16 (512, 256) x (32000, 256)
-# tiles of 128 and 256 rows: 10.0 forward, 8.0 backward beyond the gradients.
-TILE_BYTES_PER_LOGIT = 10
+# Bytes per logit of one tile of `loss.linear_cross_entropy`'s forward at its peak: the tile's bf16 product and its
+# float32 copy, and the previous tile's float32 logits, alive until the new ones replace them. Measured with
+# `cpu_peak_bytes` on bf16 (512, 256) x (32000, 256) in tiles of 128 and 256 rows: 10.0 forward, 8.0 backward beyond
+# the gradients. With a single tile there is no previous one: 6.
+TILE_BYTES_PER_LOGIT, SINGLE_TILE_BYTES_PER_LOGIT = 10, 6
 # Allocated beside the tensors a step holds on a GPU: the CUDA context (~0.5 GB on an H100, outside torch's count),
 # NCCL's channel buffers (NCCL_BUFFSIZE, 4 MiB, per channel and peer: ~0.25 GB at 32 channels over two peers) and
 # cuBLAS's workspace (PyTorch's default CUBLAS_WORKSPACE_CONFIG :4096:8, 32 MiB per stream). Rounded up to 1 GB.
@@ -171,8 +172,9 @@ NETWORK_BYTES_PER_S = 50e9
 
 
 def head_tile_bytes(vocab: int, rows: int) -> float:
-    """Transient bytes of `loss.linear_cross_entropy` for one tile of rows (`TILE_BYTES_PER_LOGIT`)."""
-    return min(rows, max(1, TILE_ELEMENTS // vocab)) * vocab * TILE_BYTES_PER_LOGIT
+    """Transient bytes of `loss.linear_cross_entropy` over `rows` rows, a tile at a time (`TILE_BYTES_PER_LOGIT`)."""
+    tile_rows = max(1, TILE_ELEMENTS // vocab)
+    return min(rows, tile_rows) * vocab * (TILE_BYTES_PER_LOGIT if rows > tile_rows else SINGLE_TILE_BYTES_PER_LOGIT)
 
 
 def shard_group(placement: str, world_size: int, num_nodes: int) -> int:
