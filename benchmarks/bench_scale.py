@@ -10,7 +10,10 @@ gradient scaling, clipping, AdamW), one optimizer step on one device:
   cached   `vocagnolm` reading the teacher's losses from a cache (`--teacher.cache`): no teacher in memory;
   score    `vocagnolm score-teacher`'s forward: the teacher's per-token losses over its windows, no student.
 With `--whole_logits` (the default on CPU) ce, online and score also run as before the change: LitGPT's forward
-returning the whole (B, T, V) logits (float32 under bf16-mixed) and the cross-entropy over them.
+returning the whole (B, T, V) logits (float32 under bf16-mixed) and the cross-entropy over them. `--accumulation 1,2`
+also measures optimizer steps of two micro-batches (the gradients kept whole and unreduced until the last), and
+`--processes 2` runs every step under FSDP2 over two processes (gloo on a CPU), both models sharded, bf16 as the recipe
+does it (`MixedPrecisionPolicy`); the peak is rank 0's.
 
 Peak memory is every tensor allocated at once on the device during the measured step, the models and optimizer state
 included: `torch.cuda.max_memory_allocated` on a GPU, the allocation events of the PyTorch profiler on a CPU (the same
@@ -23,6 +26,7 @@ are taken under the profiler (a few percent of overhead).
 
     python benchmarks/bench_scale.py                                   # CPU: full width and vocabulary, 4 + 1 layers
     python benchmarks/bench_scale.py --device cuda --micro_batch 1,2,4,8 --teachers all   # the full models on a GPU
+    python benchmarks/bench_scale.py --accumulation 1,2 --processes 2 --micro_batch 1 --steps ce,online
 """
 
 import argparse

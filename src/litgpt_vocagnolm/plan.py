@@ -1,18 +1,22 @@
 """`vocagnolm plan`: the per-GPU memory of a recipe's step before it goes to Slurm, and the largest micro-batch that fits.
 
-The estimate adds up what one device holds during a step of the recipe (FSDP2 over all devices, `bf16-mixed` student
-with float32 parameters, gradients and AdamW state, bf16 frozen teacher, logits a tile of rows at a time):
-  student parameters, gradients, AdamW state   float32, sharded over the devices
-  teacher parameters                           bf16, sharded
-  gathered parameters                          FSDP2 gathers one block at a time (and prefetches the next) and keeps
-                                               the root (embedding, final norm, head) gathered through the step
+The estimate adds up what one device holds during a step of the recipe (FSDP2 placed as `FSDPArgs` says, bf16
+student with float32 parameters, gradients and AdamW state, bf16 frozen teacher, logits a tile of rows at a time):
+  student parameters, gradients, AdamW state   float32, sharded over all devices or a node's ("hybrid")
+  teacher parameters                           bf16, whole ("replicate"), sharded over a node's devices or all
+  gathered parameters                          FSDP2 gathers one block at a time in bf16 (and prefetches the next) and
+                                               keeps the student's root (embedding, final norm, head) gathered
+  gather buffers                               the all-gather's output, before it is copied into the parameters
+  accumulated gradients                        with several micro-batches per step, the whole float32 gradients until
+                                               the last one reduces them
+  CUDA/NCCL workspace                          context, NCCL buffers, cuBLAS workspace (`CUDA_WORKSPACE_BYTES`)
   student activations                          what backward needs, at the micro-batch: bytes per token per block
                                                measured on one real block (below), or the block inputs only with
                                                activation checkpointing, plus one block recomputed
   bf16 weight copies                           autocast casts each float32 matrix to bf16 for its product and keeps
                                                the copy for backward
-  logit tiles                                  `loss.linear_cross_entropy`: one tile of logits in bf16 and float32 at
-                                               a time, and the head's gradient
+  logit tiles                                  `loss.linear_cross_entropy`: a tile of logits in bf16 and float32 and
+                                               the previous tile's float32 ones, and the head's gradient
   teacher activations                          the teacher's forward keeps one block's intermediates at a time
 Per-token activation bytes are measured, not guessed: one block of the model at its real width runs on the CPU at two
 short lengths under bf16 autocast, with saved-tensor hooks (student) or the profiler's allocation events (teacher). The
