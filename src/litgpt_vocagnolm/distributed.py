@@ -51,8 +51,6 @@ def parallelize(
         return model  # the strategy materialises it whole on each device
     mesh = device_mesh["data_parallel"]
     if placement in ("node", "hybrid"):
-        if mesh.size() % num_nodes:
-            raise ValueError(f"{mesh.size()} devices do not split into {num_nodes} nodes: check --num_nodes.")
         mesh = init_device_mesh(mesh.device_type, (num_nodes, mesh.size() // num_nodes),
                                 mesh_dim_names=("replicate", "shard"))  # fmt: skip
         if frozen:  # sharded within the node only: nothing to reduce across nodes
