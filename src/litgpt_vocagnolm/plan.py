@@ -277,6 +277,8 @@ def estimate_memory(
             "teacher activations": 2 * N * Dt + per_token * N,  # the residual stream, one block's intermediates
             "logit tiles": head_tile_bytes(Vt, N),
         }
+        if train and accumulation > 1:  # after the first micro-batch: its whole float32 gradients
+            phase["student gradients"] = 4 * parameters(student)
         if St > 1:  # gathered for the teacher's forward, resharded after it; the all-gather output of a block
             teacher_block = (Pt - 2 * Vt * Dt) / teacher.n_layer
             phase["gathered teacher parameters"] = 2 * (2 * Vt * Dt + 2 * teacher_block)
