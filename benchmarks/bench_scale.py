@@ -10,7 +10,10 @@ gradient scaling, clipping, AdamW), one optimizer step on one device:
   cached   `vocagnolm` reading the teacher's losses from a cache (`--teacher.cache`): no teacher in memory;
   score    `vocagnolm score-teacher`'s forward: the teacher's per-token losses over its windows, no student.
 With `--whole_logits` (the default on CPU) ce, online and score also run as before the change: LitGPT's forward
-returning the whole (B, T, V) logits (float32 under bf16-mixed) and the cross-entropy over them.
+returning the whole (B, T, V) logits (float32 under bf16-mixed) and the cross-entropy over them. `--accumulation 1,2`
+also measures optimizer steps of two micro-batches (the gradients kept whole and unreduced until the last), and
+`--processes 2` runs every step under FSDP2 over two processes (gloo on a CPU), both models sharded, bf16 as the recipe
+does it (`MixedPrecisionPolicy`); the peak is rank 0's.
 
 Peak memory is every tensor allocated at once on the device during the measured step, the models and optimizer state
 included: `torch.cuda.max_memory_allocated` on a GPU, the allocation events of the PyTorch profiler on a CPU (the same
@@ -23,16 +26,20 @@ are taken under the profiler (a few percent of overhead).
 
     python benchmarks/bench_scale.py                                   # CPU: full width and vocabulary, 4 + 1 layers
     python benchmarks/bench_scale.py --device cuda --micro_batch 1,2,4,8 --teachers all   # the full models on a GPU
+    python benchmarks/bench_scale.py --accumulation 1,2 --processes 2 --micro_batch 1 --steps ce,online
 """
 
 import argparse
+import functools
 import gc
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.fabric.strategies import ModelParallelStrategy
 from litgpt.config import Config
 from torch.profiler import record_function
 
@@ -42,7 +49,7 @@ from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
 from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.model_configs import register
 from litgpt_vocagnolm.plan import cpu_peak_bytes, estimate_memory, matmul_parameters
-from litgpt_vocagnolm.distributed import checkpoint_activations
+from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, parallelize
 from litgpt_vocagnolm.recipe import forward_and_loss
 from litgpt_vocagnolm.teacher import teacher_token_loss
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
@@ -74,6 +81,8 @@ class Setting:
     window: int
     """Teacher tokens per student sequence (M)."""
     activation_checkpointing: bool
+    accumulation: int = 1
+    """Micro-batches per optimizer step: all but the last without the gradients' reduction (`no_backward_sync`)."""
 
 
 def teacher_window(tokenizer: str | None, seq_len: int) -> tuple[int, float]:
@@ -122,10 +131,11 @@ def teacher_token_loss_whole_logits(teacher, ids: torch.Tensor, valid: torch.Ten
 
 
 def build(fabric: L.Fabric, setting: Setting, kind: str):
-    """The student (with its optimizer) and the frozen bf16 teacher that `kind` needs, set up as the recipe does."""
+    """The student (with its optimizer) and the frozen bf16 teacher that `kind` needs, set up as the recipe does
+    (on several processes built on the meta device, each process materialising its shards)."""
     student = optimizer = teacher = None
     if kind != "score":
-        with fabric.init_module():
+        with fabric.init_module(empty_init=fabric.world_size > 1):
             student = GPT(setting.student_config)
         if setting.activation_checkpointing:
             checkpoint_activations(student)
@@ -134,7 +144,7 @@ def build(fabric: L.Fabric, setting: Setting, kind: str):
         optimizer = fabric.setup_optimizers(torch.optim.AdamW(student.parameters(), lr=1e-5, fused=fused))
     if kind in ("online", "score"):
         torch.set_default_dtype(torch.bfloat16)  # as `gpt.load_model` builds the teacher
-        with fabric.init_module():
+        with fabric.init_module(empty_init=fabric.world_size > 1):
             teacher = GPT(setting.teacher_config)
         torch.set_default_dtype(torch.float32)
         teacher = fabric.setup_module(teacher.requires_grad_(False).eval())
@@ -178,9 +188,11 @@ def measure(fabric: L.Fabric, setting: Setting, kind: str, whole_logits: bool) -
     cuda = fabric.device.type == "cuda"
     peaks = {}
 
-    def step(batch: dict) -> None:
+    def step(batch: dict, accumulation: int = 1) -> None:
         with record_function("forward and backward"):
-            weight_sum = forward_backward(student, teacher, batch, kind, whole_logits, fabric)
+            for k in range(accumulation):  # the same micro-batch each time: the same memory
+                with fabric.no_backward_sync(student, enabled=k < accumulation - 1) if student else nullcontext():
+                    weight_sum = forward_backward(student, teacher, batch, kind, whole_logits, fabric)
         if cuda:
             peaks["forward and backward"] = torch.cuda.max_memory_allocated()
         if weight_sum is not None:
@@ -196,7 +208,7 @@ def measure(fabric: L.Fabric, setting: Setting, kind: str, whole_logits: bool) -
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         with record_function("measured step"):
-            step(batch)
+            step(batch, setting.accumulation)
         if cuda:
             torch.cuda.synchronize()
         return time.perf_counter() - t0
@@ -217,11 +229,12 @@ def measure(fabric: L.Fabric, setting: Setting, kind: str, whole_logits: bool) -
 
 
 def flops_per_step(setting: Setting, kind: str) -> float:
-    """6 N per student token trained, 2 N per teacher token scored (N: `plan.matmul_parameters`)."""
+    """6 N per student token trained, 2 N per teacher token scored (N: `plan.matmul_parameters`), over the step's
+    micro-batches."""
     B, T, M = setting.micro_batch, setting.seq_len, setting.window
     student = 6 * matmul_parameters(setting.student_config) * B * T if kind != "score" else 0
     teacher = 2 * matmul_parameters(setting.teacher_config) * B * M if kind in ("online", "score") else 0
-    return student + teacher
+    return setting.accumulation * (student + teacher)
 
 
 def cpu_bf16_flops() -> float:
@@ -247,6 +260,9 @@ def main() -> None:
     parser.add_argument("--steps", default="ce,online,cached,score")
     parser.add_argument("--peak_tflops", type=float, default=None, help="the device's dense bf16 peak")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--accumulation", default="1", help="micro-batches per optimizer step, comma-separated: 1,2")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="processes (GPUs, or gloo processes on a CPU): FSDP2 over them, bf16 as the recipe does")
     args = parser.parse_args()
     cpu = args.device == "cpu"
     if args.threads:
@@ -264,18 +280,27 @@ def main() -> None:
         device_name = torch.cuda.get_device_name()
         known = next((v for k, v in PEAK_TFLOPS.items() if k in device_name), None)
         peak = 1e12 * (args.peak_tflops or known or parser.error(f"--peak_tflops: unknown device {device_name}"))
-    fabric = L.Fabric(accelerator=args.device, devices=1, precision="bf16-mixed")
+    if args.processes > 1:  # as `recipe.setup`: FSDP2's bf16 (MixedPrecisionPolicy), Fabric's plugin at float32
+        parallelize_fn = functools.partial(parallelize, fsdp=FSDPArgs(), num_nodes=1, param_dtype=torch.bfloat16)
+        strategy = ModelParallelStrategy(parallelize_fn, data_parallel_size=args.processes, tensor_parallel_size=1)
+        fabric = L.Fabric(accelerator=args.device, devices=args.processes, strategy=strategy, precision="32-true")
+    else:
+        fabric = L.Fabric(accelerator=args.device, devices=1, precision="bf16-mixed")
+    fabric.launch()
+    print = fabric.print  # rank 0's measurements
+    accumulations = [int(a) for a in args.accumulation.split(",")]
     student_layers = args.student_layers or (4 if cpu else None)
     teacher_layers = args.teacher_layers or (1 if cpu else None)
     student_config = Config.from_name(STUDENT, **({"n_layer": student_layers} if student_layers else {}))
-    print(f"torch {torch.__version__}, {device_name}: {peak / 1e12:.2f} TFLOP/s bf16; {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {device_name}: {peak / 1e12:.2f} TFLOP/s bf16; {torch.get_num_threads()} threads;"
+          f" {fabric.world_size} process(es), FSDP2 over them when more than one")
     print("MFU targets on an H100: " + ", ".join(f"{kind} >= {target:.0%}" for kind, target in MFU_TARGETS.items()))
     print(
         f"student {STUDENT}: {student_config.n_layer} of 22 layers, width {student_config.n_embd}, vocabulary"
         f" {student_config.padded_vocab_size}; sequence {args.seq_len}; precision bf16-mixed, teacher bf16"
     )
     # peak GB: the whole step (optimizer included); fwd+bwd GB: its forward and backward alone, where logits live.
-    header = (f"{'teacher':<20} {'B':>2} {'AC':>3} {'step':<22} {'peak GB':>8} {'plan GB':>8} {'plan/peak':>9}"
+    header = (f"{'teacher':<20} {'B':>2} {'AC':>3} {'acc':>3} {'step':<22} {'peak GB':>8} {'plan GB':>8} {'plan/peak':>9}"
               f" {'fwd+bwd GB':>10} {'tokens/s':>9} {'MFU':>6}")  # fmt: skip
     for name in teachers:
         config_name, tokenizer = TEACHERS[name]
@@ -287,9 +312,10 @@ def main() -> None:
             " student token on the shipped math text)"
         )
         print(header)
-        for checkpoint in checkpointing:
+        for checkpoint, accumulation in [(c, a) for c in checkpointing for a in accumulations]:
             for micro_batch in micro_batches:
-                setting = Setting(name, student_config, teacher_config, micro_batch, args.seq_len, window, checkpoint)
+                setting = Setting(name, student_config, teacher_config, micro_batch, args.seq_len, window, checkpoint,
+                                  accumulation)  # fmt: skip
                 times = {}
                 if not checkpoint:  # what the tiling leaves unallocated (as float32: bf16-mixed's module outputs)
                     student_logits = micro_batch * args.seq_len * student_config.padded_vocab_size * 4
@@ -299,21 +325,23 @@ def main() -> None:
                 for kind in kinds:
                     if kind == "score" and checkpoint:
                         continue  # the teacher keeps no activations: checkpointing changes nothing
-                    variants = [False, True] if whole_logits and kind != "cached" and not checkpoint else [False]
+                    plain = not checkpoint and accumulation == 1 and fabric.world_size == 1
+                    variants = [False, True] if whole_logits and kind != "cached" and plain else [False]
                     for whole in variants:
                         measured, fwd_bwd, seconds = measure(fabric, setting, kind, whole)
                         # The plan estimates the step as the recipe takes it, not the step before tiling.
                         estimate = None if whole else estimate_memory(
                             student_config, teacher_config if kind in ("online", "score") else None,
                             micro_batch=micro_batch, seq_len=args.seq_len, window=window, train=kind != "score",
-                            activation_checkpointing=checkpoint, fused_optimizer=not cpu,
+                            activation_checkpointing=checkpoint, fused_optimizer=not cpu, world_size=fabric.world_size,
+                            accumulation=accumulation if kind != "score" else 1, workspace=False,
                         ).total  # fmt: skip
                         plan = f"{estimate / 1e9:>8.2f} {estimate / measured:>9.2f}" if estimate else f"{'':>8} {'':>9}"
-                        tokens = micro_batch * (window if kind == "score" else args.seq_len)
+                        tokens = accumulation * micro_batch * (window if kind == "score" else args.seq_len)
                         label = kind + (" (whole logits)" if whole else "")
                         times[label] = seconds
                         print(
-                            f"{name:<20} {micro_batch:>2} {'on' if checkpoint else 'off':>3} {label:<22}"
+                            f"{name:<20} {micro_batch:>2} {'on' if checkpoint else 'off':>3} {accumulation:>3} {label:<22}"
                             f" {measured / 1e9:>8.2f} {plan} {fwd_bwd / 1e9:>10.2f} {tokens / seconds:>9,.0f}"
                             f" {flops_per_step(setting, kind) / seconds / peak:>6.1%}"
                         )

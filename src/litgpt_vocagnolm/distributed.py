@@ -1,8 +1,11 @@
-"""How both models spread over devices: FSDP2 sharding (`parallelize`, the strategy's `parallelize_fn`) and activation
-checkpointing. The training loop sees none of it (cf. torchtitan's parallelize.py beside its model)."""
+"""How both models spread over devices: FSDP2 sharding (`parallelize`, the strategy's `parallelize_fn`), mixed
+precision and activation checkpointing. The training loop sees none of it (cf. torchtitan's parallelize.py beside its
+model)."""
 
 from dataclasses import dataclass
+from typing import Literal
 
+import torch
 import torch.nn as nn
 
 from litgpt_vocagnolm.gpt import GPT
@@ -12,28 +15,53 @@ COMPILE_BACKEND = "inductor"  # what `compile_blocks` compiles with (a test pick
 
 @dataclass
 class FSDPArgs:
-    """Memory settings. On more than one device both models are sharded (FSDP2, `fully_shard`, per transformer
-    block)."""
+    """Where each model lives on more than one device, and memory settings. Both models are sharded per transformer
+    block with FSDP2 (`fully_shard`); `vocagnolm plan` prints each layout's memory and traffic per GPU."""
 
+    teacher: Literal["replicate", "node", "all"] = "all"
+    """The frozen teacher: "replicate" holds it whole on every GPU (no traffic, its whole size in memory); "node"
+    shards it over the GPUs of a node and replicates it across nodes (its gathers stay on the node's links); "all"
+    shards it over every GPU (least memory, its gathers cross the network)."""
+    student: Literal["full", "hybrid"] = "full"
+    """The student: "full" shards it over every GPU; "hybrid" (HSDP) shards it within a node and replicates it across
+    nodes (gathers on the node's links, one all-reduce of gradients across nodes per optimizer step)."""
     activation_checkpointing: bool = False
     """Recompute each student block's activations in the backward pass (on any number of devices): less memory, about
     a third more compute."""
 
 
-def parallelize(model: GPT, device_mesh) -> GPT:
-    """FSDP2 for both models: `fully_shard` each transformer block, then the root (cf. litgpt/finetune/lora.py).
+def parallelize(
+    model: GPT, device_mesh, *, fsdp: FSDPArgs, num_nodes: int, param_dtype: torch.dtype | None = None
+) -> GPT:
+    """FSDP2 for both models as `fsdp` places them: `fully_shard` each transformer block, then the root (cf.
+    litgpt/finetune/lora.py). `device_mesh`: the strategy's (data_parallel, tensor_parallel) mesh; `num_nodes`:
+    how its devices group into nodes, for the (replicate, shard) mesh of "node" and "hybrid".
 
-    FSDP2 keeps the root's parameters (embedding, final norm, head) gathered after forward, since training needs them
-    again in backward. The frozen teacher has no backward: its root is resharded after each forward, or its embedding
-    and head (2.2 GB in bf16 for a 152k vocabulary at width 3584) would stay whole on every device.
+    The student (the model with trainable parameters) with `param_dtype` (bf16) gathers its parameters in that dtype and
+    reduces its gradients in float32 (`MixedPrecisionPolicy`): its shards, and so the AdamW state, stay float32. FSDP2
+    keeps the student's root (embedding, final norm, head) gathered after forward, since backward needs it again. The
+    frozen teacher, built in its own dtype (bf16), is gathered as it is and has no backward: its root is resharded
+    after each forward, or its embedding and head (2.2 GB in bf16 for a 152k vocabulary at width 3584) would stay
+    whole on every device.
     """
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = device_mesh["data_parallel"]
-    for block in model.transformer.h:
-        fully_shard(block, mesh=mesh)
     frozen = not any(p.requires_grad for p in model.parameters())
-    fully_shard(model, mesh=mesh, reshard_after_forward=True if frozen else None)
+    placement = fsdp.teacher if frozen else fsdp.student
+    if placement == "replicate":
+        return model  # the strategy materialises it whole on each device
+    mesh = device_mesh["data_parallel"]
+    if placement in ("node", "hybrid"):
+        mesh = init_device_mesh(mesh.device_type, (num_nodes, mesh.size() // num_nodes),
+                                mesh_dim_names=("replicate", "shard"))  # fmt: skip
+        if frozen:  # sharded within the node only: nothing to reduce across nodes
+            mesh = mesh["shard"]
+    policy = MixedPrecisionPolicy(param_dtype=None if frozen else param_dtype, reduce_dtype=torch.float32)
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    # Explicit booleans, as torch 2.7 requires (it rejects None); False is what torch >= 2.8's default does for a root.
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=frozen)
     return model
 
 

@@ -1,18 +1,22 @@
 """`vocagnolm plan`: the per-GPU memory of a recipe's step before it goes to Slurm, and the largest micro-batch that fits.
 
-The estimate adds up what one device holds during a step of the recipe (FSDP2 over all devices, `bf16-mixed` student
-with float32 parameters, gradients and AdamW state, bf16 frozen teacher, logits a tile of rows at a time):
-  student parameters, gradients, AdamW state   float32, sharded over the devices
-  teacher parameters                           bf16, sharded
-  gathered parameters                          FSDP2 gathers one block at a time (and prefetches the next) and keeps
-                                               the root (embedding, final norm, head) gathered through the step
+The estimate adds up what one device holds during a step of the recipe (FSDP2 placed as `FSDPArgs` says, bf16
+student with float32 parameters, gradients and AdamW state, bf16 frozen teacher, logits a tile of rows at a time):
+  student parameters, gradients, AdamW state   float32, sharded over all devices or a node's ("hybrid")
+  teacher parameters                           bf16, whole ("replicate"), sharded over a node's devices or all
+  gathered parameters                          FSDP2 gathers one block at a time in bf16 (and prefetches the next) and
+                                               keeps the student's root (embedding, final norm, head) gathered
+  gather buffers                               the all-gather's output, before it is copied into the parameters
+  accumulated gradients                        with several micro-batches per step, the whole float32 gradients until
+                                               the last one reduces them
+  CUDA/NCCL workspace                          context, NCCL buffers, cuBLAS workspace (`CUDA_WORKSPACE_BYTES`)
   student activations                          what backward needs, at the micro-batch: bytes per token per block
                                                measured on one real block (below), or the block inputs only with
                                                activation checkpointing, plus one block recomputed
   bf16 weight copies                           autocast casts each float32 matrix to bf16 for its product and keeps
                                                the copy for backward
-  logit tiles                                  `loss.linear_cross_entropy`: one tile of logits in bf16 and float32 at
-                                               a time, and the head's gradient
+  logit tiles                                  `loss.linear_cross_entropy`: a tile of logits in bf16 and float32 and
+                                               the previous tile's float32 ones, and the head's gradient
   teacher activations                          the teacher's forward keeps one block's intermediates at a time
 Per-token activation bytes are measured, not guessed: one block of the model at its real width runs on the CPU at two
 short lengths under bf16 autocast, with saved-tensor hooks (student) or the profiler's allocation events (teacher). The
@@ -36,6 +40,7 @@ import torch
 from litgpt.config import Config
 
 from litgpt_vocagnolm.cross_entropy import TILE_ELEMENTS
+from litgpt_vocagnolm.distributed import FSDPArgs
 from litgpt_vocagnolm.errors import InvalidArgument, at_least
 from litgpt_vocagnolm.gpt import GPT
 
@@ -156,10 +161,30 @@ def _block_bytes_per_token(config_json: str, train: bool, lengths: tuple[int, in
     return per_token, measured[0] - per_token * lengths[0]
 
 
+# Bytes per logit of one tile of `loss.linear_cross_entropy`'s forward at its peak: the tile's bf16 product and its
+# float32 copy, and the previous tile's float32 logits, alive until the new ones replace them. Measured with
+# `cpu_peak_bytes` on bf16 (512, 256) x (32000, 256) in tiles of 128 and 256 rows: 10.0 forward, 8.0 backward beyond
+# the gradients. With a single tile there is no previous one: 6.
+TILE_BYTES_PER_LOGIT, SINGLE_TILE_BYTES_PER_LOGIT = 10, 6
+# Allocated beside the tensors a step holds on a GPU: the CUDA context (~0.5 GB on an H100, outside torch's count),
+# NCCL's channel buffers (NCCL_BUFFSIZE, 4 MiB, per channel and peer: ~0.25 GB at 32 channels over two peers) and
+# cuBLAS's workspace (PyTorch's default CUBLAS_WORKSPACE_CONFIG :4096:8, 32 MiB per stream). Rounded up to 1 GB.
+CUDA_WORKSPACE_BYTES = 1e9
+# Per-GPU link bandwidth, one direction, of the paper's cluster (H100 SXM nodes): NVLink 4 within a node (900 GB/s
+# both directions, NVIDIA's H100 datasheet) and one 400 Gb/s InfiniBand NDR adapter per GPU across nodes.
+NODE_LINK_BYTES_PER_S = 450e9
+NETWORK_BYTES_PER_S = 50e9
+
+
 def head_tile_bytes(vocab: int, rows: int) -> float:
-    """Transient bytes of `loss.linear_cross_entropy` for one tile of rows: bf16 logits and their float32 copy (the
-    log-sum-exp, the softmax and the gradient are made in place or row by row), forward or backward alike."""
-    return min(rows, max(1, TILE_ELEMENTS // vocab)) * vocab * (2 + 4)
+    """Transient bytes of `loss.linear_cross_entropy` over `rows` rows, a tile at a time (`TILE_BYTES_PER_LOGIT`)."""
+    tile_rows = max(1, TILE_ELEMENTS // vocab)
+    return min(rows, tile_rows) * vocab * (TILE_BYTES_PER_LOGIT if rows > tile_rows else SINGLE_TILE_BYTES_PER_LOGIT)
+
+
+def shard_group(placement: str, world_size: int, num_nodes: int) -> int:
+    """Devices a model's parameters are sharded over: "replicate" 1, "node" and "hybrid" a node's, "full"/"all" all."""
+    return {"replicate": 1, "node": world_size // num_nodes, "hybrid": world_size // num_nodes}.get(placement, world_size)
 
 
 def estimate_memory(
@@ -172,7 +197,11 @@ def estimate_memory(
     train: bool = True,
     activation_checkpointing: bool = False,
     world_size: int = 1,
+    num_nodes: int = 1,
+    layout: FSDPArgs = FSDPArgs(),
+    accumulation: int = 1,
     fused_optimizer: bool = True,
+    workspace: bool = True,
 ) -> MemoryEstimate:
     """Peak bytes on one device for one step of the recipe.
 
@@ -185,28 +214,42 @@ def estimate_memory(
         window: teacher tokens per sequence (M, the longest teacher window in a batch).
         train: False for `score-teacher`: the teacher alone, no student.
         activation_checkpointing: the student keeps only its blocks' inputs.
-        world_size: devices the models are sharded over (FSDP2).
+        world_size: devices of the job (FSDP2), `num_nodes` nodes of them.
+        layout: where each model lives (`FSDPArgs.teacher`, `FSDPArgs.student`).
+        accumulation: micro-batches per optimizer step on each device. Above one, every micro-batch but the last skips
+            the gradient reduction, and the gradients stay whole until it: float32, `MixedPrecisionPolicy`'s
+            reduce_dtype ("FSDP will accumulate gradients using reduce_dtype", its docstring).
+        workspace: count `CUDA_WORKSPACE_BYTES` (a GPU's; not on a CPU).
         fused_optimizer: AdamW's fused kernel (what the recipe uses on GPUs) updates in place; the for-loop one (on a
             CPU) makes three temporaries the size of each parameter in turn.
     """
     B, T, M, W = micro_batch, seq_len, window, world_size
-    held: dict[str, float] = {}
+    held: dict[str, float] = {"CUDA/NCCL workspace": CUDA_WORKSPACE_BYTES} if workspace else {}
     moments: dict[str, dict[str, float]] = {}
     if train:
         P, D, V = parameters(student), student.n_embd, student.padded_vocab_size
         block = (P - 2 * V * D - D) / student.n_layer
-        held["student parameters"] = 4 * P / W
-        held["AdamW state"] = 8 * P / W
-        if W > 1:  # the root stays gathered through the step; a block and the prefetched next one
-            held["gathered student parameters"] = 4 * (2 * V * D + D + 2 * block)
+        S = shard_group(layout.student, W, num_nodes)
+        held["student parameters"] = 4 * P / S
+        held["AdamW state"] = 8 * P / S
+        if W > 1:  # gathered in bf16: the root stays gathered through the step; a block and the prefetched next one
+            held["gathered student parameters"] = 2 * (2 * V * D + D + 2 * block)
+            # FSDP2's all-gather output, copied out into the gathered parameters (`foreach_all_gather_copy_out`)
+            held["gather buffers"] = 2 * block
         per_token, per_block = block_bytes_per_token(student, train=True)
         N = B * T
+        # One device: autocast's bf16 copy of each float32 weight, kept for backward. Sharded: the weights are gathered
+        # in bf16 and FSDP2 frees them after forward and gathers them again for backward.
+        copies = student.n_layer * per_block if W == 1 and not activation_checkpointing else 0.0
         if activation_checkpointing:  # the blocks' inputs (float32 residual stream) only
-            saved, copies = student.n_layer * 4 * N * D, 0.0
+            saved = student.n_layer * 4 * N * D
         else:
-            saved, copies = student.n_layer * per_token * N, student.n_layer * per_block
+            saved = student.n_layer * per_token * N
         saved += 4 * N * D + 4 * N  # the final hidden states and the log-sum-exp, kept for the head's backward
-        head_gradients = 4 * (V * D + N * D) + (4 * block if W > 1 else 0)  # head, hidden states, a block
+        if accumulation > 1:  # the earlier micro-batches' whole float32 gradients, and the hidden states'
+            head_gradients = 4 * (P + N * D)
+        else:  # head, hidden states, a block's whole gradient before its reduce-scatter
+            head_gradients = 4 * (V * D + N * D) + (4 * block if W > 1 else 0)
         moments["the head's backward"] = {
             "student activations": saved,
             "bf16 weight copies": copies,
@@ -220,12 +263,13 @@ def estimate_memory(
                 "student gradients": head_gradients,
             }
         moments["the optimizer step"] = {
-            "student gradients": 4 * P / W,
+            "student gradients": 4 * P / S,
             "optimizer temporaries": 0 if fused_optimizer else 3 * 4 * V * D,  # the head: the largest parameter
         }
     teachers = [] if teacher is None else [teacher] if isinstance(teacher, Config) else teacher
+    St = shard_group(layout.teacher, W, num_nodes)
     if teachers:
-        held["teacher parameters"] = sum(2 * parameters(t) / W for t in teachers)
+        held["teacher parameters"] = sum(2 * parameters(t) / St for t in teachers)
     for k, teacher in enumerate(teachers):
         Pt, Dt, Vt = parameters(teacher), teacher.n_embd, teacher.padded_vocab_size
         per_token, _ = block_bytes_per_token(teacher, train=False)
@@ -234,12 +278,70 @@ def estimate_memory(
             "teacher activations": 2 * N * Dt + per_token * N,  # the residual stream, one block's intermediates
             "logit tiles": head_tile_bytes(Vt, N),
         }
-        if W > 1:  # gathered for the teacher's forward, resharded after it
-            phase["gathered teacher parameters"] = 2 * (2 * Vt * Dt + 2 * (Pt - 2 * Vt * Dt) / teacher.n_layer)
+        if train and accumulation > 1:  # after the first micro-batch: its whole float32 gradients
+            phase["student gradients"] = 4 * parameters(student)
+        if St > 1:  # gathered for the teacher's forward, resharded after it; the all-gather output of a block
+            teacher_block = (Pt - 2 * Vt * Dt) / teacher.n_layer
+            phase["gathered teacher parameters"] = 2 * (2 * Vt * Dt + 2 * teacher_block)
+            phase["teacher gather buffers"] = 2 * teacher_block
         moments["the teacher's forward" if len(teachers) == 1 else f"teacher {k}'s forward"] = phase
     moment = max(moments, key=lambda name: sum(moments[name].values()))
     components = {**held, **moments[moment]}
     return MemoryEstimate(components, sum(components.values()), moment)
+
+
+def collective_bytes(nbytes: float, group: int, nodes: int) -> tuple[float, float]:
+    """(over the node's links, over the network) that each device of a ring all-gather or reduce-scatter of `nbytes`
+    sends (and receives as much), on average, over `group` devices on `nodes` nodes (a node's devices adjacent in the
+    ring): each of the ring's `group` hops carries (group - 1) chunks of nbytes / group, and `nodes` of its hops (none
+    on one node) go from one node to the next."""
+    if group <= 1:
+        return 0.0, 0.0
+    sent = nbytes * (group - 1) / group
+    network = sent * nodes / group if nodes > 1 else 0.0
+    return sent - network, network
+
+
+def traffic_per_step(
+    student: Config | None,
+    teachers: Sequence[Config],
+    layout: FSDPArgs,
+    *,
+    devices: int,
+    num_nodes: int,
+    accumulation: int,
+) -> tuple[float, float]:
+    """(over the node's links, over the network): bytes each device sends per optimizer step, as much as it receives.
+
+    Per micro-batch the student's blocks are gathered in bf16 for forward and again for backward (its root stays
+    gathered), each teacher's for its forward; once per step the float32 gradients are reduce-scattered, and under
+    "hybrid" the shards' gradients then all-reduced across nodes (two ring passes over one device per node).
+    """
+    world = devices * num_nodes
+    node_links = network = 0.0
+
+    def add(nbytes: float, group: int, nodes: int) -> None:
+        nonlocal node_links, network
+        within, across = collective_bytes(nbytes, group, nodes)
+        node_links, network = node_links + within, network + across
+
+    if student is not None:
+        P, D, V = parameters(student), student.n_embd, student.padded_vocab_size
+        group, nodes = (devices, 1) if layout.student == "hybrid" else (world, num_nodes)
+        add(accumulation * 2 * (2 * P - (2 * V * D + D)), group, nodes)  # forward and backward gathers, bf16
+        add(4 * P, group, nodes)  # the gradients' reduce-scatter, float32
+        if layout.student == "hybrid":
+            add(2 * 4 * P / devices, num_nodes, num_nodes)  # all-reduce = reduce-scatter + all-gather
+    for teacher in teachers:
+        group, nodes = {"replicate": (1, 1), "node": (devices, 1), "all": (world, num_nodes)}[layout.teacher]
+        add(accumulation * 2 * parameters(teacher), group, nodes)
+    return node_links, network
+
+
+def communication_seconds(node_links: float, network: float) -> float:
+    """A lower bound of a step's communication time from `traffic_per_step`: each link at its bandwidth, no overlap
+    between the two (a gather waits for its slowest hop)."""
+    return node_links / NODE_LINK_BYTES_PER_S + network / NETWORK_BYTES_PER_S
 
 
 def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | None = None) -> None:
@@ -306,13 +408,14 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
                 f" with --teacher_max_length {t.block_size} or less."
             )
     checkpointing = args.fsdp.activation_checkpointing
-
-    def estimate(micro_batch: int, train: bool = True, with_teacher: bool = online) -> MemoryEstimate:
-        return estimate_memory(student, teacher if with_teacher else None, micro_batch=micro_batch, seq_len=T,
-                               window=window, train=train, activation_checkpointing=checkpointing,
-                               world_size=world)  # fmt: skip
-
     B = args.train.micro_batch_size
+    accumulation = max(1, args.train.global_batch_size // (world * B)) if args.train.global_batch_size else 1
+
+    def estimate(micro_batch: int, layout: FSDPArgs = args.fsdp) -> MemoryEstimate:
+        return estimate_memory(student, teacher if online else None, micro_batch=micro_batch, seq_len=T,
+                               window=window, activation_checkpointing=checkpointing, world_size=world,
+                               num_nodes=num_nodes, layout=layout, accumulation=accumulation)  # fmt: skip
+
     step = estimate(B)
     kind = "teacher online" if online else ("teacher cached" if guidance.spec.needs_teacher else "no teacher")
     kind += f" ({', '.join(t.name for t in teachers)})" if online else ""
@@ -326,6 +429,24 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
         print(f"  {name:<28} {nbytes / GB:8.2f} GB")
     verdict = "fits" if step.total <= gpu_memory * GB else "does NOT fit"
     print(f"  {'total':<28} {step.total / GB:8.2f} GB: {verdict} in {gpu_memory:g} GB")
+    # Where each model lives: every layout's memory and traffic per GPU per optimizer step. The fastest is the one that
+    # fits with the least communication time (`communication_seconds`); the compute is the same in all of them.
+    print(f"Layouts (--fsdp.teacher, --fsdp.student), per GPU per optimizer step of {accumulation} micro-batches:")
+    print(f"  {'teacher':<10} {'student':<8} {'memory GB':>9} {'node links GB':>13} {'network GB':>10} {'comm s':>7}")
+    rows = []
+    for teacher_layout in ("replicate", "node", "all") if online else (args.fsdp.teacher,):
+        for student_layout in ("full", "hybrid"):
+            layout = dataclasses.replace(args.fsdp, teacher=teacher_layout, student=student_layout)
+            traffic = traffic_per_step(student, teachers if online else [], layout, devices=devices,
+                                       num_nodes=num_nodes, accumulation=accumulation)  # fmt: skip
+            rows.append((layout, estimate(B, layout).total, *traffic, communication_seconds(*traffic)))
+    fitting = [row for row in rows if row[1] <= gpu_memory * GB]
+    fastest = min(fitting, key=lambda row: row[4])[0] if fitting else None
+    for layout, memory, node_links, network, seconds in rows:
+        mark = " <- chosen" if layout == args.fsdp else ""
+        mark += " <- fastest that fits" if layout == fastest else ""
+        print(f"  {layout.teacher:<10} {layout.student:<8} {memory / GB:9.2f} {node_links / GB:13.2f}"
+              f" {network / GB:10.2f} {seconds:7.3f}{mark}")  # fmt: skip
     largest = 0
     while estimate(2 * largest or 1).total <= gpu_memory * GB and largest < 1024:
         largest = 2 * largest or 1
@@ -346,7 +467,6 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
         scoring = max((estimate_memory(student, t, micro_batch=B, seq_len=T, window=window, train=False)
                        for t in teachers), key=lambda e: e.total)  # fmt: skip
         print(f"`vocagnolm score-teacher --batch_size {B}` (the whole teacher on each GPU): {scoring.total / GB:.2f} GB")
-    accumulation = args.train.global_batch_size // (world * B) if args.train.global_batch_size else 1
     if args.train.global_batch_size and accumulation * world * B != args.train.global_batch_size:
         print(f"Note: global batch {args.train.global_batch_size} is not a multiple of {world} GPUs x micro-batch {B}.")
     elif args.train.global_batch_size:

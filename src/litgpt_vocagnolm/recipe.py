@@ -18,6 +18,7 @@ What surrounds the loop lives apart: the input checks in `checks`, sharding and 
 """
 
 import contextlib
+import functools
 import math
 import pprint
 import threading
@@ -121,7 +122,8 @@ def setup(
             list them.
         model_config: A ``litgpt.Config`` for the student. Overrides ``model_name``.
         out_dir: Directory for checkpoints (``step-*/``, ``final/``) and logs.
-        precision: Student precision. Default: "bf16-mixed" on GPU, "32-true" on CPU.
+        precision: Student precision. Default: "bf16-mixed" on GPU, "32-true" on CPU. On more than one device both
+            bf16 settings are FSDP2's mixed precision: bf16 gathers and compute, float32 shards and AdamW state.
         initial_checkpoint_dir: The student checkpoint to continue pretraining from (e.g. TinyLlama). With
             ``resume="auto"`` it is used only while ``out_dir`` has no checkpoint yet.
         resume: A checkpoint file to resume from (``out_dir/step-*/lit_model.pth``), ``True`` for the latest in
@@ -141,7 +143,8 @@ def setup(
         seed: Random seed.
         teacher: The frozen teacher. See ``TeacherArgs``.
         guidance: The loss: VocAgnoLM or a baseline. See ``GuidanceArgs``.
-        fsdp: Sharding settings for multi-device runs. See ``FSDPArgs``.
+        fsdp: Where each model lives on several devices (sharded, hybrid, replicated) and activation checkpointing.
+            See ``FSDPArgs``.
         compile: ``torch.compile`` each transformer block of both models (worth it on GPUs; ~20 s of compilation on a
             CPU). Every step has the same shapes, so they compile once.
     """
@@ -170,8 +173,13 @@ def setup(
         log_args=asdict(log),
     )
     if devices * num_nodes > 1:
+        # FSDP2 does bf16 itself (`MixedPrecisionPolicy`: bf16 gathers and compute, float32 shards, gradients reduced
+        # in float32), as torchtitan does: Fabric's plugin stays at float32, or `bf16-true` would cast the shards (and
+        # so the AdamW state) to bf16 and `bf16-mixed` would autocast parameters that are already bf16.
+        param_dtype = torch.bfloat16 if precision in ("bf16-mixed", "bf16-true") else None
+        precision = "32-true" if param_dtype else precision
         strategy = ModelParallelStrategy(
-            parallelize_fn=parallelize,
+            parallelize_fn=functools.partial(parallelize, fsdp=fsdp, num_nodes=num_nodes, param_dtype=param_dtype),
             data_parallel_size=devices * num_nodes,
             tensor_parallel_size=1,
             save_distributed_checkpoint=False,  # one lit_model.pth, as `litgpt generate` and `convert_from_litgpt` expect

@@ -1,0 +1,176 @@
+"""Where each model lives (`FSDPArgs.teacher`, `FSDPArgs.student`) and FSDP2's bf16, against one process.
+
+The recipe's `setup` runs in gloo processes started here, each told its node and local rank as a cluster would
+(NODE_RANK, LOCAL_RANK): four processes are two nodes of two devices. Every process continues from the same student
+checkpoint, and the map-style `BlockList` gives W ranks with one micro-batch each the blocks that one process reads as W
+accumulated micro-batches, so each optimizer step sees the same data and the loss curves must agree.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn as nn
+from conftest import TINYLLAMA, make_checkpoint, tiny_config
+from litgpt.args import EvalArgs, TrainArgs
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from block_list_data import BlockList
+from litgpt_vocagnolm.distributed import FSDPArgs
+from litgpt_vocagnolm.plan import collective_bytes, estimate_memory, parameters, traffic_per_step
+from litgpt_vocagnolm.recipe import setup
+from litgpt_vocagnolm.teacher import TeacherArgs
+from test_loss_distributed import free_port
+from test_recipe import metrics
+
+STEPS = 3
+
+
+def run_args(tmp_path: Path, data: Path, teacher_dir: Path, student: Path, world: int, **overrides) -> dict:
+    """`setup`'s arguments for STEPS optimizer steps of `world` micro-batches of one block each."""
+    args = dict(
+        model_config=tiny_config("student", 32000, n_layer=2, n_embd=64, block_size=64),
+        out_dir=tmp_path / "out",
+        precision="32-true",
+        initial_checkpoint_dir=student,
+        data=BlockList(path=data),
+        train=TrainArgs(save_interval=None, log_interval=1, global_batch_size=world, micro_batch_size=1,
+                        lr_warmup_steps=1, max_tokens=STEPS * world * 64, max_seq_length=64, max_norm=1.0,
+                        min_lr=1e-3),  # fmt: skip
+        eval=EvalArgs(interval=100, max_iters=1, final_validation=False),
+        optimizer={"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-2}},
+        tokenizer_dir=TINYLLAMA,
+        logger_name="csv",
+        seed=7,
+        teacher=TeacherArgs(checkpoint_dir=teacher_dir),
+        devices=1,
+    )
+    return {**args, **overrides}
+
+
+def worker(rank: int, port: int, devices: int, runs: list[dict], record: Path | None) -> None:
+    """One process of a `len(runs)`-run job: `setup(**run)` for each, as local rank `rank % devices` of node
+    `rank // devices`. With `record`: the dtype of every linear layer's weight as its forward sees it (FSDP2 has
+    gathered it then) and of the optimizer's state and parameters after each step, into `record/rank-R.json`."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(rank // devices),
+                      LOCAL_RANK=str(rank % devices))  # fmt: skip
+    seen = {"student weights": set(), "teacher weights": set(), "parameters": set(), "AdamW state": set()}
+    if record is not None:
+
+        def forward_pre_hook(module: nn.Module, args) -> None:
+            if isinstance(module, nn.Linear):
+                seen["student weights" if module.weight.requires_grad else "teacher weights"].add(str(module.weight.dtype))
+
+        def step_post_hook(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    seen["parameters"].add(str(p.dtype))
+                    seen["AdamW state"] |= {str(v.dtype) for k, v in optimizer.state[p].items() if k != "step"}
+
+        nn.modules.module.register_module_forward_pre_hook(forward_pre_hook)
+        register_optimizer_step_post_hook(step_post_hook)
+    for run in runs:
+        setup(**run)
+    if record is not None:
+        (record / f"rank-{rank}.json").write_text(json.dumps({k: sorted(v) for k, v in seen.items()}))
+
+
+def losses(out_dir: Path) -> torch.Tensor:
+    return torch.tensor([row["loss"] for row in metrics(out_dir)])
+
+
+@pytest.fixture(scope="module")
+def student(tmp_path_factory) -> Path:
+    config = tiny_config("student", 32000, n_layer=2, n_embd=64, block_size=64)
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "student", config, TINYLLAMA, seed=3)
+
+
+@pytest.mark.slow
+def test_every_layout_on_two_nodes_of_two_matches_one_process(tmp_path, tinyllama_mistral_data, mistral_teacher, student):
+    """Teacher whole on every rank, sharded within a node, sharded over all; student fully sharded or hybrid: four
+    processes as two nodes of two train to the losses of one process accumulating four micro-batches."""
+    reference = run_args(tmp_path / "one", tinyllama_mistral_data, mistral_teacher, student, world=4)
+    setup(**reference)
+    layouts = [(teacher, student_layout) for teacher in ("replicate", "node", "all") for student_layout in ("full", "hybrid")]
+    runs = [
+        run_args(tmp_path / f"{t}-{s}", tinyllama_mistral_data, mistral_teacher, student, world=4, devices=2,
+                 num_nodes=2, fsdp=FSDPArgs(teacher=t, student=s))  # fmt: skip
+        for t, s in layouts
+    ]
+    mp.spawn(worker, args=(free_port(), 2, runs, None), nprocs=4, join=True)
+    expected = losses(tmp_path / "one" / "out")
+    assert len(expected) == STEPS and expected[-1] < expected[0]  # it trains
+    for (t, s), run in zip(layouts, runs):
+        torch.testing.assert_close(losses(run["out_dir"]), expected, rtol=1e-4, atol=1e-4, msg=f"teacher {t}, student {s}")
+
+
+@pytest.mark.slow
+def test_bf16_gathers_bf16_keeps_float32_shards_and_matches_one_process(
+    tmp_path, tinyllama_mistral_data, mistral_teacher, student
+):
+    """Under bf16-mixed on two processes FSDP2 gathers the student's weights in bf16 for its forward, keeps its
+    parameters and AdamW state in float32; the bf16 teacher is gathered in bf16; the losses are one bf16-mixed
+    process's within bf16's precision."""
+    bf16 = dict(precision="bf16-mixed", teacher=TeacherArgs(checkpoint_dir=mistral_teacher, precision="bf16-true"))
+    reference = run_args(tmp_path / "one", tinyllama_mistral_data, mistral_teacher, student, world=2, **bf16)
+    setup(**reference)
+    run = run_args(tmp_path / "two", tinyllama_mistral_data, mistral_teacher, student, world=2, devices=2, **bf16)
+    mp.spawn(worker, args=(free_port(), 2, [run], tmp_path), nprocs=2, join=True)
+    for rank in range(2):
+        seen = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert seen == {"student weights": ["torch.bfloat16"], "teacher weights": ["torch.bfloat16"],
+                        "parameters": ["torch.float32"], "AdamW state": ["torch.float32"]}  # fmt: skip
+    torch.testing.assert_close(losses(run["out_dir"]), losses(tmp_path / "one" / "out"), rtol=2e-2, atol=2e-2)
+
+
+def ring_bytes(nbytes: float, group: int, devices_per_node: int) -> tuple[float, float]:
+    """A ring all-gather hop by hop: device i sends group - 1 chunks to device i + 1, over the network when the next
+    device is on another node. The average per device (within, across)."""
+    within = across = 0.0
+    for i in range(group):
+        crosses = i // devices_per_node != ((i + 1) % group) // devices_per_node
+        sent = (group - 1) * nbytes / group
+        within, across = (within, across + sent) if crosses else (within + sent, across)
+    return within / group, across / group
+
+
+@pytest.mark.parametrize("group, nodes", [(1, 1), (8, 1), (32, 4), (4, 4), (4, 2)])
+def test_collective_bytes_match_a_ring_hop_by_hop(group, nodes):
+    torch.testing.assert_close(collective_bytes(1e9, group, nodes), ring_bytes(1e9, group, group // nodes))
+
+
+def test_traffic_per_step_of_each_layout():
+    """Known figures: 4 nodes of 8 GPUs, 2 micro-batches per step, parameters P (student) and Q (teacher)."""
+    student, teacher = tiny_config("s", 32000, n_layer=2, n_embd=64), tiny_config("t", 32000, n_layer=1, n_embd=64)
+    P, Q, root = parameters(student), parameters(teacher), 2 * 32000 * 64 + 64  # root: embedding, head, final norm
+
+    def traffic(teacher_layout: str, student_layout: str) -> tuple[float, float]:
+        layout = FSDPArgs(teacher=teacher_layout, student=student_layout)
+        return traffic_per_step(student, [teacher], layout, devices=8, num_nodes=4, accumulation=2)
+
+    gathers = 2 * 2 * (2 * P - root)  # two micro-batches, bf16, forward (all) and backward (the blocks)
+    full = collective_bytes(gathers + 4 * P, 32, 4)  # and the float32 reduce-scatter, once
+    torch.testing.assert_close(traffic("replicate", "full"), full)
+    within, across = collective_bytes(gathers + 4 * P, 8, 1)
+    hybrid = (within, across + 2 * 4 * P / 8 * 3 / 4)  # each node's shard all-reduced across the 4 nodes
+    torch.testing.assert_close(traffic("replicate", "hybrid"), hybrid)
+    node = collective_bytes(2 * 2 * Q, 8, 1)  # the bf16 teacher gathered within the node, once per micro-batch
+    torch.testing.assert_close(traffic("node", "hybrid"), (hybrid[0] + node[0], hybrid[1]))
+    everywhere = collective_bytes(2 * 2 * Q, 32, 4)
+    torch.testing.assert_close(traffic("all", "full"), (full[0] + everywhere[0], full[1] + everywhere[1]))
+    assert traffic("replicate", "hybrid")[1] < traffic("replicate", "full")[1] < traffic("all", "full")[1]
+
+
+def test_accumulating_holds_the_whole_float32_gradients():
+    """With two micro-batches per step the head's backward holds all P float32 gradients (FSDP2 skips the
+    reduce-scatter while accumulating), with one only the head's and a block's."""
+    student = tiny_config("s", 32000, n_layer=2, n_embd=64)
+    P = parameters(student)
+    kwargs = dict(micro_batch=1, seq_len=64, window=64, world_size=4, workspace=False)
+    one, two = (estimate_memory(student, None, accumulation=a, **kwargs) for a in (1, 2))
+    assert one.moment == two.moment == "the head's backward"
+    assert two.components["student gradients"] == 4 * (P + 64 * 64)
+    assert one.components["student gradients"] < 4 * P
