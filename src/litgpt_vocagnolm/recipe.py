@@ -20,6 +20,7 @@ What surrounds the loop lives apart: the input checks in `checks`, sharding and 
 import contextlib
 import math
 import pprint
+import shutil
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -45,7 +46,14 @@ from litgpt.utils import (
     parse_devices,
 )
 
-from litgpt_vocagnolm.checkpoints import find_resume_checkpoint, hyperparameters, load_weights, save_checkpoint
+from litgpt_vocagnolm.checkpoints import (
+    Checkpointer,
+    check_out_dir,
+    find_resume_checkpoint,
+    hyperparameters,
+    load_weights,
+    previous_checkpoints,
+)
 from litgpt_vocagnolm.checks import check_setup, resolve_model_config, tokenizer_pair_summary
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.data import VocAgnoData
@@ -73,6 +81,9 @@ class Run:
     optimizer: str | dict
     fsdp: FSDPArgs
     compile: bool
+    overwrite: bool
+    checkpointer: Checkpointer
+    """Writes and reads the sharded checkpoints (`checkpoints.Checkpointer`)."""
     hparams: dict
     """`setup`'s arguments, written into every checkpoint as hyperparameters.yaml."""
     stop: threading.Event
@@ -110,6 +121,7 @@ def setup(
     guidance: GuidanceArgs = GuidanceArgs(),
     fsdp: FSDPArgs = FSDPArgs(),
     compile: bool = False,
+    overwrite: bool = False,
 ) -> None:
     """Continually pretrain a student with VocAgnoLM: a frozen teacher with a different tokenizer picks the tokens
     worth learning.
@@ -122,9 +134,10 @@ def setup(
         precision: Student precision. Default: "bf16-mixed" on GPU, "32-true" on CPU.
         initial_checkpoint_dir: The student checkpoint to continue pretraining from (e.g. TinyLlama). With
             ``resume="auto"`` it is used only while ``out_dir`` has no checkpoint yet.
-        resume: A checkpoint file to resume from (``out_dir/step-*/lit_model.pth``), ``True`` for the latest in
-            ``out_dir``, or ``"auto"``: the latest if there is one (what a requeued Slurm job wants). ``True`` and
-            ``"auto"`` skip, and report, a checkpoint that can't be read.
+        resume: A checkpoint directory to resume from (``out_dir/step-*``), ``True`` for the latest in ``out_dir``,
+            or ``"auto"``: the latest if there is one (what a requeued Slurm job wants). ``True`` and ``"auto"`` skip,
+            and report, a checkpoint that is incomplete or fails its checksums. Any number of devices and nodes
+            resumes a checkpoint (they are sharded, resharded on load).
         data: The prepared data: ``VocAgnoData`` (``--data VocAgnoData --data.path DIR``, see ``vocagnolm prepare``).
             Plain LitGPT data modules work for ``--guidance.method ce`` only.
         train: Training-related arguments. See ``litgpt.args.TrainArgs``.
@@ -141,6 +154,8 @@ def setup(
         guidance: The loss: VocAgnoLM or a baseline. See ``GuidanceArgs``.
         fsdp: Sharding settings for multi-device runs. See ``FSDPArgs``.
         compile: ``torch.compile`` both models (worth it on GPUs; ~20 s of compilation on a CPU).
+        overwrite: Start afresh in an ``out_dir`` that holds a previous run's checkpoints (``step-*``, ``final``),
+            deleting them. Without it (and without ``resume``) such an ``out_dir`` is refused.
     """
     hparams = hyperparameters(locals())
     register()  # the paper's teachers that LitGPT lacks (llemma_7b, deepseek-math-7b-*, Mistral-7B-ProXMath)
@@ -156,6 +171,7 @@ def setup(
 
     precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
     out_dir = init_out_dir(out_dir)
+    check_out_dir(out_dir, resume, overwrite)
     logger = choose_logger(
         logger_name,
         out_dir,
@@ -169,7 +185,6 @@ def setup(
             parallelize_fn=parallelize,
             data_parallel_size=devices * num_nodes,
             tensor_parallel_size=1,
-            save_distributed_checkpoint=False,  # one lit_model.pth, as `litgpt generate` and `convert_from_litgpt` expect
         )
     else:
         strategy = "auto"
@@ -183,7 +198,8 @@ def setup(
     with stop_signal() as stop:  # Slurm's warning before the time limit: checkpoint, requeue, exit
         run = Run(out_dir=out_dir, tokenizer_dir=tokenizer_dir, initial_checkpoint_dir=initial_checkpoint_dir,
                   resume=resume, devices=devices, num_nodes=num_nodes, seed=seed, optimizer=optimizer, fsdp=fsdp,
-                  compile=compile, hparams=hparams, stop=stop)  # fmt: skip
+                  compile=compile, overwrite=overwrite, checkpointer=Checkpointer(fabric), hparams=hparams,
+                  stop=stop)  # fmt: skip
         main(fabric, config, data, run, train, eval, teacher, guidance)
 
 
@@ -200,10 +216,14 @@ def main(
     out_dir, tokenizer_dir = run.out_dir, run.tokenizer_dir
     if fabric.global_rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
+        for path in previous_checkpoints(out_dir) if run.overwrite and not run.resume else []:
+            fabric.print(f"--overwrite: deleting the previous run's {path}")
+            shutil.rmtree(path)
         if isinstance(data, VocAgnoData) and tokenizer_dir is not None:
             for k, teacher_dir in enumerate(teacher_args.checkpoint_dirs or [None] * len(data.paths)):
                 fabric.print(tokenizer_pair_summary(data, tokenizer_dir, teacher_dir, k))
     fabric.seed_everything(run.seed)  # the same seed on every rank: identical initialisation before sharding
+    fabric.barrier()
     resume = find_resume_checkpoint(fabric, run.resume, out_dir)  # before any model: `auto` skips unreadable checkpoints
 
     t0 = time.perf_counter()
@@ -258,7 +278,7 @@ def main(
         state["train_dataloader"] = train_dataloader
     if resume:
         fabric.print(f"Resuming training from {resume}")
-        fabric.load(resume, state, weights_only=True)  # not torch's default: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD flips it
+        run.checkpointer.load(fabric, state, resume)  # resharded for this run's number of processes
     initial_iter = state["iter_num"]
 
     train_t0 = time.perf_counter()
@@ -267,7 +287,7 @@ def main(
                    vocab_size=vocab_size)  # fmt: skip
     if not finished:
         requeue_and_exit(fabric)
-    save_checkpoint(fabric, state, tokenizer_dir, out_dir / "final" / "lit_model.pth", run.hparams)
+    run.checkpointer.save(fabric, state, out_dir / "final", tokenizer_dir, run.hparams, export=True)
 
     train_time = time.perf_counter() - train_t0
     tokens_per_iter = train.micro_batch_size * model.max_seq_length * fabric.world_size
@@ -412,9 +432,9 @@ def fit(
             step_sums.zero_()
             step_metrics = {}
         if stopping:
-            checkpoint = run.out_dir / f"step-{state['step_count']:08d}" / "lit_model.pth"
-            save_checkpoint(fabric, state, run.tokenizer_dir, checkpoint, run.hparams)
-            fabric.print(f"Stopped after step {state['step_count']} on SIGUSR1: saved {str(checkpoint.parent)!r}.")
+            checkpoint = run.out_dir / f"step-{state['step_count']:08d}"
+            run.checkpointer.save(fabric, state, checkpoint, run.tokenizer_dir, run.hparams)  # complete before exit
+            fabric.print(f"Stopped after step {state['step_count']} on SIGUSR1: saved {str(checkpoint)!r}.")
             return False
 
         if val_dataloader is not None and not is_accumulating and state["step_count"] % eval.interval == 0:
@@ -424,9 +444,11 @@ def fit(
             fabric.log_dict(val_metrics, step=state["iter_num"] - 1)
             fabric.barrier()
 
+        if not is_accumulating:
+            run.checkpointer.poll(fabric)  # a background save that every rank has written: make it the latest
         if train.save_interval is not None and not is_accumulating and state["step_count"] % train.save_interval == 0:
-            checkpoint = run.out_dir / f"step-{state['step_count']:08d}" / "lit_model.pth"
-            save_checkpoint(fabric, state, run.tokenizer_dir, checkpoint, run.hparams)
+            checkpoint = run.out_dir / f"step-{state['step_count']:08d}"
+            run.checkpointer.save(fabric, state, checkpoint, run.tokenizer_dir, run.hparams, blocking=False)
 
     if eval.final_validation:
         val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
