@@ -2,6 +2,8 @@
 LitGPT loads, and resuming on another number of processes."""
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import lightning as L
@@ -9,9 +11,10 @@ import pytest
 import torch
 from litgpt.args import TrainArgs
 from litgpt.model import GPT
+from conftest import BIN, ROOT
 from test_checkpoints import setup_args
 
-from litgpt_vocagnolm.checkpoints import CHECKSUMS, find_resume_checkpoint
+from litgpt_vocagnolm.checkpoints import CHECKSUMS, check_checkpoint_dir, find_resume_checkpoint
 from litgpt_vocagnolm.recipe import setup
 
 
@@ -61,8 +64,6 @@ def test_resume_on_one_process_is_bit_exact_and_the_final_export_loads_in_litgpt
     resumed_dir = tmp_path / "resumed"
     train(resumed_dir, tinyllama_mistral_data, steps=4)
     for step in ("step-00000003", "step-00000004", "final"):  # as if killed after step 2
-        import shutil
-
         shutil.rmtree(resumed_dir / "out" / step)
     resumed = train(resumed_dir, tinyllama_mistral_data, steps=4, resume="auto")
     reference = torch.load(whole / "final" / "lit_model.pth", weights_only=True)
@@ -73,3 +74,16 @@ def test_resume_on_one_process_is_bit_exact_and_the_final_export_loads_in_litgpt
     config = setup_args(tmp_path, tinyllama_mistral_data)["model_config"]
     GPT(config).load_state_dict(final["model"])  # strict: every key LitGPT expects, nothing else
     assert json.loads((resumed / "final" / "train_state.json").read_text())["world_size"] == 1
+
+
+def test_export_of_a_step_is_a_litgpt_checkpoint(tmp_path, tinyllama_mistral_data):
+    out_dir = train(tmp_path, tinyllama_mistral_data, steps=2)
+    command = [str(BIN / "vocagnolm"), "export", str(out_dir / "step-00000002"), str(tmp_path / "exported")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_checkpoint_dir(tmp_path / "exported", "exported", tokenizer=True)  # what `litgpt generate` needs
+    exported = torch.load(tmp_path / "exported" / "lit_model.pth", weights_only=True)
+    final = torch.load(out_dir / "final" / "lit_model.pth", weights_only=True)  # the same step, exported at the end
+    assert exported["step_count"] == final["step_count"] == 2
+    for name, tensor in final["model"].items():
+        assert torch.equal(exported["model"][name], tensor), name

@@ -436,6 +436,27 @@ def export_lit_model(checkpoint_dir: Path, output: Path, extra: dict | None = No
     return output
 
 
+def export(checkpoint_dir: Path, out_dir: Path) -> None:
+    """Write a training checkpoint (``out_dir/step-*`` of the recipe, saved sharded) as a LitGPT checkpoint directory:
+    one lit_model.pth with the student's weights (read tensor by tensor: the optimizer state is never read), its
+    model_config.yaml, hyperparameters.yaml and tokenizer files, for ``litgpt generate``, ``litgpt
+    convert_from_litgpt`` and ``vocagnolm evaluate``.
+
+    Arguments:
+        checkpoint_dir: The sharded checkpoint: a ``step-*`` (or ``final``) directory the recipe saved.
+        out_dir: Where to write the LitGPT checkpoint directory (created; an existing lit_model.pth is refused).
+    """
+    check_resume_path(checkpoint_dir)  # complete, matching its checksums, its index safe to read
+    if (out_dir / "lit_model.pth").exists():
+        raise FileExistsError(f"{out_dir / 'lit_model.pth'} exists: choose another out_dir, or delete it first.")
+    train_state = json.loads((checkpoint_dir / TRAIN_STATE).read_text())
+    counters = {name: train_state[name] for name in ("iter_num", "step_count")}
+    export_lit_model(checkpoint_dir, out_dir / "lit_model.pth", extra=counters)
+    copy_config_files(checkpoint_dir, out_dir)  # model_config.yaml and the tokenizer files
+    shutil.copy(checkpoint_dir / "hyperparameters.yaml", out_dir)
+    print(f"Wrote {out_dir / 'lit_model.pth'} (step {counters['step_count']}): `litgpt generate {out_dir}` reads it.")
+
+
 def hyperparameters(arguments: dict[str, Any]) -> dict[str, Any]:
     """The arguments of `setup` in the layout `--config` reads back (data modules as class_path/init_args)."""
 
