@@ -13,6 +13,7 @@ from litgpt.args import TrainArgs
 from litgpt.model import GPT
 from conftest import BIN, ROOT
 from test_checkpoints import setup_args
+from test_recipe import litgpt_pretrain, metrics, recipe_config
 
 from litgpt_vocagnolm.checkpoints import CHECKSUMS, check_checkpoint_dir, find_resume_checkpoint
 from litgpt_vocagnolm.recipe import setup
@@ -87,3 +88,44 @@ def test_export_of_a_step_is_a_litgpt_checkpoint(tmp_path, tinyllama_mistral_dat
     assert exported["step_count"] == final["step_count"] == 2
     for name, tensor in final["model"].items():
         assert torch.equal(exported["model"][name], tensor), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before, after", [(2, 2), (2, 1), (1, 2)])
+def test_a_run_resumes_on_another_number_of_processes(tmp_path, tinyllama_mistral_data, before, after):
+    """Saved on `before` processes (FSDP2 over gloo when 2, each rank its shard), resumed from step 2 on `after`: the
+    step count, the token budget and the schedule stay the run's; on as many processes the end is bit for bit the
+    uninterrupted run's; the final lit_model.pth loads in LitGPT."""
+    config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"}, devices=before)
+    args = ["--train.micro_batch_size", "1", "--train.global_batch_size", "2", "--train.save_interval", "2",
+            "--train.max_tokens", str(6 * 2 * 64)]  # fmt: skip
+    litgpt_pretrain(config, *args, "--out_dir", str(tmp_path / "whole"))
+    assert len(list((tmp_path / "whole" / "step-00000002").glob("__*_0.distcp"))) == before  # one shard per rank
+    shutil.copytree(tmp_path / "whole", tmp_path / "resumed", ignore=shutil.ignore_patterns("step-00000004",
+                    "step-00000006", "final", "logs"))  # fmt: skip
+    out = litgpt_pretrain(config, *args, "--out_dir", str(tmp_path / "resumed"), "--devices", str(after),
+                          "--resume", "auto").stdout  # fmt: skip
+    assert f"Resuming training from {tmp_path / 'resumed' / 'step-00000002'}" in out
+    final = torch.load(tmp_path / "resumed" / "final" / "lit_model.pth", weights_only=True)
+    assert (final["step_count"], final["iter_num"]) == (6, 6 * 2 // after)  # the run's 6 steps of 2 blocks
+    assert len(metrics(tmp_path / "resumed")) == 4  # steps 3 to 6: the budget is the run's, not a new one
+    hparams = (tmp_path / "resumed" / "final" / "hyperparameters.yaml").read_text()
+    if before == after:
+        reference = torch.load(tmp_path / "whole" / "final" / "lit_model.pth", weights_only=True)
+        for name, tensor in reference["model"].items():
+            assert torch.equal(final["model"][name], tensor), name
+        assert not hparams.startswith("#")
+    else:
+        change = f"Resumed from step 2 with processes {before} -> {after}, devices {before} -> {after}."
+        assert change in out and hparams.startswith(f"# {change}\n")
+        assert f"The data position was saved on {before} processes, this run has {after}: the 4 blocks read" in out
+    GPT(setup_args(tmp_path, tinyllama_mistral_data)["model_config"]).load_state_dict(final["model"])
+
+
+def test_a_resume_that_changes_the_global_batch_is_refused_before_any_model(tmp_path, tinyllama_mistral_data):
+    train(tmp_path, tinyllama_mistral_data, steps=1)
+    train_args = TrainArgs(global_batch_size=4, micro_batch_size=2, max_tokens=2 * 4 * 64, max_norm=1.0,
+                           max_seq_length=64, save_interval=1)  # fmt: skip
+    with pytest.raises(ValueError, match=r"--train.global_batch_size 4 differs from the run's 2 .*Resume with"
+                       r" --train.global_batch_size 2"):  # fmt: skip
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train_args, resume="auto"))

@@ -14,7 +14,7 @@ import shutil
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from concurrent.futures import Future
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import lightning as L
 import torch
@@ -300,10 +300,11 @@ class Checkpointer:
         self.pending: tuple[Future, Path, Path, dict | None] | None = None  # future, .partial- dir, final dir, export
 
     def save(self, fabric: L.Fabric, state: dict, checkpoint_dir: Path, tokenizer_dir: Path | None, hparams: dict,
-             blocking: bool = True, export: bool = False) -> None:  # fmt: skip
+             blocking: bool = True, export: bool = False, history: Sequence[str] = ()) -> None:  # fmt: skip
         """Writes `state` (model, optimizer, counters, loader) to `checkpoint_dir`; returns once it is complete, or,
         unless `blocking`, once the state is copied and the write runs in the background. With `export`, the directory
-        also gets the student as one lit_model.pth (`export_lit_model`), for `litgpt generate` and the like."""
+        also gets the student as one lit_model.pth (`export_lit_model`), for `litgpt generate` and the like.
+        `history` (see `resume_history`) heads hyperparameters.yaml as comments, which `--config` ignores."""
         self.finish(fabric)  # one save in flight at a time
         partial_dir = checkpoint_dir.with_name(f".partial-{checkpoint_dir.name}")
         if fabric.global_rank == 0:
@@ -320,6 +321,7 @@ class Checkpointer:
             (partial_dir / TRAIN_STATE).write_text(json.dumps({**counters, "world_size": fabric.world_size,
                                                                "train_dataloader": loaders}, indent=1))  # fmt: skip
             with open(partial_dir / "hyperparameters.yaml", "w", encoding="utf-8") as f:
+                f.writelines(f"# {line}\n" for line in history)
                 yaml.safe_dump(hparams, f, sort_keys=False)
             if tokenizer_dir is not None:
                 copy_config_files(tokenizer_dir, partial_dir)
@@ -455,6 +457,48 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
     copy_config_files(checkpoint_dir, out_dir)  # model_config.yaml and the tokenizer files
     shutil.copy(checkpoint_dir / "hyperparameters.yaml", out_dir)
     print(f"Wrote {out_dir / 'lit_model.pth'} (step {counters['step_count']}): `litgpt generate {out_dir}` reads it.")
+
+
+# What a resume may not change, and why (`resume_history`). Devices, nodes and the micro-batch may change: checkpoints
+# are taken at optimizer steps, and those only change how a step's global batch is split over ranks and micro-batches.
+FIXED_ON_RESUME = {
+    "train.global_batch_size": "it sets the tokens per optimizer step, so the run's schedule (warm-up, decay, steps)"
+    " would no longer be the one it started",
+    "train.max_seq_length": "the blocks and the tokens per step are the run's",
+    "guidance.method": "a run trains one method; train another in a new --out_dir",
+    "precision": "the weights and AdamW state keep the precision the run started with",
+}
+
+
+def resume_history(checkpoint_dir: Path, hparams: dict, world_size: int) -> list[str]:
+    """The run's history after resuming from `checkpoint_dir` with `hparams` on `world_size` processes: the lines
+    the checkpoint's hyperparameters.yaml holds (as comments), and one for this resume if it changes the run's shape.
+    Refuses, naming the old and the new value and why, a change that `FIXED_ON_RESUME` forbids."""
+    saved_file = checkpoint_dir / "hyperparameters.yaml"
+    text = saved_file.read_text(encoding="utf-8")
+    saved = yaml.safe_load(text)
+    history = [line.removeprefix("# ") for line in text.splitlines() if line.startswith("# ")]
+
+    def value(tree: dict, key: str) -> Any:
+        for part in key.split("."):
+            tree = tree.get(part) if isinstance(tree, dict) else None
+        return tree
+
+    for key, reason in FIXED_ON_RESUME.items():
+        if value(saved, key) != value(hparams, key):
+            raise ValueError(
+                f"--{key} {value(hparams, key)} differs from the run's {value(saved, key)} ({saved_file}): it can't"
+                f" change on resume, as {reason}. Resume with --{key} {value(saved, key)}."
+            )
+    saved_world_size = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["world_size"]
+    changes = [f"processes {saved_world_size} -> {world_size}"] if saved_world_size != world_size else []
+    for key in ("train.micro_batch_size", "devices", "num_nodes"):
+        if value(saved, key) != value(hparams, key):
+            changes.append(f"{key} {value(saved, key)} -> {value(hparams, key)}")
+    step = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["step_count"]
+    if changes:
+        history.append(f"Resumed from step {step} with {', '.join(changes)}.")
+    return history
 
 
 def hyperparameters(arguments: dict[str, Any]) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from litgpt_vocagnolm.checkpoints import (
     hyperparameters,
     load_weights,
     previous_checkpoints,
+    resume_history,
 )
 from litgpt_vocagnolm.checks import check_setup, resolve_model_config, tokenizer_pair_summary
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
@@ -86,6 +87,8 @@ class Run:
     """Writes and reads the sharded checkpoints (`checkpoints.Checkpointer`)."""
     hparams: dict
     """`setup`'s arguments, written into every checkpoint as hyperparameters.yaml."""
+    history: list[str]
+    """The resumes that changed the run's shape, headed to hyperparameters.yaml (`checkpoints.resume_history`)."""
     stop: threading.Event
     """Set by SIGUSR1: stop after the current optimizer step (see `slurm.stop_signal`)."""
 
@@ -199,7 +202,7 @@ def setup(
         run = Run(out_dir=out_dir, tokenizer_dir=tokenizer_dir, initial_checkpoint_dir=initial_checkpoint_dir,
                   resume=resume, devices=devices, num_nodes=num_nodes, seed=seed, optimizer=optimizer, fsdp=fsdp,
                   compile=compile, overwrite=overwrite, checkpointer=Checkpointer(fabric), hparams=hparams,
-                  stop=stop)  # fmt: skip
+                  history=[], stop=stop)  # fmt: skip
         main(fabric, config, data, run, train, eval, teacher, guidance)
 
 
@@ -225,6 +228,9 @@ def main(
     fabric.seed_everything(run.seed)  # the same seed on every rank: identical initialisation before sharding
     fabric.barrier()
     resume = find_resume_checkpoint(fabric, run.resume, out_dir)  # before any model: `auto` skips unreadable checkpoints
+    if resume:  # a change of the run's shape: refused, or carried out and said (before any model is built)
+        run.history = resume_history(resume, run.hparams, fabric.world_size)
+        fabric.print("\n".join(run.history))
 
     t0 = time.perf_counter()
     with fabric.init_module(empty_init=True):
@@ -279,6 +285,9 @@ def main(
     if resume:
         fabric.print(f"Resuming training from {resume}")
         run.checkpointer.load(fabric, state, resume)  # resharded for this run's number of processes
+        # Saved after an optimizer step: the devices or the micro-batch may have changed how many micro-batches a step
+        # has, not the step, the tokens trained or the schedule.
+        state["iter_num"] = state["step_count"] * train.gradient_accumulation_iters(run.devices, run.num_nodes)
     initial_iter = state["iter_num"]
 
     train_t0 = time.perf_counter()
@@ -287,7 +296,8 @@ def main(
                    vocab_size=vocab_size)  # fmt: skip
     if not finished:
         requeue_and_exit(fabric)
-    run.checkpointer.save(fabric, state, out_dir / "final", tokenizer_dir, run.hparams, export=True)
+    run.checkpointer.save(fabric, state, out_dir / "final", tokenizer_dir, run.hparams, export=True,
+                          history=run.history)
 
     train_time = time.perf_counter() - train_t0
     tokens_per_iter = train.micro_batch_size * model.max_seq_length * fabric.world_size
@@ -433,7 +443,8 @@ def fit(
             step_metrics = {}
         if stopping:
             checkpoint = run.out_dir / f"step-{state['step_count']:08d}"
-            run.checkpointer.save(fabric, state, checkpoint, run.tokenizer_dir, run.hparams)  # complete before exit
+            run.checkpointer.save(fabric, state, checkpoint, run.tokenizer_dir, run.hparams,
+                                  history=run.history)  # complete before exit
             fabric.print(f"Stopped after step {state['step_count']} on SIGUSR1: saved {str(checkpoint)!r}.")
             return False
 
@@ -448,7 +459,8 @@ def fit(
             run.checkpointer.poll(fabric)  # a background save that every rank has written: make it the latest
         if train.save_interval is not None and not is_accumulating and state["step_count"] % train.save_interval == 0:
             checkpoint = run.out_dir / f"step-{state['step_count']:08d}"
-            run.checkpointer.save(fabric, state, checkpoint, run.tokenizer_dir, run.hparams, blocking=False)
+            run.checkpointer.save(fabric, state, checkpoint, run.tokenizer_dir, run.hparams, blocking=False,
+                                  history=run.history)
 
     if eval.final_validation:
         val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
