@@ -129,3 +129,20 @@ def test_a_resume_that_changes_the_global_batch_is_refused_before_any_model(tmp_
     with pytest.raises(ValueError, match=r"--train.global_batch_size 4 differs from the run's 2 .*Resume with"
                        r" --train.global_batch_size 2"):  # fmt: skip
         setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train_args, resume="auto"))
+
+
+def test_a_resume_with_another_micro_batch_keeps_the_runs_steps_and_says_so(tmp_path, tinyllama_mistral_data, capsys):
+    train(tmp_path, tinyllama_mistral_data, steps=3)
+    for step in ("step-00000003", "final"):
+        shutil.rmtree(tmp_path / "out" / step)
+    train_args = TrainArgs(global_batch_size=2, micro_batch_size=1, max_tokens=3 * 2 * 64, max_norm=1.0,
+                           max_seq_length=64, save_interval=1)  # fmt: skip
+    capsys.readouterr()
+    setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train_args, resume="auto"))
+    out = capsys.readouterr().out
+    assert "Resumed from step 2 with train.micro_batch_size 2 -> 1." in out
+    final = torch.load(tmp_path / "out" / "final" / "lit_model.pth", weights_only=True)
+    assert (final["step_count"], final["iter_num"]) == (3, 6)  # one more step of 2 micro-batches, not 4 more steps
+    assert "iter 6 step 3" in out and "step 4" not in out
+    hparams = (tmp_path / "out" / "final" / "hyperparameters.yaml").read_text()
+    assert hparams.startswith("# Resumed from step 2 with train.micro_batch_size 2 -> 1.\n")

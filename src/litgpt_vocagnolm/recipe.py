@@ -230,7 +230,8 @@ def main(
     resume = find_resume_checkpoint(fabric, run.resume, out_dir)  # before any model: `auto` skips unreadable checkpoints
     if resume:  # a change of the run's shape: refused, or carried out and said (before any model is built)
         run.history = resume_history(resume, run.hparams, fabric.world_size)
-        fabric.print("\n".join(run.history))
+        for line in run.history:
+            fabric.print(line)
 
     t0 = time.perf_counter()
     with fabric.init_module(empty_init=True):
