@@ -122,8 +122,9 @@ def test_resume_auto_skips_unreadable_checkpoints_newest_first(tmp_path, capsys)
     for resume in ("auto", True):
         assert find_resume_checkpoint(fabric, resume, tmp_path) == readable
         out = capsys.readouterr().out
-        assert f"Skipping {tmp_path / 'step-00000008'}: Refused to load {tmp_path / 'step-00000008' / '.metadata'}" in out
-        assert f"Skipping {tmp_path / 'step-00000006'}: {tmp_path / 'step-00000006' / '__0_0.distcp'} does not match" in out
+        crafted, cut = tmp_path / "step-00000008", tmp_path / "step-00000006"
+        assert f"Skipping {crafted}: Refused to load {crafted / '.metadata'}" in out
+        assert f"Skipping {cut}: {cut / '__0_0.distcp'} does not match its checksum" in out
         assert "step-00000004" not in out and "step-00000002" not in out
     assert not (tmp_path / "payload-ran").exists()
     assert find_resume_checkpoint(fabric, False, tmp_path) is None

@@ -143,7 +143,8 @@ def check_out_dir(out_dir: Path, resume: bool | Literal["auto"] | Path, overwrit
     continue the *old* run from them. With `overwrite` the run goes on, and deletes them (`previous_checkpoints`)."""
     previous = [] if resume or overwrite else previous_checkpoints(out_dir)
     if previous:
-        names = ", ".join(p.name for p in previous[:5]) + (f" and {len(previous) - 5} more" if len(previous) > 5 else "")
+        more = f" and {len(previous) - 5} more" if len(previous) > 5 else ""
+        names = ", ".join(p.name for p in previous[:5]) + more
         raise FileExistsError(
             f"--out_dir {str(out_dir)!r} holds a previous run's checkpoints ({names}). Continue that run with --resume"
             " auto, choose another --out_dir, or pass --overwrite true to delete them and start afresh."
@@ -286,7 +287,8 @@ class Checkpointer:
     rank's data-loader position), hyperparameters.yaml, the model config, the tokenizer files and checksums.json.
 
     Fabric's `ModelParallelStrategy(save_distributed_checkpoint=True)` writes DCP too, but only under that strategy
-    (not on one device), synchronously, and loads without resharding the loader state; DCP is called directly here.
+    (not on one device), synchronously, with rank 0's loader state alone and its index unpickled without restriction;
+    DCP is called directly here, the same way on one process and on many.
 
     A save is asynchronous where `blocking` is False (`dcp.async_save`: the state is copied to host memory, then
     written by a thread while training goes on, over a gloo group of its own so that its collectives never interleave
