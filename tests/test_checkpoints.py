@@ -106,7 +106,7 @@ def write_step(out_dir: Path, step: int, content: str = "good") -> Path:
     if content == "crafted":  # an index that runs code when unpickled, with checksums to match (as a forger would)
         with open(path / ".metadata", "wb") as f:
             pickle.dump(Payload(out_dir / "payload-ran"), f)
-    (path / CHECKSUMS).write_text(json.dumps(file_checksums(path)))
+    (path / CHECKSUMS).write_text(json.dumps(file_checksums(path) | file_checksums(path, shards_of=0)))
     if content == "truncated":  # cut after its checksums were written
         shard = path / "__0_0.distcp"
         shard.write_bytes(shard.read_bytes()[:100])

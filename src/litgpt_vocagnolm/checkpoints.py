@@ -193,10 +193,15 @@ class SafePlanner(DefaultLoadPlanner):
         self.original_state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
 
 
-def file_checksums(directory: Path) -> dict[str, str]:
-    """sha256 of every file in a checkpoint directory but checksums.json, by name."""
+def file_checksums(directory: Path, shards_of: int | None = None) -> dict[str, str]:
+    """sha256 of the files in a checkpoint directory, by name: the DCP shards that rank `shards_of` wrote
+    (`__<rank>_*.distcp`), or, without it, every file but the shards and checksums.json."""
     sums = {}
-    for path in sorted(p for p in directory.iterdir() if p.is_file() and p.name != CHECKSUMS):
+    if shards_of is None:
+        paths = [p for p in directory.iterdir() if p.is_file() and p.suffix != ".distcp" and p.name != CHECKSUMS]
+    else:
+        paths = list(directory.glob(f"__{shards_of}_*.distcp"))
+    for path in sorted(paths):
         digest = hashlib.sha256()
         with open(path, "rb") as f:
             while chunk := f.read(1 << 24):
@@ -349,17 +354,20 @@ class Checkpointer:
             self.finish(fabric)
 
     def finish(self, fabric: L.Fabric) -> None:
-        """Waits for the save in flight, if any; rank 0 then writes checksums.json and renames the directory."""
+        """Waits for the save in flight, if any; rank 0 then writes checksums.json (every rank's sha256 of its shards)
+        and renames the directory."""
         if self.pending is None:
             return
         future, partial_dir, checkpoint_dir, export = self.pending
         self.pending = None
         future.result()
-        fabric.barrier()
+        # Each rank hashes the shards it wrote (a checkpoint is read once, over all ranks), rank 0 the rest.
+        shard_sums = self._gather(file_checksums(partial_dir, shards_of=fabric.global_rank))
         if fabric.global_rank == 0:
             if export is not None:
                 export_lit_model(partial_dir, partial_dir / "lit_model.pth", extra=export)
-            (partial_dir / CHECKSUMS).write_text(json.dumps(file_checksums(partial_dir), indent=1))
+            sums = {k: v for rank in shard_sums for k, v in rank.items()} | file_checksums(partial_dir)
+            (partial_dir / CHECKSUMS).write_text(json.dumps(dict(sorted(sums.items())), indent=1))
             shutil.rmtree(checkpoint_dir, ignore_errors=True)
             partial_dir.rename(checkpoint_dir)
         fabric.barrier()
@@ -384,7 +392,7 @@ class Checkpointer:
         return train_state
 
     def _gather(self, obj: Any) -> list[Any]:
-        """Every rank's `obj`, in rank order (on rank 0; the others get theirs alone)."""
+        """Every rank's `obj`, in rank order (an all-gather over the checkpoint group)."""
         if self.group is None:
             return [obj]
         gathered = [None] * torch.distributed.get_world_size()
