@@ -211,7 +211,8 @@ def file_checksums(directory: Path, shards_of: int | None = None) -> dict[str, s
 
 
 def check_resume_path(path: Path) -> None:
-    """`--resume PATH`, before any model is built: a sharded checkpoint directory (or a file in one) that verifies."""
+    """`--resume PATH`, before any process starts: a sharded checkpoint directory (or a file in one) whose index loads.
+    Its checksums are checked once the processes run, each rank a share of the files (`find_resume_checkpoint`)."""
     if path.is_file():
         read_weights(path)  # a crafted or damaged weight file: refused, naming it
         path = path.parent
@@ -220,7 +221,7 @@ def check_resume_path(path: Path) -> None:
             f"--resume {str(path)!r} is not a sharded checkpoint (no .metadata): pass a step-* directory this recipe"
             " saved, or --resume auto for the newest in --out_dir."
         )
-    verify_checkpoint(path)
+    SafeReader(path).read_metadata()
 
 
 def verify_checkpoint(step_dir: Path, rank: int = 0, world_size: int = 1) -> None:
@@ -255,17 +256,16 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
     a requeued job fails on every requeue. Here, for `--resume auto` or `True`, a checkpoint that `verify_checkpoint`
     refuses (a file missing, or not matching its checksum) is reported and skipped, newest first, and only one that
     every rank verifies is taken (one all-reduce per checkpoint tried), so all ranks resume from the same step. With
-    none readable, `auto` starts afresh and `True` fails; a `resume` path must be a checkpoint directory (or a file in
-    one).
+    none readable, `auto` starts afresh and `True` fails; a `resume` path (a checkpoint directory or a file in one) is
+    verified the same way, and fails if it doesn't verify.
     """
     if not resume:
         return None
     if isinstance(resume, Path):
-        return resume if resume.is_dir() else resume.parent
-    # Rank 0's list, so that every rank tries the same directories even where a shared file system shows one rank a
-    # stale listing.
-    candidates = sorted((p for p in out_dir.glob("step-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]),
-                        reverse=True)  # fmt: skip
+        candidates = [resume if resume.is_dir() else resume.parent]
+    else:  # rank 0's list, so that every rank tries the same directories even where one rank sees a stale listing
+        candidates = sorted((p for p in out_dir.glob("step-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]),
+                            reverse=True)  # fmt: skip
     candidates = fabric.broadcast(candidates)
     for path in candidates:
         try:
@@ -277,6 +277,8 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
         if failed.item() == 0:
             return path
         fabric.print(f"Skipping {path}: {reason or 'another rank cannot read it'}")
+    if isinstance(resume, Path):
+        raise UnreadableCheckpoint(f"--resume {str(candidates[0])!r} can't be resumed from: see the line above.")
     skipped = f" ({len(candidates)} unreadable, skipped)" if candidates else ""
     if resume is True:
         raise FileNotFoundError(f"--resume true, but no readable checkpoint in --out_dir {out_dir}{skipped}.")
@@ -458,7 +460,8 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
         checkpoint_dir: The sharded checkpoint: a ``step-*`` (or ``final``) directory the recipe saved.
         out_dir: Where to write the LitGPT checkpoint directory (created; an existing lit_model.pth is refused).
     """
-    check_resume_path(checkpoint_dir)  # complete, matching its checksums, its index safe to read
+    check_resume_path(checkpoint_dir)  # a sharded checkpoint, its index safe to read
+    verify_checkpoint(checkpoint_dir)  # complete, every file matching its checksum
     if (out_dir / "lit_model.pth").exists():
         raise FileExistsError(f"{out_dir / 'lit_model.pth'} exists: choose another out_dir, or delete it first.")
     train_state = json.loads((checkpoint_dir / TRAIN_STATE).read_text())
