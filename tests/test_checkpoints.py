@@ -1,16 +1,26 @@
 """Weight files: every path that loads one refuses a crafted pickle, and `--resume auto` skips damaged checkpoints."""
 
+import json
+import pickle
 from pathlib import Path
 from unittest import mock
 
 import lightning as L
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from conftest import MISTRAL, QWEN, TINYLLAMA, make_checkpoint, tiny_config
 from litgpt.args import TrainArgs
 
 from litgpt_vocagnolm import checkpoints, gpt
-from litgpt_vocagnolm.checkpoints import UnreadableCheckpoint, find_resume_checkpoint, read_weights
+from litgpt_vocagnolm.checkpoints import (
+    CHECKSUMS,
+    TRAIN_STATE,
+    UnreadableCheckpoint,
+    file_checksums,
+    find_resume_checkpoint,
+    read_weights,
+)
 from litgpt_vocagnolm.data import VocAgnoData
 from litgpt_vocagnolm.evaluate import evaluate, load_model
 from litgpt_vocagnolm.methods import GuidanceArgs
@@ -89,13 +99,17 @@ def test_damaged_files_are_named(tmp_path):
 
 
 def write_step(out_dir: Path, step: int, content: str = "good") -> Path:
-    path = out_dir / f"step-{step:08d}" / "lit_model.pth"
-    path.parent.mkdir(parents=True)
-    torch.save({"model": {"w": torch.full((4,), float(step))}, "step_count": step}, path)
-    if content == "truncated":
-        path.write_bytes(path.read_bytes()[:100])
-    elif content == "crafted":
-        plant_payload(path, out_dir / "payload-ran")
+    """A sharded checkpoint directory as the recipe writes it (DCP shards and index, train state, checksums)."""
+    path = out_dir / f"step-{step:08d}"
+    dcp.save({"model": {"w": torch.full((4,), float(step))}}, checkpoint_id=path, no_dist=True)
+    (path / TRAIN_STATE).write_text(json.dumps({"step_count": step, "iter_num": step, "world_size": 1}))
+    if content == "crafted":  # an index that runs code when unpickled, with checksums to match (as a forger would)
+        with open(path / ".metadata", "wb") as f:
+            pickle.dump(Payload(out_dir / "payload-ran"), f)
+    (path / CHECKSUMS).write_text(json.dumps(file_checksums(path) | file_checksums(path, shards_of=0)))
+    if content == "truncated":  # cut after its checksums were written
+        shard = path / "__0_0.distcp"
+        shard.write_bytes(shard.read_bytes()[:100])
     return path
 
 
@@ -108,8 +122,9 @@ def test_resume_auto_skips_unreadable_checkpoints_newest_first(tmp_path, capsys)
     for resume in ("auto", True):
         assert find_resume_checkpoint(fabric, resume, tmp_path) == readable
         out = capsys.readouterr().out
-        assert f"Skipping {tmp_path / 'step-00000008' / 'lit_model.pth'}: Refused to load" in out
-        assert f"Skipping {tmp_path / 'step-00000006' / 'lit_model.pth'}: Cannot read" in out
+        crafted, cut = tmp_path / "step-00000008", tmp_path / "step-00000006"
+        assert f"Skipping {crafted}: Refused to load {crafted / '.metadata'}" in out
+        assert f"Skipping {cut}: {cut / '__0_0.distcp'} does not match its checksum" in out
         assert "step-00000004" not in out and "step-00000002" not in out
     assert not (tmp_path / "payload-ran").exists()
     assert find_resume_checkpoint(fabric, False, tmp_path) is None
@@ -131,16 +146,16 @@ def _resume_on_two_ranks(fabric: L.Fabric, tmp_path: Path) -> None:
     # A stale listing: rank 1's view of out_dir lacks the newest checkpoint, which rank 0's holds.
     stale = find_resume_checkpoint(fabric, "auto", tmp_path / f"listed-{rank}")
     # A damaged view: rank 1 can't read the newest checkpoint, which rank 0 reads.
-    real_read = checkpoints.read_weights
+    real_verify = checkpoints.verify_checkpoint
 
-    def read_weights(path: Path) -> dict:
-        if rank == 1 and path.parent.name == "step-00000004":
+    def verify_checkpoint(path: Path, rank: int, world_size: int) -> None:
+        if rank == 1 and path.name == "step-00000004":
             raise UnreadableCheckpoint(f"Cannot read {path}")
-        return real_read(path)
+        real_verify(path, rank, world_size)
 
-    with mock.patch.object(checkpoints, "read_weights", read_weights):
+    with mock.patch.object(checkpoints, "verify_checkpoint", verify_checkpoint):
         damaged = find_resume_checkpoint(fabric, "auto", tmp_path / "shared")
-    (tmp_path / f"chosen-{rank}").write_text(f"{stale.parent.name} {damaged.parent.name}")
+    (tmp_path / f"chosen-{rank}").write_text(f"{stale.name} {damaged.name}")
     # Leave gloo's threads no work in flight when the spawned process exits: without it, the exit can abort
     # ("terminate called without an active exception") on a busy machine.
     fabric.barrier()

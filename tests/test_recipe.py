@@ -1,6 +1,7 @@
 """The `vocagnolm` recipe end to end on CPU: tiny models, real tokenizers, the real console scripts."""
 
 import csv
+import json
 import math
 import os
 import re
@@ -163,7 +164,7 @@ def test_kill_and_resume_past_a_damaged_checkpoint_equals_uninterrupted_run(
     killed = recipe_config(tmp_path / "killed", tinyllama_mistral_data, mistral_teacher)
     command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(killed), *args]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoint = tmp_path / "killed" / "out" / "step-00000004" / "lit_model.pth"
+    checkpoint = tmp_path / "killed" / "out" / "step-00000004"  # appears once complete
     deadline = time.time() + 300
     while not checkpoint.exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -171,13 +172,14 @@ def test_kill_and_resume_past_a_damaged_checkpoint_equals_uninterrupted_run(
     process.wait()
     assert checkpoint.exists() and not (tmp_path / "killed" / "out" / "final").exists()
     # The newest checkpoint damaged (a node lost while the file system flushed it): resume from the one before.
-    newest = max((tmp_path / "killed" / "out").glob("step-*")) / "lit_model.pth"
-    newest.write_bytes(newest.read_bytes()[:1000])
+    newest = max((tmp_path / "killed" / "out").glob("step-*"))
+    shard = newest / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000])
 
     out = litgpt_pretrain(killed, *args, "--resume", "auto")
-    assert f"Skipping {newest}: Cannot read" in out.stdout
+    assert f"Skipping {newest}: {shard} does not match its checksum" in out.stdout
     resumed_step = int(re.search(r"Resuming training from \S*step-(\d+)", out.stdout)[1])
-    assert resumed_step == int(newest.parent.name.removeprefix("step-")) - 2
+    assert resumed_step == int(newest.name.removeprefix("step-")) - 2
     # Speed counts the tokens this run trained (2 micro-batches of 2 x 64 per step), not those before the resume.
     run_tokens = (10 - resumed_step) * 2 * 2 * 64
     assert f"| - This run      : {run_tokens:,} tokens" in out.stdout
@@ -259,11 +261,11 @@ def test_sigusr1_saves_requeues_exits_and_resume_finishes_as_uninterrupted(
     assert "Requeued Slurm job 4242" in out and calls.read_text() == "requeue 4242\n"
     job = tmp_path / "job" / "out"
     assert [p.name for p in job.glob("step-*")] == [f"step-{stopped:08d}"] and not (job / "final").exists()
-    saved = torch.load(job / f"step-{stopped:08d}" / "lit_model.pth", weights_only=True)
+    saved = json.loads((job / f"step-{stopped:08d}" / "train_state.json").read_text())
     assert (saved["step_count"], saved["iter_num"]) == (stopped, 2 * stopped)
 
     out = litgpt_pretrain(configs["job"], *args, "--resume", "auto", env=env)  # the requeued job
-    assert f"Resuming training from {job / f'step-{stopped:08d}' / 'lit_model.pth'}" in out.stdout
+    assert f"Resuming training from {job / f'step-{stopped:08d}'}" in out.stdout
     assert calls.read_text() == "requeue 4242\n"  # it finished: no requeue
     resumed = torch.load(job / "final" / "lit_model.pth", weights_only=True)
     reference = torch.load(tmp_path / "whole" / "out" / "final" / "lit_model.pth", weights_only=True)
@@ -290,9 +292,10 @@ def test_sigusr1_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, tiny
     stopped = int(re.search(r"Stopped after step (\d+) on SIGUSR1", out_0).group(1))
     assert 1 <= stopped < 24
     assert [p.name for p in (tmp_path / "out").glob("step-*")] == [f"step-{stopped:08d}"]
-    # Saving gathers every rank's shards: it completes, with this step's counters, only if rank 1 saved the same step.
-    saved = torch.load(tmp_path / "out" / f"step-{stopped:08d}" / "lit_model.pth", weights_only=True)
-    assert (saved["step_count"], saved["iter_num"]) == (stopped, stopped)
+    # Every rank writes its shard: the checkpoint completes, with this step's counters, only if rank 1 saved it too.
+    saved = json.loads((tmp_path / "out" / f"step-{stopped:08d}" / "train_state.json").read_text())
+    assert (saved["step_count"], saved["iter_num"], saved["world_size"]) == (stopped, stopped, 2)
+    assert len(list((tmp_path / "out" / f"step-{stopped:08d}").glob("__*_0.distcp"))) == 2
     assert calls.read_text() == "requeue 4242\n"
 
 

@@ -13,21 +13,33 @@ import re
 import shutil
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, Literal
+from concurrent.futures import Future
+from typing import Any, Literal, Sequence
 
 import lightning as L
 import torch
+import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 import yaml
+from lightning.fabric.wrappers import _unwrap_objects
 from litgpt.config import Config
 from litgpt.data import DataModule
 from litgpt.utils import copy_config_files, save_config
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
 from litgpt_vocagnolm.tokenizer_files import TOKENIZER_FILES, load_tokenizer
 
 MODEL_FILES = ("lit_model.pth", "model_config.yaml")
+TRAIN_STATE = "train_state.json"
+CHECKSUMS = "checksums.json"
 
 
 class UnreadableCheckpoint(InvalidArgument):
@@ -118,27 +130,147 @@ def load_weights(model: nn.Module, path: Path) -> None:
     set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=True, strict=True))
 
 
-def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Path, out_dir: Path) -> Path | None:
-    """The training checkpoint to resume from: `litgpt.utils.find_resume_path`'s, past checkpoints that can't be read.
+def previous_checkpoints(out_dir: Path) -> list[Path]:
+    """The checkpoint directories (`step-*`, `final`, and their unfinished `.partial-*`) a run left in `out_dir`."""
+    if not out_dir.is_dir():
+        return []
+    pattern = r"(\.partial-)?(step-\d+|final)"
+    return sorted(p for p in out_dir.iterdir() if p.is_dir() and re.fullmatch(pattern, p.name))
 
-    LitGPT takes the newest `out_dir/step-*/*.pth`; if that one is damaged (a node lost while the file system flushed
-    it, a full disk), a requeued job fails on every requeue. Here, for `--resume auto` or `True`, a checkpoint that
-    `read_weights` refuses or can't read is reported and skipped, newest first, and only one that every rank reads is
-    taken (one all-reduce per checkpoint tried), so all ranks resume from the same step. Opening a checkpoint reads
-    its pickled index, not its tensors: the one chosen is read once, by `fabric.load`. With none readable, `auto`
-    starts afresh and `True` fails; a `resume` path must be readable (`check_setup` opened it).
+
+def check_out_dir(out_dir: Path, resume: bool | Literal["auto"] | Path, overwrite: bool) -> None:
+    """Refuses a fresh run (no `--resume`) into an `out_dir` that holds a previous run's checkpoints: its `final/` and
+    the `step-*` it saves would be overwritten, the old run's later steps kept, and a later `--resume auto` would
+    continue the *old* run from them. With `overwrite` the run goes on, and deletes them (`previous_checkpoints`)."""
+    previous = [] if resume or overwrite else previous_checkpoints(out_dir)
+    if previous:
+        more = f" and {len(previous) - 5} more" if len(previous) > 5 else ""
+        names = ", ".join(p.name for p in previous[:5]) + more
+        raise FileExistsError(
+            f"--out_dir {str(out_dir)!r} holds a previous run's checkpoints ({names}). Continue that run with --resume"
+            " auto, choose another --out_dir, or pass --overwrite true to delete them and start afresh."
+        )
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's `.metadata` is a pickle that `FileSystemReader` loads without restriction: here only the classes a
+    checkpoint's index holds (DCP's metadata dataclasses, paths, sizes, dtypes) may be built."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (
+            module == "torch.distributed.checkpoint.metadata"
+            or (module, name) in {("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+                                  ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                                  ("pathlib", "WindowsPath"), ("torch", "Size"), ("collections", "OrderedDict")}
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        )  # fmt: skip
+        if not allowed:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's index")
+        return super().find_class(module, name)
+
+
+class SafeReader(dcp.FileSystemReader):
+    """`FileSystemReader` whose index is unpickled by `_MetadataUnpickler` (the tensors already load with
+    `weights_only=True`)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self.path) / ".metadata"
+        try:
+            with open(path, "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+        except pickle.UnpicklingError as error:
+            raise UnreadableCheckpoint(f"Refused to load {path}: {error}; nothing was loaded.") from error
+        except Exception as error:
+            raise UnreadableCheckpoint(f"Cannot read {path} ({type(error).__name__}: {error}).") from error
+        metadata.storage_meta = metadata.storage_meta or StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafePlanner(DefaultLoadPlanner):
+    """DCP's loader of non-tensor values (the optimizer's `param_groups`): `weights_only=True`, unlike the default."""
+
+    def load_bytes(self, read_item, value) -> None:
+        self.original_state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
+
+
+def file_checksums(directory: Path, shards_of: int | None = None) -> dict[str, str]:
+    """sha256 of the files in a checkpoint directory, by name: the DCP shards that rank `shards_of` wrote
+    (`__<rank>_*.distcp`), or, without it, every file but the shards and checksums.json."""
+    sums = {}
+    if shards_of is None:
+        paths = [p for p in directory.iterdir() if p.is_file() and p.suffix != ".distcp" and p.name != CHECKSUMS]
+    else:
+        paths = list(directory.glob(f"__{shards_of}_*.distcp"))
+    for path in sorted(paths):
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+        sums[path.name] = digest.hexdigest()
+    return sums
+
+
+def check_resume_path(path: Path) -> None:
+    """`--resume PATH`, before any process starts: a sharded checkpoint directory (or a file in one) whose index loads.
+    Its checksums are checked once the processes run, each rank a share of the files (`find_resume_checkpoint`)."""
+    if path.is_file():
+        read_weights(path)  # a crafted or damaged weight file: refused, naming it
+        path = path.parent
+    if not (path / ".metadata").is_file():
+        raise UnreadableCheckpoint(
+            f"--resume {str(path)!r} is not a sharded checkpoint (no .metadata): pass a step-* directory this recipe"
+            " saved, or --resume auto for the newest in --out_dir."
+        )
+    SafeReader(path).read_metadata()
+
+
+def verify_checkpoint(step_dir: Path, rank: int = 0, world_size: int = 1) -> None:
+    """Raises `UnreadableCheckpoint`, naming the file, unless `step_dir` is a complete sharded checkpoint whose files
+    match checksums.json (every rank hashes its share of the files: a whole checkpoint is read once over the ranks)
+    and whose index and train state load."""
+    if not (step_dir / CHECKSUMS).is_file():
+        raise UnreadableCheckpoint(f"Cannot read {step_dir / CHECKSUMS}: missing, so the checkpoint is incomplete.")
+    try:
+        expected = json.loads((step_dir / CHECKSUMS).read_text())
+        json.loads((step_dir / TRAIN_STATE).read_text())
+    except (OSError, ValueError) as error:
+        raise UnreadableCheckpoint(f"Cannot read {step_dir}: {error}") from error
+    for name in sorted(expected)[rank::world_size]:
+        path = step_dir / name
+        digest = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    digest.update(chunk)
+        except OSError as error:
+            raise UnreadableCheckpoint(f"Cannot read {path}: {error}") from error
+        if digest.hexdigest() != expected[name]:
+            raise UnreadableCheckpoint(f"{path} does not match its checksum in {CHECKSUMS}: the file is damaged.")
+    SafeReader(step_dir).read_metadata()
+
+
+def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Path, out_dir: Path) -> Path | None:
+    """The checkpoint directory to resume from: the newest `out_dir/step-*` that is complete and undamaged.
+
+    LitGPT takes the newest step; if that one is damaged (a node lost while the file system flushed it, a full disk),
+    a requeued job fails on every requeue. Here, for `--resume auto` or `True`, a checkpoint that `verify_checkpoint`
+    refuses (a file missing, or not matching its checksum) is reported and skipped, newest first, and only one that
+    every rank verifies is taken (one all-reduce per checkpoint tried), so all ranks resume from the same step. With
+    none readable, `auto` starts afresh and `True` fails; a `resume` path (a checkpoint directory or a file in one) is
+    verified the same way, and fails if it doesn't verify.
     """
     if not resume:
         return None
     if isinstance(resume, Path):
-        return resume
-    # litgpt.utils.find_resume_path's choice (newest step first), here every candidate in that order; rank 0's list,
-    # so that every rank tries the same files even where a shared file system shows one rank a stale directory.
-    candidates = sorted(out_dir.rglob("step-*/*.pth"), key=lambda p: int(p.parent.name.split("-")[1]), reverse=True)
+        candidates = [resume if resume.is_dir() else resume.parent]
+    else:  # rank 0's list, so that every rank tries the same directories even where one rank sees a stale listing
+        candidates = sorted((p for p in out_dir.glob("step-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]),
+                            reverse=True)  # fmt: skip
     candidates = fabric.broadcast(candidates)
     for path in candidates:
         try:
-            read_weights(path)
+            verify_checkpoint(path, fabric.global_rank, fabric.world_size)
             reason = None
         except UnreadableCheckpoint as error:
             reason = str(error)
@@ -146,6 +278,8 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
         if failed.item() == 0:
             return path
         fabric.print(f"Skipping {path}: {reason or 'another rank cannot read it'}")
+    if isinstance(resume, Path):
+        raise UnreadableCheckpoint(f"--resume {str(candidates[0])!r} can't be resumed from: see the line above.")
     skipped = f" ({len(candidates)} unreadable, skipped)" if candidates else ""
     if resume is True:
         raise PathMissing(f"--resume true, but no readable checkpoint in --out_dir {out_dir}{skipped}.")
@@ -154,28 +288,231 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
     return None
 
 
-def save_checkpoint(fabric: L.Fabric, state: dict, tokenizer_dir: Path | None, checkpoint_file: Path, hparams: dict) -> None:
-    """litgpt.pretrain.save_checkpoint, changed twice: hyperparameters.yaml is written from the parsed arguments
-    (LitGPT's version re-parses `sys.argv` against its own `setup` and exits on our extra flags), and the directory
-    appears only once complete (written as `.partial-<name>`, then renamed), so a job killed mid-save resumes from
-    the previous checkpoint instead of a truncated file."""
-    final_dir = checkpoint_file.parent
-    partial_dir = final_dir.with_name(f".partial-{final_dir.name}")
-    if fabric.global_rank == 0:
-        shutil.rmtree(partial_dir, ignore_errors=True)
-        partial_dir.mkdir(parents=True)
-    fabric.barrier()
-    fabric.print(f"Saving checkpoint to {str(checkpoint_file)!r}")
-    fabric.save(partial_dir / checkpoint_file.name, state)
-    if fabric.global_rank == 0:
-        with open(partial_dir / "hyperparameters.yaml", "w", encoding="utf-8") as f:
-            yaml.safe_dump(hparams, f, sort_keys=False)
-        if tokenizer_dir is not None:
-            copy_config_files(tokenizer_dir, partial_dir)
-        save_config(state["model"].config, partial_dir)
-        shutil.rmtree(final_dir, ignore_errors=True)
-        partial_dir.rename(final_dir)
-    fabric.barrier()
+class Checkpointer:
+    """Sharded training checkpoints with `torch.distributed.checkpoint` (DCP), as torchtitan writes them: every rank
+    writes its own shard of the student and its AdamW state (`__<rank>_0.distcp`), nobody gathers the whole state.
+    A checkpoint directory holds those shards and DCP's index (`.metadata`), train_state.json (counters and every
+    rank's data-loader position), hyperparameters.yaml, the model config, the tokenizer files and checksums.json.
+
+    Fabric's `ModelParallelStrategy(save_distributed_checkpoint=True)` writes DCP too, but only under that strategy
+    (not on one device), synchronously, with rank 0's loader state alone and its index unpickled without restriction;
+    DCP is called directly here, the same way on one process and on many.
+
+    A save is asynchronous where `blocking` is False (`dcp.async_save`: the state is copied to host memory, then
+    written by a thread while training goes on, over a gloo group of its own so that its collectives never interleave
+    with training's); the directory is written as `.partial-<name>` and renamed only once every rank's shard is on
+    disk and checksums.json written (`finish`), so a job killed mid-save resumes from the previous checkpoint.
+    """
+
+    def __init__(self, fabric: L.Fabric) -> None:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.group = torch.distributed.new_group(backend="gloo") if distributed else None
+        self.pending: tuple[Future, Path, Path, dict | None] | None = None  # future, .partial- dir, final dir, export
+
+    def save(self, fabric: L.Fabric, state: dict, checkpoint_dir: Path, tokenizer_dir: Path | None, hparams: dict,
+             blocking: bool = True, export: bool = False, history: Sequence[str] = ()) -> None:  # fmt: skip
+        """Writes `state` (model, optimizer, counters, loader) to `checkpoint_dir`; returns once it is complete, or,
+        unless `blocking`, once the state is copied and the write runs in the background. With `export`, the directory
+        also gets the student as one lit_model.pth (`export_lit_model`), for `litgpt generate` and the like.
+        `history` (see `resume_history`) heads hyperparameters.yaml as comments, which `--config` ignores."""
+        self.finish(fabric)  # one save in flight at a time
+        partial_dir = checkpoint_dir.with_name(f".partial-{checkpoint_dir.name}")
+        if fabric.global_rank == 0:
+            shutil.rmtree(partial_dir, ignore_errors=True)
+            partial_dir.mkdir(parents=True)
+        fabric.barrier()
+        fabric.print(f"Saving checkpoint to {str(checkpoint_dir)!r}")
+        model, optimizer = _unwrap_objects(state["model"]), _unwrap_objects(state["optimizer"])
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        counters = {"iter_num": state["iter_num"], "step_count": state["step_count"]}
+        loader = _unwrap_objects(state.get("train_dataloader"))
+        loaders = self._gather(loader.state_dict() if loader is not None else None)
+        if fabric.global_rank == 0:
+            (partial_dir / TRAIN_STATE).write_text(json.dumps({**counters, "world_size": fabric.world_size,
+                                                               "train_dataloader": loaders}, indent=1))  # fmt: skip
+            with open(partial_dir / "hyperparameters.yaml", "w", encoding="utf-8") as f:
+                f.writelines(f"# {line}\n" for line in history)
+                yaml.safe_dump(hparams, f, sort_keys=False)
+            if tokenizer_dir is not None:
+                copy_config_files(tokenizer_dir, partial_dir)
+            save_config(model.config, partial_dir)
+        shards = {"model": model_state, "optimizer": optimizer_state}
+        writer = dcp.FileSystemWriter(partial_dir)
+        if blocking:
+            dcp.save(shards, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
+            future: Future = Future()
+            future.set_result(None)
+        else:
+            future = dcp.async_save(shards, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
+        self.pending = (future, partial_dir, checkpoint_dir, counters if export else None)
+        if blocking:
+            self.finish(fabric)
+
+    def poll(self, fabric: L.Fabric) -> None:
+        """Completes a background save once every rank's write is done (one all-reduce while one is in flight)."""
+        if self.pending is None:
+            return
+        done = torch.tensor(float(self.pending[0].done()), device=fabric.device)
+        if fabric.all_reduce(done, reduce_op="sum").item() == fabric.world_size:
+            self.finish(fabric)
+
+    def finish(self, fabric: L.Fabric) -> None:
+        """Waits for the save in flight, if any; rank 0 then writes checksums.json (every rank's sha256 of its shards)
+        and renames the directory."""
+        if self.pending is None:
+            return
+        future, partial_dir, checkpoint_dir, export = self.pending
+        self.pending = None
+        future.result()
+        # Each rank hashes the shards it wrote (a checkpoint is read once, over all ranks), rank 0 the rest.
+        shard_sums = self._gather(file_checksums(partial_dir, shards_of=fabric.global_rank))
+        if fabric.global_rank == 0:
+            if export is not None:
+                export_lit_model(partial_dir, partial_dir / "lit_model.pth", extra=export)
+            sums = {k: v for rank in shard_sums for k, v in rank.items()} | file_checksums(partial_dir)
+            (partial_dir / CHECKSUMS).write_text(json.dumps(dict(sorted(sums.items())), indent=1))
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+            partial_dir.rename(checkpoint_dir)
+        fabric.barrier()
+
+    def load(self, fabric: L.Fabric, state: dict, checkpoint_dir: Path) -> dict:
+        """Restores model, optimizer, counters and loader position from `checkpoint_dir` in place, resharded for this
+        run's number of processes. Returns the checkpoint's train state (its `world_size` among it)."""
+        model, optimizer = _unwrap_objects(state["model"]), _unwrap_objects(state["optimizer"])
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        shards = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(shards, storage_reader=SafeReader(checkpoint_dir), planner=SafePlanner(), process_group=self.group,
+                 no_dist=self.group is None)  # fmt: skip
+        set_state_dict(model, optimizer, model_state_dict=shards["model"], optim_state_dict=shards["optimizer"])
+        train_state = json.loads((checkpoint_dir / TRAIN_STATE).read_text())
+        state["iter_num"], state["step_count"] = train_state["iter_num"], train_state["step_count"]
+        loaders = train_state["train_dataloader"]
+        if "train_dataloader" in state and loaders[0] is not None:
+            loader_state, note = loader_position(loaders, fabric.global_rank, fabric.world_size)
+            _unwrap_objects(state["train_dataloader"]).load_state_dict(loader_state)
+            if note:
+                fabric.print(note)
+        return train_state
+
+    def _gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (an all-gather over the checkpoint group)."""
+        if self.group is None:
+            return [obj]
+        gathered = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, obj, group=self.group)
+        return gathered
+
+
+def loader_position(loaders: list[dict], rank: int, world_size: int) -> tuple[dict, str | None]:
+    """This rank's LitData loader state from every saved rank's (`loaders`), and a note when the count changed.
+
+    On as many ranks as were saved, each rank takes its own state back: the same blocks follow, bit for bit. On
+    another number, LitData (0.2.x) can't resume (its states are per rank, checked against the world size, "drop_last
+    state doesn't match"): the blocks read so far (the sum over saved ranks) are split evenly over the new ranks, and
+    each continues its new share of the epoch from there. LitData assigns chunks of blocks to ranks by their number,
+    so within this epoch the blocks a new rank skips are not those the old ranks read: up to `read` blocks are
+    repeated and as many skipped (the next epoch is whole); the note says how many blocks that concerns."""
+    if len(loaders) == world_size:
+        return loaders[rank], None
+    read = sum(loader["num_samples_yielded"] for loader in loaders)
+    state = json.loads(json.dumps(loaders[0]))  # a copy
+    share, extra = divmod(read, world_size)
+    state["num_samples_yielded"] = share + (rank < extra)
+    dataset = state["dataset"]
+    dataset["num_samples_yielded"] = state["num_samples_yielded"]
+    dataset["world_size"] = world_size
+    dataset["drop_last"] = world_size > 1  # what LitData's loader sets for a process group
+    note = (
+        f"The data position was saved on {len(loaders)} processes, this run has {world_size}: the {read:,} blocks read"
+        f" so far in epoch {state['current_epoch']} are split evenly over the new processes. LitData deals blocks to"
+        f" processes by their number, so until this epoch ends up to {read:,} blocks may be trained twice and as many"
+        " skipped; the next epochs are whole."
+    )
+    return state, note
+
+
+def export_lit_model(checkpoint_dir: Path, output: Path, extra: dict | None = None) -> Path:
+    """One `lit_model.pth` ({"model": state dict, **extra}) from a sharded checkpoint, as `litgpt generate` and
+    `litgpt convert_from_litgpt` read it. The student's tensors are read one at a time from the shards (the optimizer
+    state is never read): the only whole copy in memory is the one being written."""
+    reader = SafeReader(checkpoint_dir)
+    metadata = reader.read_metadata()
+    model = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if not key.startswith("model.") or not isinstance(meta, TensorStorageMetadata):
+            continue
+        name = key.removeprefix("model.")
+        tensor = torch.empty(meta.size, dtype=meta.properties.dtype)
+        dcp.load({"model": {name: tensor}}, storage_reader=SafeReader(checkpoint_dir), planner=SafePlanner(),
+                 no_dist=True)  # fmt: skip
+        model[name] = tensor
+    output.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model, **(extra or {})}, output)
+    return output
+
+
+def export(checkpoint_dir: Path, out_dir: Path) -> None:
+    """Write a training checkpoint (``out_dir/step-*`` of the recipe, saved sharded) as a LitGPT checkpoint directory:
+    one lit_model.pth with the student's weights (read tensor by tensor: the optimizer state is never read), its
+    model_config.yaml, hyperparameters.yaml and tokenizer files, for ``litgpt generate``, ``litgpt
+    convert_from_litgpt`` and ``vocagnolm evaluate``.
+
+    Arguments:
+        checkpoint_dir: The sharded checkpoint: a ``step-*`` (or ``final``) directory the recipe saved.
+        out_dir: Where to write the LitGPT checkpoint directory (created; an existing lit_model.pth is refused).
+    """
+    check_resume_path(checkpoint_dir)  # a sharded checkpoint, its index safe to read
+    verify_checkpoint(checkpoint_dir)  # complete, every file matching its checksum
+    if (out_dir / "lit_model.pth").exists():
+        raise FileExistsError(f"{out_dir / 'lit_model.pth'} exists: choose another out_dir, or delete it first.")
+    train_state = json.loads((checkpoint_dir / TRAIN_STATE).read_text())
+    counters = {name: train_state[name] for name in ("iter_num", "step_count")}
+    export_lit_model(checkpoint_dir, out_dir / "lit_model.pth", extra=counters)
+    copy_config_files(checkpoint_dir, out_dir)  # model_config.yaml and the tokenizer files
+    shutil.copy(checkpoint_dir / "hyperparameters.yaml", out_dir)
+    print(f"Wrote {out_dir / 'lit_model.pth'} (step {counters['step_count']}): `litgpt generate {out_dir}` reads it.")
+
+
+# What a resume may not change, and why (`resume_history`). Devices, nodes and the micro-batch may change: checkpoints
+# are taken at optimizer steps, and those only change how a step's global batch is split over ranks and micro-batches.
+FIXED_ON_RESUME = {
+    "train.global_batch_size": "it sets the tokens per optimizer step, so the run's schedule (warm-up, decay, steps)"
+    " would no longer be the one it started",
+    "train.max_seq_length": "the blocks and the tokens per step are the run's",
+    "guidance.method": "a run trains one method; train another in a new --out_dir",
+    "precision": "the weights and AdamW state keep the precision the run started with",
+}
+
+
+def resume_history(checkpoint_dir: Path, hparams: dict, world_size: int) -> list[str]:
+    """The run's history after resuming from `checkpoint_dir` with `hparams` on `world_size` processes: the lines
+    the checkpoint's hyperparameters.yaml holds (as comments), and one for this resume if it changes the run's shape.
+    Refuses, naming the old and the new value and why, a change that `FIXED_ON_RESUME` forbids."""
+    saved_file = checkpoint_dir / "hyperparameters.yaml"
+    text = saved_file.read_text(encoding="utf-8")
+    saved = yaml.safe_load(text)
+    history = [line.removeprefix("# ") for line in text.splitlines() if line.startswith("# ")]
+
+    def value(tree: dict, key: str) -> Any:
+        for part in key.split("."):
+            tree = tree.get(part) if isinstance(tree, dict) else None
+        return tree
+
+    for key, reason in FIXED_ON_RESUME.items():
+        if value(saved, key) != value(hparams, key):
+            raise ValueError(
+                f"--{key} {value(hparams, key)} differs from the run's {value(saved, key)} ({saved_file}): it can't"
+                f" change on resume, as {reason}. Resume with --{key} {value(saved, key)}."
+            )
+    saved_world_size = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["world_size"]
+    changes = [f"processes {saved_world_size} -> {world_size}"] if saved_world_size != world_size else []
+    for key in ("train.micro_batch_size", "devices", "num_nodes"):
+        if value(saved, key) != value(hparams, key):
+            changes.append(f"{key} {value(saved, key)} -> {value(hparams, key)}")
+    step = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["step_count"]
+    if changes:
+        history.append(f"Resumed from step {step} with {', '.join(changes)}.")
+    return history
 
 
 def hyperparameters(arguments: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from litgpt.config import Config
 from litgpt.data import DataModule
 
 from litgpt_vocagnolm.alignment import vocab_overlap
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, check_vocab_size, read_weights
+from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, check_resume_path, check_vocab_size
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
 from litgpt_vocagnolm.errors import InvalidArgument, at_least
 from litgpt_vocagnolm.methods import GuidanceArgs, method_names
@@ -76,7 +76,7 @@ def check_setup(
     if initial_checkpoint_dir is not None:
         check_checkpoint_dir(initial_checkpoint_dir, what="--initial_checkpoint_dir")
     if isinstance(resume, Path):
-        read_weights(resume)  # refused or unreadable: fail now, naming the file
+        check_resume_path(resume)  # refused, unreadable or damaged: fail now, naming the file
     if train.max_tokens is None or train.max_norm is None:
         raise InvalidArgument("The recipe needs --train.max_tokens and --train.max_norm.")
     if train.epochs is not None:

@@ -36,6 +36,10 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
         "litgpt_vocagnolm.evaluate:evaluate",
         "Accuracy on the paper's 9 math benchmarks (few-shot CoT) and bits per byte",
     ),
+    "export": (
+        "litgpt_vocagnolm.checkpoints:export",
+        "A sharded training checkpoint (step-*) as one lit_model.pth for litgpt generate / convert_from_litgpt",
+    ),
     "demo": ("litgpt_vocagnolm.demo:demo", "The whole method in miniature on a CPU: teacher, students per method, table, plot"),
     "convert_to_litgpt": (
         "litgpt_vocagnolm.model_configs:convert_to_litgpt",

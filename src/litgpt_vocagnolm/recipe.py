@@ -21,6 +21,7 @@ import contextlib
 import functools
 import math
 import pprint
+import shutil
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -47,7 +48,15 @@ from litgpt.utils import (
 )
 from torch.distributed.tensor import DTensor
 
-from litgpt_vocagnolm.checkpoints import find_resume_checkpoint, hyperparameters, load_weights, save_checkpoint
+from litgpt_vocagnolm.checkpoints import (
+    Checkpointer,
+    check_out_dir,
+    find_resume_checkpoint,
+    hyperparameters,
+    load_weights,
+    previous_checkpoints,
+    resume_history,
+)
 from litgpt_vocagnolm.checks import check_run_args, check_setup, resolve_model_config, tokenizer_pair_summary
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.data import VocAgnoData
@@ -76,8 +85,13 @@ class Run:
     optimizer: str | dict
     fsdp: FSDPArgs
     compile: bool
+    overwrite: bool
+    checkpointer: Checkpointer
+    """Writes and reads the sharded checkpoints (`checkpoints.Checkpointer`)."""
     hparams: dict
     """`setup`'s arguments, written into every checkpoint as hyperparameters.yaml."""
+    history: list[str]
+    """The resumes that changed the run's shape, headed to hyperparameters.yaml (`checkpoints.resume_history`)."""
     stop: threading.Event
     """Set by SIGUSR1: stop after the current optimizer step (see `slurm.stop_signal`)."""
 
@@ -113,6 +127,7 @@ def setup(
     guidance: GuidanceArgs = GuidanceArgs(),
     fsdp: FSDPArgs = FSDPArgs(),
     compile: bool = False,
+    overwrite: bool = False,
 ) -> None:
     """Continually pretrain a student with VocAgnoLM: a frozen teacher with a different tokenizer picks the tokens
     worth learning.
@@ -126,9 +141,10 @@ def setup(
             bf16 settings are FSDP2's mixed precision: bf16 gathers and compute, float32 shards and AdamW state.
         initial_checkpoint_dir: The student checkpoint to continue pretraining from (e.g. TinyLlama). With
             ``resume="auto"`` it is used only while ``out_dir`` has no checkpoint yet.
-        resume: A checkpoint file to resume from (``out_dir/step-*/lit_model.pth``), ``True`` for the latest in
-            ``out_dir``, or ``"auto"``: the latest if there is one (what a requeued Slurm job wants). ``True`` and
-            ``"auto"`` skip, and report, a checkpoint that can't be read.
+        resume: A checkpoint directory to resume from (``out_dir/step-*``), ``True`` for the latest in ``out_dir``,
+            or ``"auto"``: the latest if there is one (what a requeued Slurm job wants). ``True`` and ``"auto"`` skip,
+            and report, a checkpoint that is incomplete or fails its checksums. Any number of devices and nodes
+            resumes a checkpoint (they are sharded, resharded on load).
         data: The prepared data: ``VocAgnoData`` (``--data VocAgnoData --data.path DIR``, see ``vocagnolm prepare``).
             Plain LitGPT data modules work for ``--guidance.method ce`` only.
         train: Training-related arguments. See ``litgpt.args.TrainArgs``.
@@ -147,6 +163,8 @@ def setup(
             See ``FSDPArgs``.
         compile: ``torch.compile`` each transformer block of both models (worth it on GPUs; ~20 s of compilation on a
             CPU). Every step has the same shapes, so they compile once.
+        overwrite: Start afresh in an ``out_dir`` that holds a previous run's checkpoints (``step-*``, ``final``),
+            deleting them. Without it (and without ``resume``) such an ``out_dir`` is refused.
     """
     hparams = hyperparameters(locals())
     register()  # the paper's teachers that LitGPT lacks (llemma_7b, deepseek-math-7b-*, Mistral-7B-ProXMath)
@@ -164,6 +182,7 @@ def setup(
 
     precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
     out_dir = init_out_dir(out_dir)
+    check_out_dir(out_dir, resume, overwrite)
     logger = choose_logger(
         logger_name,
         out_dir,
@@ -182,7 +201,6 @@ def setup(
             parallelize_fn=functools.partial(parallelize, fsdp=fsdp, num_nodes=num_nodes, param_dtype=param_dtype),
             data_parallel_size=devices * num_nodes,
             tensor_parallel_size=1,
-            save_distributed_checkpoint=False,  # one lit_model.pth, as `litgpt generate` and `convert_from_litgpt` expect
         )
     else:
         strategy = "auto"
@@ -196,7 +214,8 @@ def setup(
     with stop_signal() as stop:  # Slurm's warning before the time limit: checkpoint, requeue, exit
         run = Run(out_dir=out_dir, tokenizer_dir=tokenizer_dir, initial_checkpoint_dir=initial_checkpoint_dir,
                   resume=resume, devices=devices, num_nodes=num_nodes, seed=seed, optimizer=optimizer, fsdp=fsdp,
-                  compile=compile, hparams=hparams, stop=stop)  # fmt: skip
+                  compile=compile, overwrite=overwrite, checkpointer=Checkpointer(fabric), hparams=hparams,
+                  history=[], stop=stop)  # fmt: skip
         main(fabric, config, data, run, train, eval, teacher, guidance)
 
 
@@ -213,11 +232,19 @@ def main(
     out_dir, tokenizer_dir = run.out_dir, run.tokenizer_dir
     if fabric.global_rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
+        for path in previous_checkpoints(out_dir) if run.overwrite and not run.resume else []:
+            fabric.print(f"--overwrite: deleting the previous run's {path}")
+            shutil.rmtree(path)
         if isinstance(data, VocAgnoData) and tokenizer_dir is not None:
             for k, teacher_dir in enumerate(teacher_args.checkpoint_dirs or [None] * len(data.paths)):
                 fabric.print(tokenizer_pair_summary(data, tokenizer_dir, teacher_dir, k))
     fabric.seed_everything(run.seed)  # the same seed on every rank: identical initialisation before sharding
+    fabric.barrier()
     resume = find_resume_checkpoint(fabric, run.resume, out_dir)  # before any model: `auto` skips unreadable checkpoints
+    if resume:  # a change of the run's shape: refused, or carried out and said (before any model is built)
+        run.history = resume_history(resume, run.hparams, fabric.world_size)
+        for line in run.history:
+            fabric.print(line)
 
     t0 = time.perf_counter()
     with fabric.init_module(empty_init=True):
@@ -273,7 +300,10 @@ def main(
         state["train_dataloader"] = train_dataloader
     if resume:
         fabric.print(f"Resuming training from {resume}")
-        fabric.load(resume, state, weights_only=True)  # not torch's default: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD flips it
+        run.checkpointer.load(fabric, state, resume)  # resharded for this run's number of processes
+        # Saved after an optimizer step: the devices or the micro-batch may have changed how many micro-batches a step
+        # has, not the step, the tokens trained or the schedule.
+        state["iter_num"] = state["step_count"] * train.gradient_accumulation_iters(run.devices, run.num_nodes)
     initial_iter = state["iter_num"]
 
     train_t0 = time.perf_counter()
@@ -282,7 +312,8 @@ def main(
                    vocab_size=vocab_size)  # fmt: skip
     if not finished:
         requeue_and_exit(fabric)
-    save_checkpoint(fabric, state, tokenizer_dir, out_dir / "final" / "lit_model.pth", run.hparams)
+    run.checkpointer.save(fabric, state, out_dir / "final", tokenizer_dir, run.hparams, export=True,
+                          history=run.history)
 
     train_time = time.perf_counter() - train_t0
     tokens_per_iter = train.micro_batch_size * model.max_seq_length * fabric.world_size
@@ -433,9 +464,10 @@ def fit(
             step_sums.zero_()
             step_metrics = {}
         if stopping:
-            checkpoint = run.out_dir / f"step-{state['step_count']:08d}" / "lit_model.pth"
-            save_checkpoint(fabric, state, run.tokenizer_dir, checkpoint, run.hparams)
-            fabric.print(f"Stopped after step {state['step_count']} on SIGUSR1: saved {str(checkpoint.parent)!r}.")
+            checkpoint = run.out_dir / f"step-{state['step_count']:08d}"
+            run.checkpointer.save(fabric, state, checkpoint, run.tokenizer_dir, run.hparams,
+                                  history=run.history)  # complete before exit
+            fabric.print(f"Stopped after step {state['step_count']} on SIGUSR1: saved {str(checkpoint)!r}.")
             return False
 
         if val_dataloader is not None and not is_accumulating and state["step_count"] % eval.interval == 0:
@@ -445,9 +477,12 @@ def fit(
             fabric.log_dict(val_metrics, step=state["iter_num"] - 1)
             fabric.barrier()
 
+        if not is_accumulating:
+            run.checkpointer.poll(fabric)  # a background save that every rank has written: make it the latest
         if train.save_interval is not None and not is_accumulating and state["step_count"] % train.save_interval == 0:
-            checkpoint = run.out_dir / f"step-{state['step_count']:08d}" / "lit_model.pth"
-            save_checkpoint(fabric, state, run.tokenizer_dir, checkpoint, run.hparams)
+            checkpoint = run.out_dir / f"step-{state['step_count']:08d}"
+            run.checkpointer.save(fabric, state, checkpoint, run.tokenizer_dir, run.hparams, blocking=False,
+                                  history=run.history)
 
     if eval.final_validation:
         val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)

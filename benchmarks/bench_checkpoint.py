@@ -1,0 +1,118 @@
+"""Saving and resuming a training checkpoint on two processes: sharded (each rank writes its own shard with
+`torch.distributed.checkpoint`, what the recipe does) against gathered (the whole state gathered on rank 0 and written
+as one file: Fabric's `ModelParallelStrategy(save_distributed_checkpoint=False)`, what the recipe did before).
+
+The student is the real `tiny-llama-1.1b` width (n_embd 2048, 32,000-token vocabulary, intermediate 5632) with fewer
+layers (`--n_layer`, 2 of 22 by default), sharded with the recipe's `parallelize` (FSDP2 over gloo, two CPU
+processes), with its AdamW state (one optimizer step taken). Each (layout, save or resume) runs in fresh processes, so
+that each peak is its own: printed are the seconds and the peak resident memory of the process that peaks highest
+(`ru_maxrss`), beside the resident memory before the save or the load began (model, optimizer state and runtime).
+
+    python benchmarks/bench_checkpoint.py [--n_layer 2]
+"""
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.fabric.strategies import ModelParallelStrategy
+from litgpt.config import Config
+from litgpt.pretrain import initialize_weights
+
+from litgpt_vocagnolm.checkpoints import Checkpointer, find_resume_checkpoint
+from litgpt_vocagnolm.distributed import parallelize
+from litgpt_vocagnolm.gpt import GPT
+
+MB = 1024**2
+
+
+def resident_mb() -> float:
+    """This process's resident memory now (VmRSS), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def run(layout: str, phase: str, n_layer: int, directory: Path) -> None:
+    """One (layout, phase) on two processes; rank 0 writes {seconds, peak and start MiB of each rank} to a JSON."""
+    strategy = ModelParallelStrategy(parallelize_fn=parallelize, data_parallel_size=2, tensor_parallel_size=1,
+                                     save_distributed_checkpoint=layout == "sharded")  # fmt: skip
+    fabric = L.Fabric(accelerator="cpu", devices=2, strategy=strategy, precision="32-true")
+    fabric.launch()
+    config = Config.from_name("tiny-llama-1.1b", n_layer=n_layer)
+    with fabric.init_module(empty_init=True):  # as the recipe: on the meta device, each rank materialises its shard
+        model = GPT(config)
+    initialize_weights(fabric, model, n_layer=config.n_layer, n_embd=config.n_embd)
+    model = fabric.setup(model)
+    optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-4))
+    model(torch.randint(0, 32000, (1, 16))).sum().backward()
+    optimizer.step()  # AdamW's state exists
+    optimizer.zero_grad()
+    state = {"model": model, "optimizer": optimizer, "iter_num": 1, "step_count": 1}
+    checkpointer = Checkpointer(fabric)
+    target = directory / layout / "step-00000001"
+    if layout == "gathered":
+        target.mkdir(parents=True, exist_ok=True)
+    fabric.barrier()
+    start_mb = resident_mb()
+    t0 = time.perf_counter()
+    if layout == "sharded" and phase == "save":
+        checkpointer.save(fabric, state, target, None, hparams={})
+    elif layout == "sharded":
+        checkpointer.load(fabric, state, find_resume_checkpoint(fabric, True, target.parent))
+    elif phase == "save":
+        fabric.save(target / "lit_model.pth", state)
+    else:
+        fabric.load(target / "lit_model.pth", state, weights_only=True)
+    fabric.barrier()
+    seconds = time.perf_counter() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    ranks = fabric.all_gather(torch.tensor([peak_mb, start_mb])).tolist()
+    if fabric.global_rank == 0:
+        (directory / f"{layout}-{phase}.json").write_text(json.dumps({"seconds": seconds, "ranks": ranks}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n_layer", type=int, default=2, help="transformer blocks (tiny-llama-1.1b has 22)")
+    parser.add_argument("--layout", choices=["sharded", "gathered"], help=argparse.SUPPRESS)  # a child run
+    parser.add_argument("--phase", choices=["save", "resume"], help=argparse.SUPPRESS)
+    parser.add_argument("--directory", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.layout:
+        return run(args.layout, args.phase, args.n_layer, args.directory)
+
+    config = Config.from_name("tiny-llama-1.1b", n_layer=args.n_layer)
+    parameters = sum(p.numel() for p in GPT(config).parameters())
+    print(f"tiny-llama-1.1b width, {args.n_layer} of 22 layers: {parameters / 1e6:.0f}M parameters,"
+          f" {parameters * 12 / 1e9:.2f} GB of float32 weights and AdamW state; 2 CPU processes (gloo).")  # fmt: skip
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for layout in ("sharded", "gathered"):
+            for phase in ("save", "resume"):
+                command = [sys.executable, __file__, "--n_layer", str(args.n_layer), "--layout", layout, "--phase",
+                           phase, "--directory", tmp]  # fmt: skip
+                subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+                result = json.loads((Path(tmp) / f"{layout}-{phase}.json").read_text())
+                peak, start = max(result["ranks"], key=lambda rank: rank[0])
+                rows.append((layout, phase, result["seconds"], peak, start))
+    print(f"| {'checkpoint':<10} | {'':<6} | {'seconds':>7} | {'peak RSS, MiB':>13} | {'RSS before, MiB':>15} |")
+    print(f"|{'-' * 12}|{'-' * 8}|{'-' * 9}|{'-' * 15}|{'-' * 17}|")
+    for layout, phase, seconds, peak, start in rows:
+        print(f"| {layout:<10} | {phase:<6} | {seconds:7.2f} | {peak:13,.0f} | {start:15,.0f} |")
+    times = {(layout, phase): (seconds, peak) for layout, phase, seconds, peak, _ in rows}
+    for phase in ("save", "resume"):
+        (s_sec, s_peak), (g_sec, g_peak) = times["sharded", phase], times["gathered", phase]
+        print(f"{phase}: gathered / sharded = {g_sec / s_sec:.2f}x the seconds, {g_peak / s_peak:.2f}x the peak memory")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Sharded checkpoints (DCP): checksums that catch damage in place, the used out_dir refused, the final export that
+LitGPT loads, and resuming on another number of processes."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from litgpt.args import TrainArgs
+from litgpt.model import GPT
+from conftest import BIN, ROOT
+from test_checkpoints import setup_args
+from test_recipe import litgpt_pretrain, metrics, recipe_config
+
+from litgpt_vocagnolm.checkpoints import CHECKSUMS, check_checkpoint_dir, find_resume_checkpoint
+from litgpt_vocagnolm.recipe import setup
+
+
+def train(tmp_path: Path, data: Path, steps: int, **overrides) -> Path:
+    """A tiny one-process run of `steps` optimizer steps (2 x 64 tokens each), a checkpoint after every step."""
+    train_args = TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=steps * 2 * 64, max_norm=1.0,
+                           max_seq_length=64, save_interval=1)  # fmt: skip
+    setup(**setup_args(tmp_path, data, train=train_args, **overrides))
+    return tmp_path / "out"
+
+
+def test_a_fresh_run_into_a_used_out_dir_is_refused_unless_overwrite(tmp_path, tinyllama_mistral_data):
+    out_dir = train(tmp_path, tinyllama_mistral_data, steps=2)
+    assert sorted(p.name for p in out_dir.glob("*") if p.name != "logs") == ["final", "step-00000001", "step-00000002"]
+    final = (out_dir / "final" / "lit_model.pth").read_bytes()
+    with pytest.raises(FileExistsError, match=r"holds a previous run's checkpoints \(final, step-00000001, step-0000"
+                       r"0002\)\. Continue that run with --resume auto.*or pass --overwrite true"):  # fmt: skip
+        train(tmp_path, tinyllama_mistral_data, steps=1)
+    assert (out_dir / "final" / "lit_model.pth").read_bytes() == final  # nothing touched
+    train(tmp_path, tinyllama_mistral_data, steps=1, overwrite=True)
+    # The old run's step 2 is gone: a later `--resume auto` can't continue the old run from it.
+    assert sorted(p.name for p in out_dir.glob("*") if p.name != "logs") == ["final", "step-00000001"]
+    assert torch.load(out_dir / "final" / "lit_model.pth", weights_only=True)["step_count"] == 1
+
+
+@pytest.mark.parametrize("fill", [0x00, 0xFF])
+def test_a_checkpoint_damaged_in_place_is_skipped_naming_the_file(tmp_path, tinyllama_mistral_data, fill, capsys):
+    out_dir = train(tmp_path, tinyllama_mistral_data, steps=3)
+    (shard,) = (out_dir / "step-00000003").glob("*.distcp")
+    data = bytearray(shard.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 4096] = bytes([fill]) * 4096  # same size, 4 KB overwritten
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    assert find_resume_checkpoint(fabric, "auto", out_dir) == out_dir / "step-00000002"
+    out = capsys.readouterr().out
+    assert f"Skipping {out_dir / 'step-00000003'}: {shard} does not match its checksum in {CHECKSUMS}" in out
+    # A checkpoint without its checksums (written before, or cut before the last file) is skipped too.
+    (out_dir / "step-00000002" / CHECKSUMS).unlink()
+    assert find_resume_checkpoint(fabric, "auto", out_dir) == out_dir / "step-00000001"
+    assert f"Skipping {out_dir / 'step-00000002'}: Cannot read" in capsys.readouterr().out
+
+
+def test_resume_on_one_process_is_bit_exact_and_the_final_export_loads_in_litgpt(tmp_path, tinyllama_mistral_data):
+    whole = train(tmp_path / "whole", tinyllama_mistral_data, steps=4)
+    resumed_dir = tmp_path / "resumed"
+    train(resumed_dir, tinyllama_mistral_data, steps=4)
+    for step in ("step-00000003", "step-00000004", "final"):  # as if killed after step 2
+        shutil.rmtree(resumed_dir / "out" / step)
+    resumed = train(resumed_dir, tinyllama_mistral_data, steps=4, resume="auto")
+    reference = torch.load(whole / "final" / "lit_model.pth", weights_only=True)
+    final = torch.load(resumed / "final" / "lit_model.pth", weights_only=True)
+    assert (final["step_count"], final["iter_num"]) == (reference["step_count"], reference["iter_num"]) == (4, 4)
+    for name, tensor in reference["model"].items():
+        torch.testing.assert_close(final["model"][name], tensor, rtol=0, atol=0, msg=name)
+    config = setup_args(tmp_path, tinyllama_mistral_data)["model_config"]
+    GPT(config).load_state_dict(final["model"])  # strict: every key LitGPT expects, nothing else
+    assert json.loads((resumed / "final" / "train_state.json").read_text())["world_size"] == 1
+
+
+def test_export_of_a_step_is_a_litgpt_checkpoint(tmp_path, tinyllama_mistral_data):
+    out_dir = train(tmp_path, tinyllama_mistral_data, steps=2)
+    command = [str(BIN / "vocagnolm"), "export", str(out_dir / "step-00000002"), str(tmp_path / "exported")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_checkpoint_dir(tmp_path / "exported", "exported", tokenizer=True)  # what `litgpt generate` needs
+    exported = torch.load(tmp_path / "exported" / "lit_model.pth", weights_only=True)
+    final = torch.load(out_dir / "final" / "lit_model.pth", weights_only=True)  # the same step, exported at the end
+    assert exported["step_count"] == final["step_count"] == 2
+    for name, tensor in final["model"].items():
+        assert torch.equal(exported["model"][name], tensor), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before, after", [(2, 2), (2, 1), (1, 2)])
+def test_a_run_resumes_on_another_number_of_processes(tmp_path, tinyllama_mistral_data, before, after):
+    """Saved on `before` processes (FSDP2 over gloo when 2, each rank its shard), resumed from step 2 on `after`: the
+    step count, the token budget and the schedule stay the run's; on as many processes the end is bit for bit the
+    uninterrupted run's; the final lit_model.pth loads in LitGPT."""
+    config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"}, devices=before)
+    args = ["--train.micro_batch_size", "1", "--train.global_batch_size", "2", "--train.save_interval", "2",
+            "--train.max_tokens", str(6 * 2 * 64)]  # fmt: skip
+    litgpt_pretrain(config, *args, "--out_dir", str(tmp_path / "whole"))
+    assert len(list((tmp_path / "whole" / "step-00000002").glob("__*_0.distcp"))) == before  # one shard per rank
+    shutil.copytree(tmp_path / "whole", tmp_path / "resumed", ignore=shutil.ignore_patterns("step-00000004",
+                    "step-00000006", "final", "logs"))  # fmt: skip
+    out = litgpt_pretrain(config, *args, "--out_dir", str(tmp_path / "resumed"), "--devices", str(after),
+                          "--resume", "auto").stdout  # fmt: skip
+    assert f"Resuming training from {tmp_path / 'resumed' / 'step-00000002'}" in out
+    final = torch.load(tmp_path / "resumed" / "final" / "lit_model.pth", weights_only=True)
+    assert (final["step_count"], final["iter_num"]) == (6, 6 * 2 // after)  # the run's 6 steps of 2 blocks
+    assert len(metrics(tmp_path / "resumed")) == 4  # steps 3 to 6: the budget is the run's, not a new one
+    hparams = (tmp_path / "resumed" / "final" / "hyperparameters.yaml").read_text()
+    if before == after:
+        reference = torch.load(tmp_path / "whole" / "final" / "lit_model.pth", weights_only=True)
+        for name, tensor in reference["model"].items():
+            assert torch.equal(final["model"][name], tensor), name
+        assert not hparams.startswith("#")
+    else:
+        change = f"Resumed from step 2 with processes {before} -> {after}, devices {before} -> {after}."
+        assert change in out and hparams.startswith(f"# {change}\n")
+        assert f"The data position was saved on {before} processes, this run has {after}: the 4 blocks read" in out
+    GPT(setup_args(tmp_path, tinyllama_mistral_data)["model_config"]).load_state_dict(final["model"])
+
+
+def test_a_resume_that_changes_the_global_batch_is_refused_before_any_model(tmp_path, tinyllama_mistral_data):
+    train(tmp_path, tinyllama_mistral_data, steps=1)
+    train_args = TrainArgs(global_batch_size=4, micro_batch_size=2, max_tokens=2 * 4 * 64, max_norm=1.0,
+                           max_seq_length=64, save_interval=1)  # fmt: skip
+    with pytest.raises(ValueError, match=r"--train.global_batch_size 4 differs from the run's 2 .*Resume with"
+                       r" --train.global_batch_size 2"):  # fmt: skip
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train_args, resume="auto"))
+
+
+def test_a_resume_with_another_micro_batch_keeps_the_runs_steps_and_says_so(tmp_path, tinyllama_mistral_data, capsys):
+    train(tmp_path, tinyllama_mistral_data, steps=3)
+    for step in ("step-00000003", "final"):
+        shutil.rmtree(tmp_path / "out" / step)
+    train_args = TrainArgs(global_batch_size=2, micro_batch_size=1, max_tokens=3 * 2 * 64, max_norm=1.0,
+                           max_seq_length=64, save_interval=1)  # fmt: skip
+    capsys.readouterr()
+    setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train_args, resume="auto"))
+    out = capsys.readouterr().out
+    assert "Resumed from step 2 with train.micro_batch_size 2 -> 1." in out
+    final = torch.load(tmp_path / "out" / "final" / "lit_model.pth", weights_only=True)
+    assert (final["step_count"], final["iter_num"]) == (3, 6)  # one more step of 2 micro-batches, not 4 more steps
+    assert "iter 6 step 3" in out and "step 4" not in out
+    hparams = (tmp_path / "out" / "final" / "hyperparameters.yaml").read_text()
+    assert hparams.startswith("# Resumed from step 2 with train.micro_batch_size 2 -> 1.\n")
