@@ -428,7 +428,9 @@ def test_slurm_environment_is_detected(monkeypatch):
 
     sbatch = (ROOT / "recipes" / "slurm" / "vocagnolm.sbatch").read_text()
     assert "#SBATCH --nodes=4" in sbatch and "#SBATCH --ntasks-per-node=8" in sbatch
-    assert "srun litgpt pretrain --recipe vocagnolm" in sbatch and "--devices 8 --num_nodes 4 --resume auto" in sbatch
+    # The shape comes from the allocation: these 8 tasks per node on 4 nodes, whatever the header asked for.
+    assert "srun litgpt pretrain --recipe vocagnolm" in sbatch
+    assert '--devices "$TASKS_PER_NODE" --num_nodes "$SLURM_NNODES" --resume auto' in sbatch
 
 
 @pytest.mark.parametrize(
@@ -438,28 +440,31 @@ def test_slurm_environment_is_detected(monkeypatch):
          "litgpt pretrain --recipe vocagnolm --config recipes/x.yaml --devices 8 --num_nodes 4 --resume auto"
          " --train.max_tokens 1e9"),
         ("score-teacher.sbatch", ["data/x", "checkpoints/y"],
-         "vocagnolm score-teacher --data data/x --teacher checkpoints/y --devices 8 --num_nodes 4 --precision bf16-true"),
+         "vocagnolm score-teacher --data data/x --teacher checkpoints/y --devices 8 --num_nodes 4"),
     ],
 )  # fmt: skip
 def test_sbatch_scripts_make_their_log_directory_then_submit_themselves(tmp_path, script, args, srun):
     """Slurm opens `--output=logs/...` before the script runs: run with bash, a script makes logs/ and submits itself;
-    as the job, it runs srun. Requeued runs append to the log."""
+    as the job (here 4 nodes x 8 tasks), it runs srun with the allocation's shape. Requeued runs append to the log."""
     path = ROOT / "recipes" / "slurm" / script
     text = path.read_text()
     assert "#SBATCH --output=logs/%x-%j.out" in text and "#SBATCH --open-mode=append" in text
     assert "#SBATCH --requeue" in text
     if script == "vocagnolm.sbatch":
-        assert "#SBATCH --signal=SIGUSR1@120" in text
+        assert "#SBATCH --signal=USR1@120" in text  # to the tasks (B:USR1 would reach only the batch shell)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in ("sbatch", "srun"):
         (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{tmp_path / "calls"}"\n')
         (bin_dir / tool).chmod(0o755)
+    (bin_dir / "scontrol").write_text('#!/bin/sh\necho "NodeName=gpu07 NodeAddr=10.1.0.7"\n')  # hostnames, node
+    (bin_dir / "scontrol").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     work = tmp_path / "repo"
     work.mkdir()
-    for job_env in ({}, {"SLURM_JOB_ID": "7"}):
+    job = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "4", "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_NODELIST": "gpu[07-10]"}
+    for job_env in ({}, job):
         run = subprocess.run(["bash", str(path), *args], cwd=work, env={**env, **job_env}, capture_output=True,
                              text=True, timeout=60)  # fmt: skip
         assert run.returncode == 0, run.stderr
