@@ -414,8 +414,9 @@ def test_slurm_environment_is_detected(monkeypatch):
     for name in list(os.environ):
         if name.startswith("SLURM_"):
             monkeypatch.delenv(name)
-    for name in ("MASTER_ADDR", "MASTER_PORT"):  # Fabric sets them from SLURM_*: undone after the test, or a later
-        monkeypatch.delenv(name, raising=False)  # multi-process test would look for the main process on "gpu07"
+    for name in ("MASTER_ADDR", "MASTER_PORT"):  # Fabric sets them from SLURM_*: undone after the test (set first, so
+        monkeypatch.setenv(name, "")  # that monkeypatch records them), or a later multi-process test would look for
+        monkeypatch.delenv(name)  # its main process on "gpu07"
     slurm = {"SLURM_NTASKS": "32", "SLURM_NTASKS_PER_NODE": "8", "SLURM_NNODES": "4", "SLURM_PROCID": "11",
              "SLURM_LOCALID": "3", "SLURM_NODEID": "1", "SLURM_NODELIST": "gpu[07-10]", "SLURM_JOB_ID": "1234",
              "SLURM_JOB_NAME": "vocagnolm"}  # fmt: skip
