@@ -507,3 +507,29 @@ def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_
     if method in ("uld", "kld"):
         assert metrics["distill_loss"] > 0
     assert all(p.grad is not None for p in student.parameters()) and all(p.grad is None for p in teacher.parameters())
+
+
+def test_a_warning_after_the_run_does_not_kill_the_finished_process():
+    """Slurm's SIGUSR1 may come while a finished run tears down (seen under a real Slurm: the job then counts as
+    failed). Leaving `stop_signal` ignores it where the default would end the process, and keeps a caller's handler."""
+    import signal
+
+    from litgpt_vocagnolm.slurm import stop_signal
+
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        with stop_signal() as stop:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert stop.wait(5)
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGUSR1)  # would end pytest under SIG_DFL
+
+        def handler(signum, frame):
+            pass
+
+        signal.signal(signal.SIGUSR1, handler)
+        with stop_signal():
+            pass
+        assert signal.getsignal(signal.SIGUSR1) is handler
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -17,13 +17,17 @@ def stop_signal() -> Iterator[threading.Event]:
     """An event set when this process gets SIGUSR1, which `#SBATCH --signal=SIGUSR1@120` sends every process of the
     job's steps before its time limit. Loader workers forked meanwhile (fork: the default start method on Linux up to
     Python 3.13) inherit the handler: the signal sets their own copy of the event instead of killing them (SIGUSR1's
-    default)."""
+    default).
+
+    On leaving, a handler the caller had is put back; SIGUSR1's default (ending the process) is not: a warning that
+    arrives once the run is over, while the process tears down its process group and exits, would otherwise kill a
+    finished job, which Slurm then records as failed. It is ignored instead."""
     requested = threading.Event()
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: requested.set())
     try:
         yield requested
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN if previous in (signal.SIG_DFL, None) else previous)
 
 
 def requeue_and_exit(fabric: L.Fabric) -> NoReturn:
