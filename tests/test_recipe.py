@@ -82,7 +82,7 @@ def test_recipe_yamls_parse_against_setup(path):
     if path.name.startswith("tinyllama-"):  # the paper's settings (Sec. 4, App. B)
         assert config.model_name == "tiny-llama-1.1b"
         assert (config.guidance.method, config.guidance.top_k, config.guidance.aggregation) == ("vocagnolm", 0.4, "max")
-        assert config.guidance.unmapped == "include"
+        assert (config.guidance.unmapped, config.guidance.compare) == ("include", "token")
         assert config.train.global_batch_size * config.train.max_seq_length == 2**21  # 2M tokens
         assert config.train.max_tokens == 15_000_000_000 and config.train.min_lr == 8e-6
         assert config.optimizer["init_args"]["lr"] == 8e-5

@@ -149,6 +149,28 @@ def vocab_size(tokenizer: Tokenizer) -> int:
     return max(tokenizer.get_vocab_size(with_added_tokens=False), max(added, default=-1) + 1)
 
 
+def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
+    """(V,) int64: the UTF-8 bytes of text that each token id covers; 0 for added and special tokens (they cover none)
+    and for the unknown token (it covers any).
+
+    What the per-byte comparison of teachers divides by (`loss.teacher_reference`). The byte-level and Metaspace BPE
+    tokenizers of `encode`'s fast path count exactly (a byte-level character or a `<0x..>` piece is one byte, "▁" the
+    space it stands for); any other tokenizer counts the bytes of each token decoded alone.
+    """
+    size = vocab_size(tokenizer)
+    table = _offset_table(tokenizer, size)
+    if table is not None:
+        return np.where(table.byte_lengths == NO_FAST_PATH, 0, table.byte_lengths)
+    vocab, lengths = tokenizer.get_vocab(with_added_tokens=False), np.zeros(size, dtype=np.int64)
+    for token_id in vocab.values():
+        lengths[token_id] = len(tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8"))
+    lengths[list(tokenizer.get_added_tokens_decoder())] = 0
+    unknown = getattr(tokenizer.model, "unk_token", None)  # stands for text of any length
+    if unknown in vocab:
+        lengths[vocab[unknown]] = 0
+    return lengths
+
+
 def token_offsets(tokenizer: Tokenizer, text: str, encoding: Encoding, ids: np.ndarray) -> np.ndarray:
     """(N, 2) int64 character offsets of `encoding`, the encoding of `text` without special tokens.
 

@@ -122,6 +122,11 @@ def check_setup(
             )
         for k, (cache, path) in enumerate(zip(caches, paths)):
             check_cache(cache, path / MANIFEST, checkpoint_dirs[k] if checkpoint_dirs else None, teacher.precision)
+    if guidance.compare == "byte" and not checkpoint_dirs:
+        raise InvalidArgument(
+            "--guidance.compare byte counts the bytes of each teacher token with the teacher's tokenizer: pass"
+            " --teacher.checkpoint_dir (one per teacher, beside --teacher.cache: only its tokenizer is read then)."
+        )
     if method.needs_teacher and not caches:
         if not checkpoint_dirs:
             raise InvalidArgument(

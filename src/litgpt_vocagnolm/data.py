@@ -19,7 +19,7 @@ from litdata import StreamingDataLoader, StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
 from litgpt.data import DataModule
 
-from litgpt_vocagnolm.alignment import chunk_align
+from litgpt_vocagnolm.alignment import chunk_align, token_byte_lengths
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
 from litgpt_vocagnolm.files import file_sha256
 from litgpt_vocagnolm.teacher_cache import TeacherLossCache
@@ -39,6 +39,13 @@ WINDOW_MULTIPLE = 64  # teacher windows are padded to a multiple of this: one sh
 def block_tokens(manifest: dict) -> int:
     """Student tokens per stored block: max_seq_length + 1 (inputs and shifted targets)."""
     return manifest["max_seq_length"] + 1
+
+
+def byte_tables(student_dir: Path, teacher_dirs: Sequence[Path], device: torch.device) -> list[torch.Tensor]:
+    """The UTF-8 bytes each token id covers (`alignment.token_byte_lengths`), (V,) int64 on `device`: the student's
+    tokenizer's, then each teacher's; `loss.TokenBytes.look_up` reads a batch's from them (`--guidance.compare
+    byte`)."""
+    return [torch.from_numpy(token_byte_lengths(load_tokenizer(d))).to(device) for d in (student_dir, *teacher_dirs)]
 
 
 def padded_window(manifest: dict, teacher_block_size: Optional[int] = None) -> int:

@@ -22,7 +22,28 @@ Aggregation = Literal["max", "mean"]
 Unmapped = Literal["include", "exclude"]
 Scope = Literal["batch", "sequence", "global"]
 Combine = Literal["min", "mean"]  # how several teachers' aggregated losses make a reference
+Compare = Literal["token", "byte"]  # the scale teachers' losses are compared on: per teacher token, or per byte
 AllGather = Callable[[Tensor], Tensor]
+
+
+class TokenBytes(NamedTuple):
+    """The UTF-8 bytes of text each token of a batch covers (`alignment.token_byte_lengths`): what puts teachers that
+    cut the same text into longer or shorter tokens on one scale (`teacher_reference`)."""
+
+    student: Tensor
+    """(B, T) of each student target token; 0 for special tokens and padding."""
+    teachers: list[Tensor]
+    """(B, M_k) of each teacher's window tokens, one per teacher."""
+
+    @classmethod
+    def look_up(cls, tables: Sequence[Tensor], targets: Tensor, teacher_ids: Sequence[Tensor]) -> "TokenBytes":
+        """From per-id tables, (V,) each: the student's, then one per teacher. targets (B, T), -100 on padding;
+        teacher_ids (B, M_k) per teacher, padded with 0."""
+        student_table, *teacher_tables = tables
+        if len(teacher_tables) != len(teacher_ids):
+            raise ValueError(f"one byte table per teacher: {len(teacher_tables)} tables, {len(teacher_ids)} teachers")
+        student = torch.where(targets >= 0, student_table[targets.clamp(min=0)], 0)
+        return cls(student, [table[ids] for table, ids in zip(teacher_tables, teacher_ids)])
 
 
 def check_top_k(top_k: float, what: str = "top_k") -> None:
@@ -103,6 +124,7 @@ def teacher_reference(
     ranges: Tensor | Sequence[Tensor],
     aggregation: Aggregation = "max",
     combine: Combine = "min",
+    token_bytes: TokenBytes | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Each student token's reference loss, from one teacher or several (docs/design.md, "Teacher-guided loss", step 1).
 
@@ -110,21 +132,34 @@ def teacher_reference(
     then `min` takes the lowest aggregate among the teachers that map the token (the teacher best at it sets the
     reference), `mean` their mean. A token is mapped if any teacher maps it. With one teacher: its aggregate, exactly.
 
+    Per byte (`token_bytes` given): each teacher token's loss is first divided by the bytes of its text (a token of no
+    text is unavailable), so the aggregates are nats per byte, on one scale whether a teacher cuts the text into long
+    tokens or short ones; the combined aggregate is then multiplied by the student token's bytes: the cost of the
+    student token's text at that rate, on the scale of the student's own loss. With the student's tokenizer as the one
+    teacher's, this is the per-token reference again.
+
     Args:
         lt: (B, M_k) teacher per-token loss for each teacher k (NaN where unavailable), or one (B, M) tensor; the
             teachers' windows may differ in length.
         ranges: (B, T, 2) for each teacher, into its window (a == e: unmapped), or one tensor.
         aggregation: "max" or "mean" over a range.
         combine: "min" or "mean" across teachers.
+        token_bytes: compare per byte (see above): the bytes of the student's targets (B, T) and of each teacher's
+            window tokens (B, M_k); None compares the teachers' losses per token, as they are.
 
     Returns: `reference` (B, T) float32, 0 where unmapped; `mapped` (B, T) bool; `best` (B, T) long, the teacher with
-        the lowest aggregate on the token (the first of equals), -1 where unmapped.
+        the lowest aggregate on the token (the first of equals; per byte with `token_bytes`), -1 where unmapped.
     """
     lts, rangess = per_teacher(lt), per_teacher(ranges)
     if not lts or len(lts) != len(rangess):
         raise ValueError(f"one ranges tensor per teacher loss: got {len(lts)} losses and {len(rangess)} ranges")
     if combine not in get_args(Combine):
         raise ValueError(f"combine must be one of {get_args(Combine)}, got {combine!r}")
+    if token_bytes is not None:
+        if len(token_bytes.teachers) != len(lts):
+            raise ValueError(f"token_bytes has {len(token_bytes.teachers)} teachers' bytes for {len(lts)} teachers")
+        lts = [torch.where(size > 0, loss.float() / size.clamp(min=1), math.nan)  # nats per byte of each token
+               for loss, size in zip(lts, token_bytes.teachers)]  # fmt: skip
     aggregates, maps = zip(*(aggregate_teacher_loss(loss, r, aggregation) for loss, r in zip(lts, rangess)))
     each, mapped_by = torch.stack(aggregates), torch.stack(maps)  # (K, B, T) each
     mapped = mapped_by.any(0)  # (B, T)
@@ -133,6 +168,8 @@ def teacher_reference(
         reference = lowest
     else:
         reference = torch.where(mapped_by, each, 0.0).sum(0) / mapped_by.sum(0).clamp(min=1)
+    if token_bytes is not None:  # nats per byte -> nats for the student token's text
+        reference = reference * token_bytes.student
     return torch.where(mapped, reference, 0.0), mapped, torch.where(mapped, best, -1)
 
 
@@ -252,9 +289,10 @@ def teacher_guided_selection(
     all_gather: AllGather | None = None,
     rank: int = 0,
     combine: Combine = "min",
+    token_bytes: TokenBytes | None = None,
 ) -> Selection:
     """`teacher_guided_weights` with what it computed on the way (for metrics); same arguments."""
-    reference, mapped, best = teacher_reference(lt, ranges, aggregation, combine)
+    reference, mapped, best = teacher_reference(lt, ranges, aggregation, combine, token_bytes)
     excess = ls.float() - reference
     weights, candidate, selected = select(excess, valid, mapped, top_k=top_k, unmapped=unmapped, scope=scope,
                                           all_gather=all_gather, rank=rank)  # fmt: skip
@@ -274,6 +312,7 @@ def teacher_guided_weights(
     all_gather: AllGather | None = None,
     rank: int = 0,
     combine: Combine = "min",
+    token_bytes: TokenBytes | None = None,
 ) -> Tensor:
     """VocAgnoLM's token weights: the top-k valid mapped tokens by excess loss `ls - agg(lt[range])`.
 
@@ -288,12 +327,14 @@ def teacher_guided_weights(
         unmapped: "include" trains valid unmapped tokens (weight 1), "exclude" does not.
         scope: where the top-k is ranked; see `select_top_k` (with `all_gather` and `rank` for "global").
         combine: several teachers: "min" or "mean" of their aggregated losses is the reference (`teacher_reference`).
+        token_bytes: compare the teachers' losses per byte, not per token (`teacher_reference`).
 
     Returns: (B, T) float32 weights in {0, 1}, no gradient.
     """
     check_top_k(top_k)
     return teacher_guided_selection(ls, lt, ranges, valid, top_k=top_k, aggregation=aggregation, unmapped=unmapped,
-                                    scope=scope, all_gather=all_gather, rank=rank, combine=combine).weights  # fmt: skip
+                                    scope=scope, all_gather=all_gather, rank=rank, combine=combine,
+                                    token_bytes=token_bytes).weights  # fmt: skip
 
 
 def selection_generator(seed: int, rank: int, iter_num: int, device: torch.device) -> torch.Generator:

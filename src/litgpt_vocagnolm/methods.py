@@ -25,8 +25,10 @@ from litgpt_vocagnolm.loss import (
     Aggregation,
     AllGather,
     Combine,
+    Compare,
     Scope,
     Selection,
+    TokenBytes,
     Unmapped,
     check_top_k,
     one_or_several,
@@ -58,6 +60,8 @@ class LossInputs(NamedTuple):
     """Random draws, on the student loss's device."""
     vocab_size: int | None = None
     """The student tokenizer's vocabulary size: the ids a same-vocabulary comparison covers."""
+    token_bytes: TokenBytes | None = None
+    """`--guidance.compare byte`: the bytes each student and teacher token covers; None compares per token."""
 
 
 class MethodLoss(NamedTuple):
@@ -116,7 +120,8 @@ def top_k_by_excess(args: "GuidanceArgs", ls: Tensor, valid: Tensor, inputs: Los
     """The top-k mapped tokens by excess loss over the teachers' reference (`loss.teacher_guided_selection`)."""
     selection = teacher_guided_selection(ls.detach(), inputs.teacher_loss, inputs.ranges, valid, top_k=args.top_k,
                                          aggregation=args.aggregation, unmapped=args.unmapped, scope=args.scope,
-                                         all_gather=inputs.all_gather, rank=inputs.rank, combine=args.combine)  # fmt: skip
+                                         all_gather=inputs.all_gather, rank=inputs.rank, combine=args.combine,
+                                         token_bytes=inputs.token_bytes)  # fmt: skip
     return selection_loss(ls, valid, selection, inputs)
 
 
@@ -143,7 +148,8 @@ def random_tokens(args: "GuidanceArgs", ls: Tensor, valid: Tensor, inputs: LossI
     mapped = torch.stack([r[..., 1] > r[..., 0] for r in per_teacher(ranges)]).any(0)  # by any teacher
     reference, excess, best = None, None, None
     if teacher_loss is not None:  # what the teachers would have ranked by, for the metrics
-        reference, mapped, best = teacher_reference(teacher_loss, ranges, args.aggregation, args.combine)
+        reference, mapped, best = teacher_reference(teacher_loss, ranges, args.aggregation, args.combine,
+                                                    inputs.token_bytes)
         excess = ls.float() - reference
     selection = random_selection(valid, mapped, args.top_k, args.unmapped, inputs.generator, scope=args.scope,
                                  all_gather=inputs.all_gather, rank=inputs.rank)  # fmt: skip
@@ -258,12 +264,23 @@ class GuidanceArgs:
     """With several teachers: how each student token's aggregated teacher losses become its reference, before the
     excess loss and the top-k. min: the teacher best at that token sets it; mean: the mean of the teachers that map
     it. A token is mapped if any teacher maps it."""
+    compare: Compare = "token"
+    """The scale teachers' losses are aggregated and compared on. token (the paper's): per teacher token, as they are,
+    though one teacher may cut a student token's text into more, shorter tokens than another; byte: each teacher
+    token's loss per UTF-8 byte of its text, the aggregate times the student token's bytes (the cost of its text at
+    that teacher's rate). Needs each teacher's tokenizer (--teacher.checkpoint_dir, also beside --teacher.cache)"""
 
     def __post_init__(self) -> None:
-        kinds = {"method": Method, "aggregation": Aggregation, "unmapped": Unmapped, "scope": Scope, "combine": Combine}
+        kinds = {"method": Method, "aggregation": Aggregation, "unmapped": Unmapped, "scope": Scope,
+                 "combine": Combine, "compare": Compare}  # fmt: skip
         for name, kind in kinds.items():
             if getattr(self, name) not in get_args(kind):
                 raise InvalidArgument(f"guidance.{name} must be one of {get_args(kind)}, got {getattr(self, name)!r}")
+        if self.compare == "byte" and not self.spec.teacher_loss:
+            raise InvalidArgument(
+                f"guidance.compare=byte compares teachers' losses, and guidance.method={self.method!r} ranks by none:"
+                f" use it with {method_names(lambda m: m.teacher_loss)}, or drop it."
+            )
         check_top_k(self.top_k, what="guidance.top_k")
         if not self.temperature > 0:
             raise InvalidArgument(f"guidance.temperature must be > 0 (1.0: the plain softmax), got {self.temperature}")
@@ -320,6 +337,7 @@ def guided_loss(
     rank: int = 0,
     generator: torch.Generator | None = None,
     vocab_size: int | None = None,
+    token_bytes: TokenBytes | None = None,
 ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
     """One micro-batch's loss for `args.method`: (weighted loss SUM, weight SUM, metrics).
 
@@ -343,6 +361,8 @@ def guided_loss(
         all_gather, rank: scope="global" (see `loss.select_top_k`).
         generator: random's generator, on `ls`'s device.
         vocab_size: kld: the student tokenizer's vocabulary size; ids below it are compared (see `kld_loss`).
+        token_bytes: the bytes of the student's targets and of each teacher's window tokens, which
+            `args.compare == "byte"` needs (`TokenBytes.look_up`); ignored when comparing per token.
 
     Returns: loss_sum (float32 scalar, with gradient), weight_sum (float32 scalar, no gradient), metrics (detached
         float32 scalars, no host sync): student_loss (mean CE over valid tokens), trained_fraction (weight sum /
@@ -353,8 +373,10 @@ def guided_loss(
         for the distillation methods distill_loss.
     """
     method = args.spec
+    if args.compare == "byte" and token_bytes is None:
+        raise ValueError("guidance.compare='byte' needs token_bytes: the bytes of each student and teacher token")
     inputs = LossInputs(one_or_several(teacher_loss), one_or_several(ranges), logits, teacher_logits, all_gather, rank,
-                        generator, vocab_size)  # fmt: skip
+                        generator, vocab_size, token_bytes if args.compare == "byte" else None)  # fmt: skip
     num_teachers = max(len(x) if isinstance(x, list) else 1 for x in (inputs.teacher_loss, inputs.ranges))
     args.check_several_teachers(num_teachers, fix="Pass one teacher's losses and ranges.")
     if method.teacher_loss and inputs.teacher_loss is None:

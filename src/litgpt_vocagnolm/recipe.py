@@ -59,11 +59,11 @@ from litgpt_vocagnolm.checkpoints import (
 )
 from litgpt_vocagnolm.checks import check_run_args, check_setup, resolve_model_config, tokenizer_pair_summary
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
-from litgpt_vocagnolm.data import VocAgnoData
+from litgpt_vocagnolm.data import VocAgnoData, byte_tables
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, parallelize
 from litgpt_vocagnolm.errors import check_writable
 from litgpt_vocagnolm.gpt import GPT, load_model
-from litgpt_vocagnolm.loss import bits_per_byte, selection_generator
+from litgpt_vocagnolm.loss import TokenBytes, bits_per_byte, selection_generator
 from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
 from litgpt_vocagnolm.model_configs import register
 from litgpt_vocagnolm.slurm import requeue_and_exit, stop_signal
@@ -308,8 +308,10 @@ def main(
 
     train_t0 = time.perf_counter()
     vocab_size = data.manifest["student"]["vocab_size"] if isinstance(data, VocAgnoData) else None
+    byte_scale = guidance.compare == "byte"  # bytes per token id: the student's, each teacher's
+    tables = byte_tables(tokenizer_dir, teacher_args.checkpoint_dirs, fabric.device) if byte_scale else ()
     finished = fit(fabric, state, train_dataloader, val_dataloader, run, train, eval, guidance, teachers=teachers,
-                   vocab_size=vocab_size)  # fmt: skip
+                   vocab_size=vocab_size, byte_tables=tables)  # fmt: skip
     if not finished:
         requeue_and_exit(fabric)
     run.checkpointer.save(fabric, state, out_dir / "final", tokenizer_dir, run.hparams, export=True,
@@ -343,6 +345,7 @@ def fit(
     *,
     teachers: Sequence[nn.Module] = (),
     vocab_size: int | None = None,
+    byte_tables: Sequence[torch.Tensor] = (),
 ) -> bool:
     """The training loop. Returns False when it stopped early on `stop` (set by SIGUSR1): every rank stops at the end
     of the same optimizer step, after a checkpoint of it."""
@@ -404,7 +407,7 @@ def fit(
         with fabric.no_backward_sync(model, enabled=is_accumulating):
             loss_sum, weight_sum, metrics = forward_and_loss(
                 model, teachers, batch, guidance, all_gather=all_gather, rank=fabric.global_rank, generator=generator,
-                vocab_size=vocab_size, teacher_timer=teacher_timer,
+                vocab_size=vocab_size, teacher_timer=teacher_timer, byte_tables=byte_tables,
             )  # fmt: skip
             fabric.backward(loss_sum)
         step_sums[:2] += torch.stack([loss_sum.detach(), weight_sum.detach()])
@@ -502,11 +505,13 @@ def forward_and_loss(
     generator: torch.Generator | None = None,
     vocab_size: int | None = None,
     teacher_timer: contextlib.AbstractContextManager = contextlib.nullcontext(),
+    byte_tables: Sequence[torch.Tensor] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch: teacher scores (online, timed by `teacher_timer`, or from the caches), student forward,
-    guided loss (`vocab_size`: the student tokenizer's, for `kld`). `teachers`: the online teachers, one per teacher
-    side of the batch (the batch's own keys, then `more_teachers`); empty with caches or without a teacher. Returns
-    the weighted loss sum, the weight sum and detached metrics (see `loss.guided_loss`)."""
+    guided loss (`vocab_size`: the student tokenizer's, for `kld`; `byte_tables`: bytes per token id, the student's
+    then each teacher's, for `--guidance.compare byte`). `teachers`: the online teachers, one per teacher side of the
+    batch (the batch's own keys, then `more_teachers`); empty with caches or without a teacher. Returns the weighted
+    loss sum, the weight sum and detached metrics (see `loss.guided_loss`)."""
     if isinstance(batch, torch.Tensor):  # a plain LitGPT data module: (B, T + 1) token blocks, `ce` only
         batch = {"input_ids": batch[:, :-1].long(), "targets": batch[:, 1:].long()}
     sides = [batch, *batch.get("more_teachers", [])]  # each teacher's windows, ranges (and cached losses)
@@ -522,6 +527,9 @@ def forward_and_loss(
                 ]
     teacher_loss = teacher_losses if teacher_losses[0] is not None else None  # one per teacher
     ranges = [side["ranges"] for side in sides] if "ranges" in batch else None
+    token_bytes = None
+    if byte_tables:
+        token_bytes = TokenBytes.look_up(byte_tables, batch["targets"], [side["teacher_ids"] for side in sides])
 
     if guidance.spec.teacher_logits:
         logits = model(batch["input_ids"])  # (B, T, V_student)
@@ -540,6 +548,7 @@ def forward_and_loss(
         rank=rank,
         generator=generator,
         vocab_size=vocab_size,
+        token_bytes=token_bytes,
     )
 
 
