@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slurm demo demo-cpu bench clean
+.PHONY: install test test-slurm demo demo-variants demo-cpu bench clean
 
 install: $(STAMP)
 
@@ -30,6 +30,14 @@ test-slurm: install
 
 demo: install
 	$(VENV)/bin/vocagnolm demo
+
+# The cases docs/demo.md reports beside the demo, each the demo with one setting changed: clean text, three times the
+# students' budget, a teacher trained ten times shorter (weaker than the students).
+demo-variants: install
+	$(VENV)/bin/vocagnolm demo --out_dir out/demo-clean --noise 0 --methods '[ce, random, vocagnolm]' \
+		--seeded_methods '[ce, random, vocagnolm]'
+	$(VENV)/bin/vocagnolm demo --out_dir out/demo-3x-budget --sizes.student_tokens 614400 --methods '[ce, vocagnolm]'
+	$(VENV)/bin/vocagnolm demo --out_dir out/demo-weak-teacher --sizes.teacher_tokens 20480 --methods '[ce, vocagnolm]'
 
 # The tiny recipe alone (plain cross-entropy, TinyLlama's tokenizer): the path CLI -> data -> Fabric -> checkpoint.
 demo-cpu: install

@@ -20,12 +20,12 @@ from litgpt_vocagnolm.demo.settings import QUICK, STUDENTS
 from litgpt_vocagnolm.demo.table import compare
 
 METHOD_NAMES = list(STUDENTS)
-SEEDED = ("ce", "vocagnolm", "vocagnolm-2teachers")
+SEEDED = ("ce", "vocagnolm", "vocagnolm-2teachers", "vocagnolm-2teachers-byte")
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> tuple[Path, str]:
-    """One quick demo (every method, 2 seeds for ce, vocagnolm and vocagnolm-2teachers): (out_dir, what it printed)."""
+    """One quick demo (every method; 2 seeds for ce, vocagnolm and both two-teacher runs): (out_dir, what it printed)."""
     import contextlib
     import io
 
@@ -103,6 +103,14 @@ def test_plot_and_markdown_table_are_written_and_printed(quick_run):
     runs = [metrics(out_dir / "runs" / f"vocagnolm-2teachers-seed{seed}") for seed in (1, 2)]
     logged = np.mean([np.mean([row["reference_share_1"] for row in rows]) for rows in runs])  # per run, then seeds
     assert share and float(share.group(1)) == pytest.approx(100 * logged, abs=0.05)
+    assert "vocagnolm-2teachers-byte vs vocagnolm-2teachers, two teachers compared per byte" in printed
+    # The gap to `ce` at each evaluation, from the two curves of results.csv.
+    with open(out_dir / "results.csv", newline="") as f:
+        rows = {row["method"]: row for row in csv.DictReader(f)}
+    points = [name for name in rows["ce"] if name.startswith("bpb@")]
+    gaps = "; ".join(f"{float(rows['vocagnolm'][p]) - float(rows['ce'][p]):+.3f} at {int(p[4:]):,}" for p in points)
+    along = re.search(r"vocagnolm vs ce along the run: (.*) tokens", printed).group(1)
+    assert re.sub(r" \(every seed ahead\)", "", along) == gaps
 
 
 def test_tokenizers_are_two_families_that_round_trip(quick_run):

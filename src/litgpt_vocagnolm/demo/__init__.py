@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from litgpt_vocagnolm.demo.corpus import add_noise, documents_for, read_corpus, split_heldout, write_texts
 from litgpt_vocagnolm.demo.noise import noise_sample, score_blocks, trained_noise_share
@@ -50,6 +51,7 @@ from litgpt_vocagnolm.demo.runs import model_config, one_thread, prepare_data, s
 from litgpt_vocagnolm.demo.settings import CORPUS, DATA, QUICK, STUDENTS, TWO_TEACHERS, DemoSizes, method_of
 from litgpt_vocagnolm.demo.table import claims, markdown_table, method_row, noise_summary, write_csv
 from litgpt_vocagnolm.demo.tokenizer_training import describe_tokenizers, train_student_tokenizer, train_teacher_tokenizer
+from litgpt_vocagnolm.data import byte_tables
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, check_writable
 from litgpt_vocagnolm.files import write_json
 from litgpt_vocagnolm.loss import check_top_k
@@ -90,7 +92,7 @@ def demo(
     out_dir: Path = Path("out/demo"),
     methods: tuple[str, ...] = tuple(STUDENTS),
     seeds: tuple[int, ...] = (1, 2),
-    seeded_methods: tuple[str, ...] = ("ce", "vocagnolm", "vocagnolm-2teachers"),
+    seeded_methods: tuple[str, ...] = ("ce", "vocagnolm", "vocagnolm-2teachers", "vocagnolm-2teachers-byte"),
     noise: float = 0.3,
     top_k: float = 0.4,
     sizes: DemoSizes = DemoSizes(),
@@ -109,7 +111,8 @@ def demo(
             A folder that holds anything else is refused.
         methods: The students, from: ce, random, chunk, uld, vocagnolm, vocagnolm-mean (Table 3: mean aggregation),
             vocagnolm-exclude (Table 3: unmapped tokens not trained), vocagnolm-2teachers (a second teacher, of
-            another tokenizer family, beside the first: each token's lower teacher loss is its reference).
+            another tokenizer family, beside the first: each token's lower teacher loss is its reference),
+            vocagnolm-2teachers-byte (the same, the two teachers' losses compared per byte: `--guidance.compare`).
         seeds: Student seeds (initialisation and data order). Every method runs with the first.
         seeded_methods: The methods run with every seed, to tell a small difference from seed noise.
         noise: Share of each student document's characters replaced by noise, from 0 (clean text) to below 1.
@@ -267,12 +270,14 @@ def demo(
                                     window)  # fmt: skip
     samples = [score_blocks(d, blocks) for (_, d), blocks in zip(teachers, samples)]  # each teacher's losses
     noise_all = touched[:, 1:].float().mean().item()  # the targets of full blocks
+    tables = byte_tables(student_tokenizer, [t for t, _ in teachers], torch.device("cpu"))  # bytes per token id
     for method in methods:
         guidance = GuidanceArgs(**{**STUDENTS[method], "top_k": top_k})
         scored = samples if method in TWO_TEACHERS else samples[:1]
         for run in results[method]:
             run_dir = out_dir / "runs" / f"{method}-seed{run['seed']}" / "final"
-            run["noise_trained"] = trained_noise_share(run_dir, guidance, scored, touched, sizes, run["seed"])
+            run["noise_trained"] = trained_noise_share(run_dir, guidance, scored, touched, sizes, run["seed"],
+                                                       tables[: 1 + len(scored)])  # fmt: skip
     rows = [method_row(method, results[method], noise_all) for method in methods]
     write_csv(out_dir / "results.csv", rows)
     table = markdown_table(rows, teacher, teacher2)

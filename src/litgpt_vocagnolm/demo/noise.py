@@ -14,7 +14,7 @@ from litgpt_vocagnolm.data import collate_blocks
 from litgpt_vocagnolm.demo.settings import DemoSizes
 from litgpt_vocagnolm.documents import Segment, Stats
 from litgpt_vocagnolm.gpt import load_model
-from litgpt_vocagnolm.loss import one_or_several, selection_generator
+from litgpt_vocagnolm.loss import TokenBytes, one_or_several, selection_generator
 from litgpt_vocagnolm.methods import GuidanceArgs, LossInputs
 from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
 from litgpt_vocagnolm.teacher import teacher_token_loss
@@ -68,12 +68,13 @@ def score_blocks(teacher_dir: Path, blocks: list[dict[str, Any]]) -> list[dict[s
 @torch.no_grad()
 def trained_noise_share(
     student_dir: Path, guidance: GuidanceArgs, samples: list[list[dict[str, Any]]], touched: torch.Tensor,
-    sizes: DemoSizes, seed: int,
+    sizes: DemoSizes, seed: int, byte_tables: list[torch.Tensor] | None = None,
 ) -> float:
     """Share of the tokens a method trains that touch noise, with its final student (in `student_dir`) selecting them
     in the blocks of `samples` (one list per teacher, the same student blocks with that teacher's windows scored by
     `score_blocks`), micro-batch by micro-batch as training ranks them; `random` draws as its run did, without the
     teacher's losses. A method that selects no tokens (`selects` False in `methods.METHODS`) trains every token.
+    `byte_tables` (`data.byte_tables`: the student's, then each teacher's) for `compare="byte"`.
 
     A selection depends on the student, which changes as it trains: this is the last step's, not the run's average.
     """
@@ -90,7 +91,11 @@ def trained_noise_share(
             teacher_loss = [side["teacher_loss"] for side in sides] if method.teacher_loss else None
             ranges = [side["ranges"] for side in sides]
             generator = selection_generator(seed, 0, k + 1, torch.device("cpu"))
-            inputs = LossInputs(one_or_several(teacher_loss), one_or_several(ranges), generator=generator)
+            token_bytes = None
+            if guidance.compare == "byte":
+                token_bytes = TokenBytes.look_up(byte_tables, batch["targets"], [side["teacher_ids"] for side in sides])
+            inputs = LossInputs(one_or_several(teacher_loss), one_or_several(ranges), generator=generator,
+                                token_bytes=token_bytes)
             trained = method.loss(guidance, ls, trained, inputs).weights > 0
         counts += torch.stack([(trained & touched[rows, 1:]).sum(), trained.sum()])
     return (counts[0] / counts[1]).item()

@@ -85,8 +85,10 @@ STUDENTS: dict[str, dict[str, str]] = {
     "vocagnolm-mean": {"method": "vocagnolm", "aggregation": "mean"},
     "vocagnolm-exclude": {"method": "vocagnolm", "unmapped": "exclude"},
     "vocagnolm-2teachers": {"method": "vocagnolm", "combine": "min"},
+    "vocagnolm-2teachers-byte": {"method": "vocagnolm", "combine": "min", "compare": "byte"},
 }
-TWO_TEACHERS = ("vocagnolm-2teachers",)  # guided by both teachers' loss caches, the lower loss of the two per token
+# Guided by both teachers' loss caches, the lower loss of the two per token: compared per teacher token, or per byte.
+TWO_TEACHERS = ("vocagnolm-2teachers", "vocagnolm-2teachers-byte")
 
 
 def method_of(student: str) -> GuidanceMethod:
