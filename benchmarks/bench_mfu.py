@@ -92,6 +92,9 @@ def main() -> None:
             compile_blocks(student)
             compile_blocks(teacher)
         for B in sorted({1, *range(2, args.max_micro_batch + 1, 2), args.max_micro_batch}):
+            # A run has one micro-batch size: each compiles afresh, as a run would, and the sweep never meets
+            # dynamo's recompile limit (8 graphs per function; each size adds a few), which falls back to eager.
+            torch._dynamo.reset()
             batch = random_batch(student_config, teacher_config, B, args.seq, args.window, device)
             cached = {**batch, "teacher_loss": torch.rand(B, args.window, device=device) * 4}
 
