@@ -15,9 +15,14 @@ One torch thread by default on CPU (`--threads`; see bench_score_teacher.py for 
 
     python benchmarks/bench_evaluate.py [--rounds 3] [--questions 16] [--batch_size 8] [--max_new_tokens 256]
     python benchmarks/bench_evaluate.py --device cuda --questions 256 --batch_size 64 --max_new_tokens 512
+
+`--profile` then runs evaluate once more under cProfile and prints where its host time goes (on a GPU, the time a
+call waits for the device shows in the call that syncs: `prefill`'s first token, a decode step's `tolist`).
 """
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import time
 from pathlib import Path
@@ -77,6 +82,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="float32", help="a torch dtype: float32, bfloat16")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU")
+    parser.add_argument("--profile", action="store_true", help="then profile one evaluate run (cProfile)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -120,6 +126,10 @@ def main() -> None:
         print(f"{name:9s} {tokens[name]:7d} tokens in {statistics.median(seconds[name]):7.2f} s (median of"
               f" {args.rounds}): {rates[name]:9.1f} generated tokens/s")  # fmt: skip
     print(f"evaluate / bare: {rates['evaluate'] / rates['bare']:.3f}x (goal on CPU: >= 0.9x)")
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.runcall(lambda: (run_evaluate(), synchronize()))
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(40)
 
 
 if __name__ == "__main__":
