@@ -2,9 +2,10 @@
 
 A random Llama-shaped model (4 layers, width 256 by default) with TinyLlama's real tokenizer, and the first GSM8K test
 questions with the harness's 8-shot prompt (~800-900 tokens each). In alternating rounds it times
-  evaluate  `evaluate.generate_greedy`: continuous batching, a prefill per question into its row of the KV cache, a
-            host sync per step, the new text decoded a few tokens at a time and searched for the harness's stop
-            strings, the whole text decoded at the end;
+  evaluate  `evaluate.generate_greedy`: continuous batching, the questions that take rows freed at one step
+            prefilled together into their rows of the KV cache (at most `PREFILL_ROWS` per forward), a host sync per
+            step, the new text decoded a few tokens at a time and searched for the harness's stop strings, the whole
+            text decoded at the end;
   bare      batches of the same size, longest prompts first, left-padded to the batch's longest prompt (a mask hides
             the padding); one prefill forward per batch (the head on the last position only, as evaluate's), then
             `max_new_tokens - 1` steps of forward and argmax with LitGPT's own KV cache, the tokens kept on the device

@@ -47,8 +47,10 @@ from litgpt_vocagnolm.math_tasks import (
     parse_question,
 )
 
-# Prompt tokens per prefill forward.
+# Prompt positions per prefill forward, and prompts prefilled together in it at most: a prefill's activations are
+# those of PREFILL_ROWS x PREFILL_CHUNK tokens.
 PREFILL_CHUNK = 512
+PREFILL_ROWS = 8
 # The most questions decoded at a time on CPU by default: a bound on a CPU run's memory and on its wait for results.
 CPU_BATCH_SIZE = 32
 # Example fields copied into the predictions file, for per-subject and per-level breakdowns.
@@ -227,23 +229,28 @@ class RowKVCache(KVCache):
     """LitGPT's KV cache with rows that hold different questions at different positions.
 
     LitGPT's own cache writes rows 0 .. bs-1, with a Python loop over the rows when their positions differ. This one
-    writes a decode step's token of every row at that row's own position in one `scatter_`, and a prefill into one
-    row, `row`, leaving the others as they are: a waiting question takes the place of a finished one in its row.
+    writes a decode step's token of every row at that row's own position in one `scatter_`, and a prefill into the
+    rows `rows` alone, leaving the others as they are: waiting questions take the places of finished ones.
     """
 
-    row: Optional[int] = None
-    """The row a prefill writes; None for a decode step, which writes every row."""
+    rows: Optional[torch.Tensor] = None
+    """The rows a prefill writes, (R,) long; None for a decode step, which writes every row."""
 
     def forward(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`input_pos` (T,) for a prefill of `row`, (B, 1) for a decode step; `k`, `v` (1 or B, groups, T, head size).
-        Returns the keys and values of the rows written, (1 or B, groups, cache length, head size)."""
+        """`input_pos` (T,) for a prefill of `rows`, (B, 1) for a decode step; `k`, `v` (R or B, groups, T, head
+        size). Returns the keys and values of the rows written, (R or B, groups, cache length, head size)."""
         if self.k.dtype != k.dtype:  # the activations' dtype, as LitGPT's cache does under autocast
             self.k, self.v = self.k.to(k.dtype), self.v.to(v.dtype)
-        rows = slice(None) if self.row is None else slice(self.row, self.row + 1)
-        index = input_pos.expand(k.shape[0], -1)[:, None, :, None]  # (1 or B, 1, T, 1)
-        self.k[rows].scatter_(2, index.expand_as(k), k)
-        self.v[rows].scatter_(2, index.expand_as(v), v)
-        return self.k[rows], self.v[rows]
+        index = input_pos.expand(k.shape[0], -1)[:, None, :, None]  # (R or B, 1, T, 1)
+        if self.rows is None:
+            self.k.scatter_(2, index.expand_as(k), k)
+            self.v.scatter_(2, index.expand_as(v), v)
+            return self.k, self.v
+        keys = self.k.index_select(0, self.rows).scatter_(2, index.expand_as(k), k)
+        values = self.v.index_select(0, self.rows).scatter_(2, index.expand_as(v), v)
+        self.k.index_copy_(0, self.rows, keys)
+        self.v.index_copy_(0, self.rows, values)
+        return keys, values
 
 
 def set_row_kv_cache(model, batch_size: int, max_seq_length: int) -> list[RowKVCache]:
@@ -260,27 +267,38 @@ def set_row_kv_cache(model, batch_size: int, max_seq_length: int) -> list[RowKVC
     return caches
 
 
-def prefill(model, caches: list[RowKVCache], row: int, prompt: Sequence[int]) -> int:
-    """Writes `prompt`'s keys and values into `row` of the caches; returns the greedy first new token.
+def prefill(model, caches: list[RowKVCache], rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> list[int]:
+    """Writes each prompt's keys and values into its row of the caches, all of them together; returns each one's
+    greedy first new token.
 
-    Only the last position's logits are needed, so the head is skipped before it (for a tiny model the
-    (T, vocab) projection is most of the cost), and chunks bound the (heads, chunk, T) attention scores."""
+    The prompts are right-padded to the longest and run through the model in chunks of positions, one forward per
+    chunk for all of them: a question prefilled alone is a few forwards at batch 1, which on a GPU is launches more than
+    arithmetic (`benchmarks/bench_evaluate.py --profile`). A padded position writes keys past its prompt's end, into
+    its own row, which that row's question overwrites before it attends to them. Only each prompt's last position
+    needs logits, so the head runs on those alone (for a tiny model the (T, vocab) projection is most of the cost).
+    """
     device = next(model.parameters()).device
-    ids = torch.as_tensor(prompt, dtype=torch.int64, device=device)[None]  # (1, T)
-    length = ids.shape[1]
+    lengths = torch.tensor([len(prompt) for prompt in prompts])
+    ids = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.int64)  # (R, longest)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)] = torch.as_tensor(prompt)
+    ids, last = ids.to(device), (lengths - 1).to(device)  # last: each prompt's last position
     for cache in caches:
-        cache.row = row
+        cache.rows = torch.tensor(list(rows), device=device)
     head, model.lm_head = model.lm_head, torch.nn.Identity()
+    final = None  # (R, embedding) each prompt's last hidden state, after the final norm
     try:
-        for start in range(0, length - 1, PREFILL_CHUNK):
-            end = min(start + PREFILL_CHUNK, length - 1)
-            model(ids[:, start:end], torch.arange(start, end, device=device), input_pos_maxp1=end)
+        for start in range(0, ids.shape[1], PREFILL_CHUNK):
+            end = min(start + PREFILL_CHUNK, ids.shape[1])
+            hidden = model(ids[:, start:end], torch.arange(start, end, device=device), input_pos_maxp1=end)
+            here = hidden[torch.arange(len(prompts), device=device), (last - start).clamp(0, end - start - 1)]
+            inside = ((last >= start) & (last < end))[:, None]
+            final = here if final is None else torch.where(inside, here, final)
     finally:
         model.lm_head = head
-    logits = model(ids[:, -1:], torch.tensor([length - 1], device=device), input_pos_maxp1=length)  # (1, 1, vocab)
-    for cache in caches:
-        cache.row = None
-    return int(logits[0, -1].argmax())  # a CPU-GPU sync per question: its first token may end it
+        for cache in caches:
+            cache.rows = None
+    return head(final).argmax(dim=-1).tolist()  # a CPU-GPU sync per prefill: a first token may end its question
 
 
 @dataclass
@@ -333,10 +351,11 @@ def generate_greedy(
     questions are decoded at once, longest prompts first, each in its own row of a `RowKVCache` at its own positions;
     one step is one forward of every row (its last token at its next position, a (B, 1) `input_pos` that LitGPT
     turns into per-row RoPE angles and causal masks). A question ends at EOS, once its text holds a stop string, or
-    at its budget; the next waiting question is then prefilled into its row. Stop strings are looked for in the text
-    that the step's token adds (and the characters before it that a stop string could start in), not in the whole
-    text. The returned text is the whole of a question's new tokens decoded at once, cut at its first stop string.
-    Each row computes what it would alone (up to float rounding). `desc` shows a progress bar of questions.
+    at its budget; waiting questions are then prefilled into the rows that ended at that step, together (`prefill`,
+    up to `PREFILL_ROWS` in one forward per chunk; at the start, the first `batch_size`). Stop strings are looked for
+    in the text that the step's token adds (and the characters before it that a stop string could start in), not in
+    the whole text. The returned text is the whole of a question's new tokens decoded at once, cut at its first stop
+    string. Each row computes what it would alone (up to float rounding). `desc` shows a progress bar of questions.
     """
     block_size = model.config.block_size
     too_long = [len(prompt) for prompt in prompts if not 0 < len(prompt) < block_size]
@@ -372,20 +391,23 @@ def generate_greedy(
     questions: list[Optional[int]] = [None] * batch  # the question in each row of the caches; None: nothing left
     positions, last = [0] * batch, [0] * batch  # each row's next position, and the token that goes there
 
-    def fill(row: int) -> None:
-        """Prefills waiting questions into `row` until one needs more than its first token."""
-        questions[row] = None
-        while waiting:
-            i = waiting.popleft()
-            token = prefill(model, caches, row, prompts[i])
-            if not ends(i, token):
-                questions[row], positions[row], last[row] = i, len(prompts[i]), token
-                return
-            progress.update()
+    def fill(free: list[int]) -> None:
+        """Prefills waiting questions into the `free` rows, up to PREFILL_ROWS at a time, until each holds one that
+        needs more than its first token or nothing waits."""
+        for row in free:
+            questions[row] = None
+        while free and waiting:
+            taken = [waiting.popleft() for _ in range(min(len(free), PREFILL_ROWS, len(waiting)))]
+            rows = free[: len(taken)]
+            for row, i, token in zip(rows, taken, prefill(model, caches, rows, [prompts[i] for i in taken])):
+                if ends(i, token):
+                    progress.update()
+                else:
+                    questions[row], positions[row], last[row] = i, len(prompts[i]), token
+            free = [row for row in free if questions[row] is None]
 
     try:
-        for row in range(batch):
-            fill(row)
+        fill(list(range(batch)))
         while any(i is not None for i in questions):
             keep = [row for row, i in enumerate(questions) if i is not None]
             if len(keep) < len(questions):  # nothing waits for these rows: the batch shrinks
@@ -397,13 +419,15 @@ def generate_greedy(
             tokens = torch.tensor(last, device=device)[:, None]  # (B, 1)
             logits = model(tokens, input_pos, input_pos_maxp1=max(positions) + 1)  # (B, 1, vocab)
             new = logits[:, -1].argmax(dim=-1).tolist()  # a CPU-GPU sync per step: stop strings are found in text
+            ended = []
             for row, token in enumerate(new):
                 positions[row] += 1
                 if ends(questions[row], token):
                     progress.update()
-                    fill(row)
+                    ended.append(row)
                 else:
                     last[row] = token
+            fill(ended)  # the rows that ended together are prefilled together
     finally:
         progress.close()
         model.clear_kv_cache()
