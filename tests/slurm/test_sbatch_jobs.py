@@ -24,7 +24,10 @@ pytestmark = pytest.mark.slurm
 
 # Two CPU nodes, one process each; the header's 8 GPUs and 12 CPUs per task do not fit this machine.
 SHAPE = ["--ntasks-per-node", "1", "--gpus-per-node", "0", "--cpus-per-task", "1"]
-STEPS = 72  # ~80 s at ~1.1 s a step on an idle 2-core machine: longer than the first run lasts before the warning
+# Longer than the first run lasts before the warning (below) on a fast machine too: 72 steps, ~80 s at 1.1 s a step
+# on a busy 2-core machine, took 51 s at 0.7 s a step on an idle one, which ended before any warning came. 160 steps
+# take 112 s at 0.7 s; on a slower machine the job is warned more than once and resumes each time.
+STEPS = 160
 # Slurm checks the warning every 30 s and sends it up to 30 s early: with 2 minutes and a 40 s lead it arrives 50-80 s
 # after the start, past the ~10 s before the first step (the handler must be in place), well before the limit.
 TIME_LIMIT, SIGNAL_LEAD = "2", 40
@@ -65,7 +68,7 @@ def job(job_id: str) -> dict[str, str]:
     return dict(field.split("=", 1) for field in text.split() if "=" in field)
 
 
-def wait(job_id: str, timeout: float = 420) -> dict[str, str]:
+def wait(job_id: str, timeout: float = 600) -> dict[str, str]:
     """Poll until the job has ended (through any number of requeues); its final record."""
     deadline = time.monotonic() + timeout
     while (record := job(job_id))["JobState"] not in DONE:
@@ -90,9 +93,9 @@ def losses(out_dir: Path) -> list[tuple[int, float]]:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    """1,000 GSM8K records in ~1,400 blocks of 128: one epoch holds all the job's 72 x 16 blocks."""
+    """2,000 GSM8K records in ~2,800 blocks of 128: one epoch holds all the job's 160 x 16 blocks."""
     corpus = tmp_path_factory.mktemp("corpus") / "gsm8k.jsonl"
-    corpus.write_text("".join((ROOT / "data" / "gsm8k" / "train.jsonl").open().readlines()[:1000]))
+    corpus.write_text("".join((ROOT / "data" / "gsm8k" / "train.jsonl").open().readlines()[:2000]))
     return prepare_pair(tmp_path_factory.mktemp("data") / "tl-qwen", corpus, TINYLLAMA, QWEN, max_seq_length=128)
 
 
