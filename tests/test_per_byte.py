@@ -36,7 +36,6 @@ def test_token_bytes_add_up_to_the_text(tokenizer_dir, prepended):
     assert (table[ids] > 0).all()
     specials = list(tokenizer.get_added_tokens_decoder())
     assert specials and (table[specials] == 0).all()
-    assert len(table) > max(ids)
 
 
 def test_other_tokenizers_count_each_token_decoded():
@@ -129,17 +128,17 @@ def test_setup_wants_each_teachers_tokenizer_for_byte(tinyllama_qwen_data):
                     GuidanceArgs(compare="byte"), tokenizer_dir=TINYLLAMA)  # fmt: skip
 
 
-def piece_bytes(tokenizer: Tokenizer, token_id: int) -> int:
-    """The bytes of text a token's piece stands for, read off the piece: a byte-level character or a `<0x..>` piece
-    is one byte, "▁" a space; special tokens none."""
+def piece_bytes(tokenizer: Tokenizer, token_id: int, byte_level: bool) -> int:
+    """The bytes of text a token's piece stands for, read off the piece: a byte-level character (Qwen2.5's) or a
+    SentencePiece `<0x..>` piece (TinyLlama's) is one byte, "▁" a space; special tokens none."""
     if token_id in tokenizer.get_added_tokens_decoder():
         return 0
     piece = tokenizer.id_to_token(token_id)
+    if byte_level:
+        return len(piece)
     if piece.startswith("<0x") and len(piece) == 6:
         return 1
-    if "▁" in piece or tokenizer.get_vocab_size() < 100_000:  # TinyLlama's pieces: SentencePiece
-        return len(piece.replace("▁", " ").encode("utf-8"))
-    return len(piece)  # Qwen2.5's: byte-level, one character per byte
+    return len(piece.replace("▁", " ").encode("utf-8"))
 
 
 def test_the_training_step_looks_up_each_tokens_bytes(tinyllama_qwen_data):
@@ -158,8 +157,8 @@ def test_the_training_step_looks_up_each_tokens_bytes(tinyllama_qwen_data):
     tinyllama, qwen = load_tokenizer(TINYLLAMA), load_tokenizer(QWEN)
     targets, valid = batch["targets"], batch["targets"] != -100
     token_bytes = TokenBytes(
-        torch.tensor([[piece_bytes(tinyllama, int(t)) if t >= 0 else 0 for t in row] for row in targets]),
-        [torch.tensor([[piece_bytes(qwen, int(t)) for t in row] for row in batch["teacher_ids"]])],
+        torch.tensor([[piece_bytes(tinyllama, int(t), False) if t >= 0 else 0 for t in row] for row in targets]),
+        [torch.tensor([[piece_bytes(qwen, int(t), True) for t in row] for row in batch["teacher_ids"]])],
     )
     with torch.no_grad():
         ls = student(batch["input_ids"], targets=targets)

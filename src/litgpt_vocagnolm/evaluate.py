@@ -283,8 +283,9 @@ def prefill(model, caches: list[RowKVCache], rows: Sequence[int], prompts: Seque
     for row, prompt in enumerate(prompts):
         ids[row, : len(prompt)] = torch.as_tensor(prompt)
     ids, last = ids.to(device), (lengths - 1).to(device)  # last: each prompt's last position
+    written = torch.tensor(list(rows), device=device)
     for cache in caches:
-        cache.rows = torch.tensor(list(rows), device=device)
+        cache.rows = written
     head, model.lm_head = model.lm_head, torch.nn.Identity()
     final = None  # (R, embedding) each prompt's last hidden state, after the final norm
     try:

@@ -40,10 +40,8 @@ class TokenBytes(NamedTuple):
         """From per-id tables, (V,) each: the student's, then one per teacher. targets (B, T), -100 on padding;
         teacher_ids (B, M_k) per teacher, padded with 0."""
         student_table, *teacher_tables = tables
-        if len(teacher_tables) != len(teacher_ids):
-            raise ValueError(f"one byte table per teacher: {len(teacher_tables)} tables, {len(teacher_ids)} teachers")
         student = torch.where(targets >= 0, student_table[targets.clamp(min=0)], 0)
-        return cls(student, [table[ids] for table, ids in zip(teacher_tables, teacher_ids)])
+        return cls(student, [table[ids] for table, ids in zip(teacher_tables, teacher_ids, strict=True)])
 
 
 def check_top_k(top_k: float, what: str = "top_k") -> None:

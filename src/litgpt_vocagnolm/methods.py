@@ -148,8 +148,7 @@ def random_tokens(args: "GuidanceArgs", ls: Tensor, valid: Tensor, inputs: LossI
     mapped = torch.stack([r[..., 1] > r[..., 0] for r in per_teacher(ranges)]).any(0)  # by any teacher
     reference, excess, best = None, None, None
     if teacher_loss is not None:  # what the teachers would have ranked by, for the metrics
-        reference, mapped, best = teacher_reference(teacher_loss, ranges, args.aggregation, args.combine,
-                                                    inputs.token_bytes)
+        reference, mapped, best = teacher_reference(teacher_loss, ranges, args.aggregation, args.combine)
         excess = ls.float() - reference
     selection = random_selection(valid, mapped, args.top_k, args.unmapped, inputs.generator, scope=args.scope,
                                  all_gather=inputs.all_gather, rank=inputs.rank)  # fmt: skip
