@@ -81,3 +81,36 @@ def test_another_teacher_precision_or_shard_size_is_refused_naming_both(tmp_path
     (output / ".settings.json").write_text(json.dumps({**partial, "blocks_per_shard": 32}))
     with pytest.raises(ValueError, match="blocks_per_shard: 32 in the cache, 64 now"):
         score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64)
+
+
+def test_the_teacher_is_compiled_by_default_on_cuda_only(tmp_path, tinyllama_mistral_data, mistral_teacher,
+                                                          monkeypatch):
+    """Without --compile the teacher is compiled where the device is CUDA and runs eager on a CPU: the command's
+    default follows `compiles_by_default` for the device it runs on, and --compile overrides it. (Each run stops at
+    its first forward: whether it compiled is decided by then.)"""
+    import torch
+
+    from litgpt_vocagnolm import score_teacher as command
+
+    class FirstForward(Exception):
+        pass
+
+    def first_forward(*args):
+        raise FirstForward
+
+    def compiled(**options) -> bool:
+        calls = []
+        monkeypatch.setattr(torch, "compile", lambda model, **kwargs: calls.append(model) or model)
+        output = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        with pytest.raises(FirstForward):
+            score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, num_workers=0, **options)
+        return len(calls) == 1
+
+    assert command.compiles_by_default(torch.device("cuda", 0))
+    assert not command.compiles_by_default(torch.device("cpu"))
+    monkeypatch.setattr(command, "teacher_token_loss", first_forward)
+    assert not compiled()  # this CPU
+    assert compiled(compile=True)
+    monkeypatch.setattr(command, "compiles_by_default", lambda device: device.type == "cpu")  # as if it were CUDA
+    assert compiled()
+    assert not compiled(compile=False)

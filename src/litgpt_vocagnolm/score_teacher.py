@@ -41,7 +41,7 @@ def score_teacher(
     batch_size: int = 8,
     blocks_per_shard: int = 1024,
     num_workers: int = 2,
-    compile: bool = False,
+    compile: bool | None = None,
 ) -> None:
     """Run the frozen teacher once over prepared data and store its per-token losses (16-bit) for training.
 
@@ -65,7 +65,9 @@ def score_teacher(
         batch_size: Blocks per teacher forward pass, at least 1.
         blocks_per_shard: Blocks per cache file, at least 1: the unit of resumption.
         num_workers: Loader worker processes per rank (0: read in the main process).
-        compile: `torch.compile` the teacher (one static shape: compiled once).
+        compile: `torch.compile` the teacher (one static shape: compiled once). Default: on a GPU, where it scores
+            a quarter faster (60.7% of an H100's bf16 peak against 48.7% eager, README "At the device's pace"); off
+            on a CPU, where compiling takes tens of seconds before the first batch.
     """
     for name, value, least in (("batch_size", batch_size, 1), ("blocks_per_shard", blocks_per_shard, 1),
                                ("num_workers", num_workers, 0), ("num_nodes", num_nodes, 1)):  # fmt: skip
@@ -97,6 +99,7 @@ def score_teacher(
 
     model = load_model(teacher, fabric, TeacherArgs(precision=precision).dtype(fabric.device))
     width = padded_window(prepared.manifest, model.max_seq_length)
+    compile = compiles_by_default(fabric.device) if compile is None else compile
     model = torch.compile(model, dynamic=False) if compile else model
     manifest = prepared.manifest
     for split in ("train", "val"):
@@ -157,6 +160,11 @@ def score_teacher(
             print(f"{split}: {c['blocks']:,} blocks, {c['teacher_tokens']:,} teacher tokens,"
                   f" {c['bytes_per_teacher_token']:.3f} bytes per teacher token on disk")  # fmt: skip
         print(f"Wrote {output / CACHE_MANIFEST}. Train with --teacher.cache {output}")
+
+
+def compiles_by_default(device: torch.device) -> bool:
+    """Whether `score-teacher` compiles the teacher without `--compile`: on CUDA devices only (see its help)."""
+    return device.type == "cuda"
 
 
 def cache_settings(teacher: Path, data: Path, precision: str, blocks_per_shard: int) -> dict:
