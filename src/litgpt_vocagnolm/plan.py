@@ -11,7 +11,8 @@ student with float32 parameters, gradients and AdamW state, bf16 frozen teacher,
                                                the last one reduces them
   CUDA/NCCL workspace                          context, NCCL buffers, cuBLAS workspace (`CUDA_WORKSPACE_BYTES`)
   student activations                          what backward needs, at the micro-batch: bytes per token per block
-                                               measured on one real block (below), or the block inputs only with
+                                               measured on one real block (below; compiled blocks hold
+                                               `COMPILED_ACTIVATION_SHARE` of it), or the block inputs only with
                                                activation checkpointing, plus one block recomputed
   bf16 weight copies                           autocast casts each float32 matrix to bf16 for its product and keeps
                                                the copy for backward
@@ -166,6 +167,16 @@ def _block_bytes_per_token(config_json: str, train: bool, lengths: tuple[int, in
 # `cpu_peak_bytes` on bf16 (512, 256) x (32000, 256) in tiles of 128 and 256 rows: 10.0 forward, 8.0 backward beyond
 # the gradients. With a single tile there is no previous one: 6.
 TILE_BYTES_PER_LOGIT, SINGLE_TILE_BYTES_PER_LOGIT = 10, 6
+# What a compiled block (`distributed.compile_blocks`, inductor) saves for backward per token, as a share of what an
+# eager one saves (`block_bytes_per_token`). From the H100 rows of README "At the device's pace" (`python
+# benchmarks/bench_mfu.py --device cuda --compile --max_micro_batch 8`: TinyLlama-1.1B with Qwen2.5-Math-7B online,
+# sequence 2048, one GPU): per sequence of micro-batch, the online step's peak grows (57.49 - 34.42) / 7 = 3.296 GB
+# compiled and (71.89 - 36.21) / 7 = 5.097 GB eager, and at micro-batch 1 the two differ by 1.79 GB, the slopes'
+# difference (1.80 GB): compiling changes what each token holds, not what the step holds besides. 1.80 GB is 36.1% of
+# the 4.99 GB that the eager blocks save per sequence (22 blocks x 110,728 bytes per token x 2048 tokens), so a
+# compiled block keeps 0.639. The compiled cached rows agree once the teacher the script kept resident (15.23 GB) is
+# taken out: 29.23 and 42.26 GB measured at micro-batch 4 and 8, 30.27 and 43.17 GB planned with this share.
+COMPILED_ACTIVATION_SHARE = 0.64
 # Allocated beside the tensors a step holds on a GPU: the CUDA context (~0.5 GB on an H100, outside torch's count),
 # NCCL's channel buffers (NCCL_BUFFSIZE, 4 MiB, per channel and peer: ~0.25 GB at 32 channels over two peers) and
 # cuBLAS's workspace (PyTorch's default CUBLAS_WORKSPACE_CONFIG :4096:8, 32 MiB per stream). Rounded up to 1 GB.
@@ -202,6 +213,7 @@ def estimate_memory(
     accumulation: int = 1,
     fused_optimizer: bool = True,
     workspace: bool = True,
+    compiled: bool = False,
 ) -> MemoryEstimate:
     """Peak bytes on one device for one step of the recipe.
 
@@ -222,6 +234,8 @@ def estimate_memory(
         workspace: count `CUDA_WORKSPACE_BYTES` (a GPU's; not on a CPU).
         fused_optimizer: AdamW's fused kernel (what the recipe uses on GPUs) updates in place; the for-loop one (on a
             CPU) makes three temporaries the size of each parameter in turn.
+        compiled: the student's blocks are compiled (`--compile true`): they save `COMPILED_ACTIVATION_SHARE` of the
+            bytes per token an eager block saves.
     """
     B, T, M, W = micro_batch, seq_len, window, world_size
     held: dict[str, float] = {"CUDA/NCCL workspace": CUDA_WORKSPACE_BYTES} if workspace else {}
@@ -237,6 +251,7 @@ def estimate_memory(
             # FSDP2's all-gather output, copied out into the gathered parameters (`foreach_all_gather_copy_out`)
             held["gather buffers"] = 2 * block
         per_token, per_block = block_bytes_per_token(student, train=True)
+        per_token *= COMPILED_ACTIVATION_SHARE if compiled else 1.0
         N = B * T
         # One device: autocast's bf16 copy of each float32 weight, kept for backward. Sharded: the weights are gathered
         # in bf16 and FSDP2 frees them after forward and gathers them again for backward.
@@ -368,8 +383,14 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
                         help="Teacher tokens per student sequence, from 1 to the teacher's block size (default: the"
                              " prepared data's teacher_max_length rounded up to a multiple of 64, as training pads"
                              " every window, else max_seq_length + 1).")  # fmt: skip
+    parser.add_argument("--measure", type=bool, default=False,
+                        help="Then run the recipe's steps here (the first GPU, else the CPU) for a few steps after"
+                             " warm-up, and print what they measure beside the plan: peak memory, tokens/s, MFU, a"
+                             " checkpoint's save and load, the largest micro-batch that fits, the budget's"
+                             " wall-clock time and GPU-hours, and the pace of LitGPT's own step for the same"
+                             " student.")  # fmt: skip
     parsed = parser.parse_args(args)
-    gpu_memory, window = parsed.pop("gpu_memory"), parsed.pop("window")
+    gpu_memory, window, measuring = parsed.pop("gpu_memory"), parsed.pop("window"), parsed.pop("measure")
     args = parser.instantiate_classes(parsed)
     student = resolve_model_config(args.model_name, args.model_config)
     if args.devices == "auto":
@@ -414,7 +435,8 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     def estimate(micro_batch: int, layout: FSDPArgs = args.fsdp) -> MemoryEstimate:
         return estimate_memory(student, teacher if online else None, micro_batch=micro_batch, seq_len=T,
                                window=window, activation_checkpointing=checkpointing, world_size=world,
-                               num_nodes=num_nodes, layout=layout, accumulation=accumulation)  # fmt: skip
+                               num_nodes=num_nodes, layout=layout, accumulation=accumulation,
+                               compiled=args.compile)  # fmt: skip
 
     step = estimate(B)
     kind = "teacher online" if online else ("teacher cached" if guidance.spec.needs_teacher else "no teacher")
