@@ -6,7 +6,7 @@ import subprocess
 
 import lightning as L
 import pytest
-from conftest import BIN, ROOT
+from conftest import BIN, ROOT, TINYLLAMA
 from litgpt.config import Config
 
 from litgpt_vocagnolm.distributed import FSDPArgs
@@ -15,6 +15,8 @@ from litgpt_vocagnolm.plan import estimate_memory, matmul_parameters, parameters
 
 
 PAPER_RECIPE = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b-instruct.yaml"
+WORKS = "online|cached|student only|scoring|LitGPT's step"
+ROW = re.compile(rf"^  ({WORKS}) +(\d+) +(\S+) +(\S+) +(\S+) +(\S+) +(\S+) +(\S+)$")  # work, micro-batch, 3 x 2
 
 
 def bench_scale():
@@ -127,3 +129,65 @@ def test_plan_of_a_compiled_recipe_offers_a_larger_micro_batch(capsys):
         largest[compile] = int(re.search(r"Largest micro-batch that fits 80 GB: (\d+)", printed).group(1))
     assert largest["true"] > largest["false"] >= 8, largest
 
+
+def measured_rows(printed: str) -> dict[tuple[str, int], list[str]]:
+    """The measurement table's rows by (work, micro-batch): planned and measured peak GB, tokens/s, MFU."""
+    rows = {}
+    for line in printed.splitlines():
+        if match := ROW.match(line):
+            rows[match[1], int(match[2])] = list(match.groups()[2:])
+    return rows
+
+
+def test_plan_measure_on_the_tiny_recipe_prints_measured_beside_planned():
+    """`vocagnolm plan --config recipes/demo-cpu.yaml --measure true` as typed, on this CPU: the recipe's step (`ce`:
+    the student only) at its micro-batch and at half of it, LitGPT's step, a checkpoint's save and load, each beside
+    the plan, then the budget's projection and the ratio to LitGPT's step."""
+    out = subprocess.run([str(BIN / "vocagnolm"), "plan", "--config", "recipes/demo-cpu.yaml", "--measure", "true"],
+                         capture_output=True, text=True, timeout=900, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    printed = out.stdout[out.stdout.index("Measured here") :]
+    header = next(line.split() for line in printed.splitlines() if line.split()[:2] == ["work", "micro-batch"])
+    assert header[2:] == ["planned", "measured"] * 3  # peak GB, tokens/s, MFU
+    rows = measured_rows(printed)
+    assert set(rows) == {("student only", 8), ("student only", 4), ("LitGPT's step", 8)}
+    for (work, _), (planned_gb, peak_gb, _, speed, _, _) in rows.items():
+        assert float(peak_gb) > 0 and float(speed.replace(",", "")) > 0, work
+        assert (planned_gb == "n/a") == (work == "LitGPT's step")  # the plan has no figure for LitGPT's own step
+    assert float(rows["student only", 8][0]) > float(rows["student only", 4][0]) > 0
+
+    save, load = map(float, re.search(r"a blocking save ([\d.]+) s, a load ([\d.]+) s", printed).groups())
+    assert save > 0 and load > 0
+    assert re.search(r"before the time limit .*: the step under way \([\d.]+ s\) and the save take [\d.]+ s", printed)
+    assert re.search(r"Largest micro-batch that fits 80 GB on this device: planned 1024, measured \d+", printed)
+    # The budget: 40,960 tokens in steps of 16 sequences of 128 tokens; the step's time is that of its 2,048 tokens.
+    projection = r"measured ([\d,]+) steps x ([\d.]+) s = ([\d,.]+) s wall-clock, ([\d.]+) GPU-hours"
+    steps, step, wall, gpu_hours = (float(x.replace(",", "")) for x in re.search(projection, printed).groups())
+    assert steps == 40960 // (16 * 128)
+    assert abs(wall - steps * step) <= 0.05 + steps * 5e-5
+    assert abs(gpu_hours - wall / 3600) <= 0.005
+    speed = float(rows["student only", 8][3].replace(",", ""))
+    assert abs(2048 / speed - step) <= 0.01 * step
+    ratio = float(re.search(r"Student only step / LitGPT's step, tokens/s at micro-batch 8: ([\d.]+)x", printed)[1])
+    litgpt_speed = float(rows["LitGPT's step", 8][3].replace(",", ""))
+    assert ratio > 0 and abs(ratio - speed / litgpt_speed) <= 0.01 + 0.01 * ratio
+
+
+def test_plan_measure_with_a_teacher_runs_online_cached_and_scoring(tmp_path, tinyllama_mistral_data, mistral_teacher,
+                                                                     capsys):
+    """The tiny recipe guided by a tiny teacher checkpoint, on prepared data: the online step (the recipe's), the
+    cached one and scoring are measured too, and the cached step is the one set against LitGPT's."""
+    from litgpt_vocagnolm.plan import plan
+
+    plan(["--config", str(ROOT / "recipes" / "demo-cpu.yaml"), "--measure", "true", "--guidance.method", "vocagnolm",
+          "--teacher.checkpoint_dir", str(mistral_teacher), "--data.path", str(tinyllama_mistral_data),
+          "--train.max_seq_length", "64", "--train.micro_batch_size", "2", "--train.global_batch_size", "4",
+          "--tokenizer_dir", str(TINYLLAMA), "--out_dir", str(tmp_path / "out")])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert f"batches from {tinyllama_mistral_data}" in printed
+    rows = measured_rows(printed)
+    assert set(rows) == {("online", 2), ("online", 1), ("cached", 2), ("scoring", 2), ("LitGPT's step", 2)}
+    for work, micro_batch in rows:
+        assert float(rows[work, micro_batch][1]) > 0 and float(rows[work, micro_batch][3].replace(",", "")) > 0
+    assert re.search(r"Cached step / LitGPT's step, tokens/s at micro-batch 2: [\d.]+x", printed)
+    assert not list((tmp_path / "out").glob("**/step-*"))  # the measured checkpoint is gone

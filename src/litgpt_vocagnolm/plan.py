@@ -24,7 +24,7 @@ short lengths under bf16 autocast, with saved-tensor hooks (student) or the prof
 peak is the largest of these moments: the teacher's forward, the head's backward (all activations saved, the logits of
 a tile and the head's gradient being made), with activation checkpointing the first block recomputed in backward, and
 the optimizer step (all gradients). benchmarks/bench_scale.py measures the peak of each kind of step next to this
-estimate.
+estimate, and `vocagnolm plan --measure true` the recipe's own steps on the local device (`measure`).
 """
 
 import contextlib
@@ -363,13 +363,15 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     """Per-GPU memory of a recipe's step and the largest micro-batch that fits, before submitting it.
 
     Takes the recipe's own command line (`--config recipes/X.yaml`, any override such as `--devices 8 --num_nodes 4`
-    or `--train.micro_batch_size 16`) and two options of its own, `--gpu_memory` and `--window`. The teacher's config
-    comes from its checkpoint dir (or, before downloading, from the directory name, as LitGPT names configs); the
-    teacher window from the prepared data's manifest when it exists.
+    or `--train.micro_batch_size 16`) and three options of its own, `--gpu_memory`, `--window` and `--measure`. The
+    teacher's config comes from its checkpoint dir (or, before downloading, from the directory name, as LitGPT names
+    configs); the teacher window from the prepared data's manifest when it exists. With `--measure true` the recipe's
+    steps then run here for a few steps, and what they measure is printed beside the plan (`measure`).
     """
     from jsonargparse import CLI, ArgumentParser, capture_parser
 
     from litgpt_vocagnolm.data import VocAgnoData, load_manifest, padded_window
+    from litgpt_vocagnolm.measure import Setting, largest_micro_batch, measure
     from litgpt_vocagnolm.model_configs import config_named, register
     from litgpt_vocagnolm.checks import check_run_args, resolve_model_config
     from litgpt_vocagnolm.recipe import setup
@@ -444,7 +446,7 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     print(
         f"{' '.join(map(str, parsed.get('config') or ['The recipe']))}: student {student.name}, {kind}; {world} GPUs"
         f" ({num_nodes} x {devices}), micro-batch {B} x {T} tokens, teacher window {window},"
-        f" activation checkpointing {'on' if checkpointing else 'off'}"
+        f" activation checkpointing {'on' if checkpointing else 'off'}, compile {'on' if args.compile else 'off'}"
     )
     print(f"Per GPU at the step's peak ({step.moment}):")
     for name, nbytes in step.components.items():
@@ -469,12 +471,7 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
         mark += " <- fastest that fits" if layout == fastest else ""
         print(f"  {layout.teacher:<10} {layout.student:<8} {memory / GB:9.2f} {node_links / GB:13.2f}"
               f" {network / GB:10.2f} {seconds:7.3f}{mark}")  # fmt: skip
-    largest = 0
-    while estimate(2 * largest or 1).total <= gpu_memory * GB and largest < 1024:
-        largest = 2 * largest or 1
-    if largest:  # then one by one up to the next power of two
-        while estimate(largest + 1).total <= gpu_memory * GB and largest < 1024:
-            largest += 1
+    largest = largest_micro_batch(lambda micro_batch: estimate(micro_batch).total, gpu_memory * GB)
     print(f"Largest micro-batch that fits {gpu_memory:g} GB: {largest or 'none'}"
           + ("" if largest else " (turn on --fsdp.activation_checkpointing, or use more GPUs)"))  # fmt: skip
     # What the tiled head and loss (`loss.linear_cross_entropy`) leave unallocated at this micro-batch.
@@ -494,3 +491,20 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     elif args.train.global_batch_size:
         print(f"Global batch {args.train.global_batch_size} = {world} GPUs x {B} x {accumulation} accumulation steps;"
               f" {args.train.global_batch_size * T:,} tokens per optimizer step.")  # fmt: skip
+    if measuring:
+        cuda = torch.cuda.is_available()
+
+        def planned(work: str, micro_batch: int) -> float:
+            """The estimate for `work` on the one device `measure` runs it on, as it runs it there."""
+            if work == "scoring":  # `score-teacher`: the first teacher alone
+                return estimate_memory(student, teachers[0], micro_batch=micro_batch, seq_len=T, window=window,
+                                       train=False, workspace=cuda).total  # fmt: skip
+            return estimate_memory(student, teacher if work == "online" else None, micro_batch=micro_batch, seq_len=T,
+                                   window=window, activation_checkpointing=checkpointing, accumulation=accumulation,
+                                   fused_optimizer=cuda, workspace=cuda, compiled=args.compile).total  # fmt: skip
+
+        traffic = traffic_per_step(student, teachers if online else [], args.fsdp, devices=devices,
+                                   num_nodes=num_nodes, accumulation=accumulation)  # fmt: skip
+        measure(Setting(args=args, student=student, teachers=teachers, online=online, seq_len=T, window=window,
+                        accumulation=accumulation, world_size=world, gpu_memory=gpu_memory * GB, planned=planned,
+                        communication_s=communication_seconds(*traffic)))  # fmt: skip
