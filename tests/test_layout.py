@@ -44,6 +44,8 @@ def test_no_module_imports_one_that_imports_it_back():
     for algorithm in ("alignment", "loss", "cross_entropy", "distillation", "methods", "documents", "packing"):
         assert not graph[algorithm] & commands, algorithm
     assert order.index("data") < order.index("prepare") < order.index("demo")
+    # The data order reads blocks through `data` and builds on nothing above it (the recipe and checkpoints use it).
+    assert graph["order"] == {"data", "errors"}
     # The demo's parts never import the demo command that runs them.
     assert not any("demo" in graph[m] for m in graph if m.startswith("demo."))
 
