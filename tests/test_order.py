@@ -29,15 +29,15 @@ shapes = st.tuples(st.integers(1, 5), st.sampled_from([1, 2, 3, 4]), st.integers
 
 
 @settings(max_examples=60, deadline=None)
-@given(num_blocks=st.integers(1, 60), before=shapes, after=shapes, cut=st.integers(0, 8), seed=st.integers(0, 2**32))
+@given(num_blocks=st.integers(1, 60), before=shapes, after=shapes, cut=st.integers(0, 8), seed=st.integers(0, 2**40))
 def test_every_block_once_per_epoch_across_a_resume_on_another_shape(num_blocks, before, after, cut, seed):
     """Train `cut` steps of one (B, W, A), resume from the blocks consumed with another, train past two epochs: the
     blocks read, position after position, are epoch 0's permutation, then epoch 1's, each block once in each."""
     order = GlobalOrder(num_blocks, seed)
     first = train_steps(order, 0, before, cut)
     position = cut * before[0] * before[1] * before[2]  # what a checkpoint saves
-    per_step = after[0] * after[1] * after[2]
-    resumed = train_steps(GlobalOrder(num_blocks, seed), position, after, max(0, -(-(2 * num_blocks - position) // per_step)))
+    steps = max(0, -(-(2 * num_blocks - position) // (after[0] * after[1] * after[2])))  # past the end of epoch 1
+    resumed = train_steps(GlobalOrder(num_blocks, seed), position, after, steps)
     read = flat(first) + flat(resumed)
     assert len(flat(first)) == position
     for epoch in range(2):
