@@ -64,9 +64,9 @@ class GlobalOrder:
         found = []
         while start < stop:
             epoch, offset = divmod(start, self.num_blocks)
-            end = min(stop - start, self.num_blocks - offset)
-            found += self.epoch(epoch)[offset : offset + end].tolist()
-            start += end
+            count = min(stop - start, self.num_blocks - offset)  # up to the end of this epoch
+            found += self.epoch(epoch)[offset : offset + count].tolist()
+            start += count
         return found
 
 
