@@ -47,6 +47,8 @@ def test_no_module_imports_one_that_imports_it_back():
     # `plan --measure` drives the recipe's own loop: the measuring imports the recipe, never the other way round.
     assert {"recipe", "score_teacher"} <= graph["measure"] and "measure" in graph["plan"]
     assert not any({"plan", "measure"} & graph[m] for m in graph if m not in ("plan", "measure"))
+    # The data order reads blocks through `data` and builds on nothing above it (the recipe and checkpoints use it).
+    assert graph["order"] == {"data", "errors"}
     # The demo's parts never import the demo command that runs them.
     assert not any("demo" in graph[m] for m in graph if m.startswith("demo."))
 
