@@ -275,7 +275,8 @@ def prefill(model, caches: list[RowKVCache], rows: Sequence[int], prompts: Seque
     chunk for all of them: a question prefilled alone is a few forwards at batch 1, which on a GPU is launches more than
     arithmetic (`benchmarks/bench_evaluate.py --profile`). A padded position writes keys past its prompt's end, into
     its own row, which that row's question overwrites before it attends to them. Only each prompt's last position
-    needs logits, so the head runs on those alone (for a tiny model the (T, vocab) projection is most of the cost).
+    needs logits, so the head runs on those alone (`HeadAtPositions`; for a tiny model the (T, vocab) projection is
+    most of the cost).
     """
     device = next(model.parameters()).device
     lengths = torch.tensor([len(prompt) for prompt in prompts])
@@ -286,20 +287,39 @@ def prefill(model, caches: list[RowKVCache], rows: Sequence[int], prompts: Seque
     written = torch.tensor(list(rows), device=device)
     for cache in caches:
         cache.rows = written
-    head, model.lm_head = model.lm_head, torch.nn.Identity()
-    final = None  # (R, embedding) each prompt's last hidden state, after the final norm
+    head = model.lm_head
+    model.lm_head = at_positions = HeadAtPositions(head)
+    logits = None  # (R, vocab) each prompt's logits at its last position
     try:
         for start in range(0, ids.shape[1], PREFILL_CHUNK):
             end = min(start + PREFILL_CHUNK, ids.shape[1])
-            hidden = model(ids[:, start:end], torch.arange(start, end, device=device), input_pos_maxp1=end)
-            here = hidden[torch.arange(len(prompts), device=device), (last - start).clamp(0, end - start - 1)]
+            at_positions.positions = (last - start).clamp(0, end - start - 1)
+            here = model(ids[:, start:end], torch.arange(start, end, device=device), input_pos_maxp1=end)[:, 0]
             inside = ((last >= start) & (last < end))[:, None]
-            final = here if final is None else torch.where(inside, here, final)
+            logits = here if logits is None else torch.where(inside, here, logits)
     finally:
         model.lm_head = head
         for cache in caches:
             cache.rows = None
-    return head(final).argmax(dim=-1).tolist()  # a CPU-GPU sync per prefill: a first token may end its question
+    return logits.argmax(dim=-1).tolist()  # a CPU-GPU sync per prefill: a first token may end its question
+
+
+class HeadAtPositions(torch.nn.Module):
+    """A model's head on one position of each row, put in the head's place for a prefill: it runs inside the model's
+    forward, under the precision Fabric sets there (the weights' bf16 under `bf16-true`, autocast under `bf16-mixed`),
+    as a decode step's head does. Called on what the forward returns instead, it would get the activations as Fabric
+    hands them back, in float32, against bf16 weights."""
+
+    positions: Optional[torch.Tensor] = None
+    """(R,) long: the position, within the forward's chunk, whose logits each row returns."""
+
+    def __init__(self, head: torch.nn.Module) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(R, T, embedding) -> (R, 1, vocab): the logits at each row's position."""
+        return self.head(x[torch.arange(x.shape[0], device=x.device), self.positions][:, None])
 
 
 @dataclass
