@@ -3,9 +3,11 @@ expectation, the whole command on a tiny model, and bad input. Generation and th
 
 import csv
 import gzip
+import hashlib
 import inspect
 import json
 import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -18,6 +20,8 @@ from litgpt.utils import save_config
 from tokenizers import Tokenizer as HFTokenizer
 
 from litgpt_vocagnolm import evaluate as evaluate_module
+from litgpt_vocagnolm.checkpoints import CHECKSUMS, UnreadableCheckpoint, file_checksums
+from litgpt_vocagnolm.errors import InvalidArgument, PathTaken
 from litgpt_vocagnolm.evaluate import (
     bits_per_byte,
     bits_per_byte_of_documents,
@@ -322,10 +326,11 @@ def test_every_table_1_task_runs_end_to_end_and_writes_the_tables(tiny_checkpoin
     values = [cell.strip() for cell in markdown[2].strip("|").split("|")]
     assert values[0] == str(tiny_checkpoint)
     names = HARNESS_DATA_NAMES.split(",")
-    assert sorted(p.name for p in out.glob("*.jsonl")) == sorted(f"{name}.limit-5.jsonl" for name in names)
+    assert sorted(p.name for p in out.glob("*.jsonl")) == sorted(row["predictions"] for row in results)
     accuracies = []
     for name, column, result in zip(HARNESS_DATA_NAMES.split(","), COLUMNS, results):
-        rows = [json.loads(line) for line in open(out / f"{name}.limit-5.jsonl")]
+        assert re.fullmatch(rf"{name}\.limit-5\.[0-9a-f]{{10}}\.jsonl", result["predictions"])
+        rows = [json.loads(line) for line in open(out / result["predictions"])]
         assert [row["idx"] for row in rows] == [e["idx"] for e in load_examples(TASKS[name])[:5]]
         assert all(row["pred"] == extract_answer(row["generation"], TASKS[name]) for row in rows)
         accuracies.append(100 * sum(row["score"] for row in rows) / 5)
@@ -340,8 +345,9 @@ def test_full_math_test_set_runs_when_asked_in_its_own_column(tiny_checkpoint, t
              precision="32-true")  # fmt: skip
     header = (tmp_path / "results.md").read_text().splitlines()[0]
     assert header == "| model | GSM8K | MATH | MATH-5000 | AVG |"
-    math = [json.loads(line) for line in open(tmp_path / "math.limit-2.jsonl")]
-    minerva = [json.loads(line) for line in open(tmp_path / "minerva_math.limit-2.jsonl")]
+    (math,) = tmp_path.glob("math.limit-2.*.jsonl")
+    (minerva,) = tmp_path.glob("minerva_math.limit-2.*.jsonl")
+    math, minerva = ([json.loads(line) for line in open(path)] for path in (math, minerva))
     assert [row["question"] for row in math] == [e["problem"] for e in load_examples(TASKS["math"])[:2]]
     assert [row["question"] for row in minerva] == [e["problem"] for e in load_examples(TASKS["minerva_math"])[:2]]
     assert minerva[0]["subject"] == "Precalculus" and math[0]["type"] == "Algebra"  # kept for breakdowns
@@ -420,3 +426,116 @@ def test_bad_bpb_files(tiny_checkpoint, tmp_path, no_model_load):
         evaluate(tiny_checkpoint, bpb=tmp_path / "mixed.jsonl")
     with pytest.raises(ValueError, match="nothing to evaluate"):
         evaluate(tiny_checkpoint, tasks="")
+
+
+# Issue 32, evaluate: results merged and never rewritten, a checkpoint known by its content and checked against its
+# recorded checksums, the output folder checked before any work, no number over nothing.
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_second_checkpoint_keeps_the_first_ones_row_and_predictions(tiny_checkpoint, tmp_path):
+    other = make_checkpoint(tmp_path / "other", "tinyllama-1.1b", block_size=2048, padded_vocab_size=32000)
+    torch.save({k: v + 0.01 for k, v in torch.load(other / "lit_model.pth").items()}, other / "lit_model.pth")
+    out = tmp_path / "out"
+    evaluate(tiny_checkpoint, tasks="gsm8k", limit=2, max_new_tokens=2, out_dir=out, precision="32-true")
+    (first,) = read_csv(out / "results.csv")
+    kept = (out / first["predictions"]).read_bytes()
+    evaluate(other, tasks="gsm8k", limit=2, max_new_tokens=2, out_dir=out, precision="32-true")
+
+    rows = read_csv(out / "results.csv")
+    assert [row["checkpoint"] for row in rows] == [str(tiny_checkpoint), str(other)]
+    assert rows[0] == first and (out / first["predictions"]).read_bytes() == kept
+    assert rows[1]["predictions"] != first["predictions"] and (out / rows[1]["predictions"]).is_file()
+    # A checkpoint is its content: the sha256 of its weights, computed here with hashlib.
+    for row, checkpoint in zip(rows, (tiny_checkpoint, other)):
+        assert row["checkpoint_sha256"] == hashlib.sha256((checkpoint / "lit_model.pth").read_bytes()).hexdigest()
+    table_1 = (out / "results.md").read_text().splitlines()
+    assert table_1[2].startswith(f"| {tiny_checkpoint} |") and table_1[3].startswith(f"| {other} |")
+
+    # Trained again in the same folder: another checkpoint, with a row of its own; the path alone no longer tells.
+    torch.save({k: v + 0.02 for k, v in torch.load(other / "lit_model.pth").items()}, other / "lit_model.pth")
+    evaluate(other, tasks="gsm8k", limit=2, max_new_tokens=2, out_dir=out, precision="32-true")
+    rows = read_csv(out / "results.csv")
+    assert [row["checkpoint"] for row in rows] == [str(tiny_checkpoint), str(other), str(other)]
+    assert len({row["checkpoint_sha256"] for row in rows}) == 3
+    shown = [line.split("|")[1].strip() for line in (out / "results.md").read_text().splitlines()[2:5]]
+    assert shown[1:] == [f"{other} @{rows[1]['checkpoint_sha256'][:8]}", f"{other} @{rows[2]['checkpoint_sha256'][:8]}"]
+
+
+def test_bits_per_byte_keeps_a_row_per_checkpoint_and_file_and_refuses_a_bpb_csv_of_the_users(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    (tmp_path / "a.txt").write_text(TEXT)
+    (tmp_path / "b.txt").write_text(TEXT[:60])
+    out = tmp_path / "out"
+    evaluate(tiny_checkpoint, bpb=tmp_path / "a.txt", out_dir=out, precision="32-true")
+    (first,) = read_csv(out / "bpb.csv")
+    evaluate(tiny_checkpoint, bpb=tmp_path / "b.txt", out_dir=out, precision="32-true")  # another held-out file
+    rows = read_csv(out / "bpb.csv")
+    assert [row["file"] for row in rows] == [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")] and rows[0] == first
+    evaluate(tiny_checkpoint, bpb=tmp_path / "a.txt", out_dir=out, precision="32-true")  # the same again: its own row
+    rows = read_csv(out / "bpb.csv")
+    assert len(rows) == 2 and rows[0]["bits_per_byte"] == first["bits_per_byte"]
+    assert [line.count(str(tmp_path / "a.txt")) for line in (out / "bpb.md").read_text().splitlines()[2:]] == [1, 0]
+
+    monkeypatch.setattr(evaluate_module, "load_model", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "bpb.csv").write_text("model,bpb\nmy-model,0.91\n")
+    with pytest.raises(PathTaken, match=re.escape(f"{mine / 'bpb.csv'} has columns ['model', 'bpb']")):
+        evaluate(tiny_checkpoint, bpb=tmp_path / "a.txt", out_dir=mine)
+    assert (mine / "bpb.csv").read_text() == "model,bpb\nmy-model,0.91\n"
+    (mine / "bpb.csv").unlink()
+    (mine / "bpb.md").write_text("my notes\n")  # a view without the file it is drawn from: not evaluate's
+    with pytest.raises(PathTaken, match="bpb.md exists without the bpb.csv it is drawn from"):
+        evaluate(tiny_checkpoint, bpb=tmp_path / "a.txt", out_dir=mine)
+    assert (mine / "bpb.md").read_text() == "my notes\n"
+
+
+def damage(weights: Path) -> None:
+    """4 KB of 0xff written in place, inside the tensor data: the file still loads, with 1,024 NaN weights."""
+    with open(weights, "r+b") as f:
+        f.seek(weights.stat().st_size // 2 // 4096 * 4096)  # on a float's first byte: tensor data is 64-byte aligned
+        f.write(b"\xff" * 4096)
+
+
+def test_a_damaged_weights_file_with_a_recorded_checksum_is_refused(tiny_checkpoint, tmp_path, no_model_load):
+    checkpoint = tmp_path / "final"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    # checksums.json as a training checkpoint's final/ records its files (`Checkpointer.finish`).
+    (checkpoint / CHECKSUMS).write_text(json.dumps(file_checksums(checkpoint)))
+    damage(checkpoint / "lit_model.pth")
+    weights = torch.load(checkpoint / "lit_model.pth", weights_only=True)
+    assert sum(int(tensor.isnan().sum()) for tensor in weights.values()) == 1024
+    with pytest.raises(UnreadableCheckpoint, match=re.escape(f"{checkpoint / 'lit_model.pth'} does not match its")):
+        evaluate(checkpoint, tasks="gsm8k", limit=1, out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_dir_onto_a_file_or_an_unwritable_folder_is_refused_before_any_work(
+    tiny_checkpoint, tmp_path, monkeypatch, no_model_load
+):
+    (tmp_path / "taken").write_text("a file\n")
+    with pytest.raises(PathTaken, match="is a file, not a folder"):
+        evaluate(tiny_checkpoint, tasks="gsm8k", limit=1, out_dir=tmp_path / "taken" / "out")
+    with pytest.raises(PathTaken, match="is a file, not a folder"):
+        evaluate(tiny_checkpoint, tasks="gsm8k", limit=1, out_dir=tmp_path / "taken")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    # Tests run as root here, whom no permission stops: the folder is reported unwritable as it is to other users.
+    monkeypatch.setattr(os, "access", lambda path, mode, **kwargs: Path(path) != locked)
+    with pytest.raises(InvalidArgument, match="can't be created: .*locked is not writable by this user"):
+        evaluate(tiny_checkpoint, tasks="gsm8k", limit=1, out_dir=locked / "out")
+    assert list(locked.iterdir()) == []
+
+
+def test_bits_per_byte_of_a_file_without_text_is_refused_not_reported(tiny_checkpoint, tmp_path, no_model_load):
+    (tmp_path / "good.txt").write_text(TEXT)
+    (tmp_path / "blank.jsonl").write_text(json.dumps({"text": ""}) + "\n" + json.dumps({"text": ""}) + "\n")
+    with pytest.raises(InvalidArgument, match=re.escape(f"--bpb: {tmp_path / 'blank.jsonl'} holds no text")):
+        evaluate(tiny_checkpoint, bpb=[tmp_path / "good.txt", tmp_path / "blank.jsonl"], out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -244,27 +244,35 @@ def test_later_runs_keep_earlier_results_and_limited_runs_say_so(small_checkpoin
                  out_dir=out, precision="32-true")  # fmt: skip
 
     run("gsm8k")
-    gsm8k = (out / "gsm8k.jsonl").read_bytes()
+    (gsm8k_file,) = out.glob("gsm8k.*.jsonl")
+    gsm8k = gsm8k_file.read_bytes()
     run("svamp")  # another task: a row beside GSM8K's
     assert results(out) == [("gsm8k", "", "3", "3"), ("svamp", "", "3", "3")]
     run("gsm8k", limit=1)  # a quick check: its own predictions and row, the whole run's kept
-    assert (out / "gsm8k.jsonl").read_bytes() == gsm8k
-    assert len((out / "gsm8k.limit-1.jsonl").read_text().splitlines()) == 1
+    assert gsm8k_file.read_bytes() == gsm8k
+    (limited_file,) = out.glob("gsm8k.limit-1.*.jsonl")
+    assert len(limited_file.read_text().splitlines()) == 1
     assert results(out) == [("gsm8k", "", "3", "3"), ("gsm8k", "1", "1", "3"), ("svamp", "", "3", "3")]
-    run("svamp", max_new_tokens=2)  # a re-run replaces the task's row
-    assert results(out) == [("gsm8k", "", "3", "3"), ("gsm8k", "1", "1", "3"), ("svamp", "", "3", "2")]
+    run("svamp")  # the same run again replaces its own row
+    assert results(out) == [("gsm8k", "", "3", "3"), ("gsm8k", "1", "1", "3"), ("svamp", "", "3", "3")]
+    run("svamp", max_new_tokens=2)  # other settings: a row of their own
+    both = [("gsm8k", "", "3", "3"), ("gsm8k", "1", "1", "3"), ("svamp", "", "3", "3"), ("svamp", "", "3", "2")]
+    assert results(out) == both and len(list(out.glob("svamp.*.jsonl"))) == 2
     with open(out / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert {row["checkpoint"] for row in rows} == {str(small_checkpoint)} and all(row["date"] for row in rows)
-    predictions = {row["task"]: [json.loads(line) for line in open(out / row["predictions"])] for row in rows[::2]}
+    whole = [row for row in rows if row["limit"] == "" and row["max_new_tokens"] == "3"]
+    predictions = {row["task"]: [json.loads(line) for line in open(out / row["predictions"])] for row in whole}
     accuracy = {task: 100 * sum(p["score"] for p in rows) / 3 for task, rows in predictions.items()}
-    assert [float(row["accuracy"]) for row in rows[::2]] == pytest.approx([accuracy["gsm8k"], accuracy["svamp"]])
+    assert [float(row["accuracy"]) for row in whole] == pytest.approx([accuracy["gsm8k"], accuracy["svamp"]])
 
     table_1 = (out / "results.md").read_text().splitlines()[:3]
-    # Table 1 takes each task's whole run; nothing in it is limited, so nothing is marked.
+    # Table 1 takes each task's whole run; nothing in it is limited, so nothing is marked. The checkpoint's runs with
+    # 2 new tokens have a row of their own, below.
     assert table_1[0] == "| model | GSM8K | SVAMP | AVG |"
     average = (accuracy["gsm8k"] + accuracy["svamp"]) / 2
-    assert table_1[2] == f"| {small_checkpoint} | {accuracy['gsm8k']:.1f} | {accuracy['svamp']:.1f} | {average:.1f} |"
+    label = f"{small_checkpoint} (max_new_tokens 3, 32-true, {small_test_sets})"
+    assert table_1[2] == f"| {label} | {accuracy['gsm8k']:.1f} | {accuracy['svamp']:.1f} | {average:.1f} |"
 
     other = make_checkpoint(tmp_path / "other", tiny_config("tiny", 32000, n_layer=2, n_embd=64, block_size=1024),
                             TINYLLAMA, seed=1)  # fmt: skip
@@ -293,5 +301,5 @@ def test_help_says_that_results_are_kept_and_how_limited_runs_are_named(capsys):
     with pytest.raises(SystemExit):
         CLI(evaluate, args=["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "Earlier results in `out_dir` are kept" in text and "`<task>.limit-N.jsonl`" in text
+    assert "Earlier results in `out_dir` are kept" in text and "`<task>.limit-N.<id>.jsonl`" in text
     assert "within the model's block size after its own prompt" in text

@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
+from litgpt_vocagnolm.files import file_sha256
 from litgpt_vocagnolm.tokenizer_files import TOKENIZER_FILES, load_tokenizer
 
 MODEL_FILES = ("lit_model.pth", "model_config.yaml")
@@ -250,6 +251,24 @@ def verify_checkpoint(step_dir: Path, rank: int = 0, world_size: int = 1) -> Non
     SafeReader(step_dir).read_metadata()
 
 
+def verified_weights_sha256(checkpoint_dir: Path) -> str:
+    """sha256 of a LitGPT checkpoint directory's lit_model.pth: the checkpoint's identity by content. Where the
+    directory's checksums.json records its lit_model.pth and model_config.yaml (a training checkpoint's `final/`, an
+    exported one), they must match it: a file damaged since is refused, naming it, before any model is built."""
+    path = checkpoint_dir / CHECKSUMS
+    try:
+        recorded = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError) as error:
+        raise UnreadableCheckpoint(f"Cannot read {path}: {error}") from error
+    sums = {name: file_sha256(checkpoint_dir / name) for name in MODEL_FILES}
+    for name, digest in sums.items():
+        if name in recorded and recorded[name] != digest:
+            raise UnreadableCheckpoint(
+                f"{checkpoint_dir / name} does not match its checksum in {CHECKSUMS}: the file is damaged."
+            )
+    return sums["lit_model.pth"]
+
+
 def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Path, out_dir: Path) -> Path | None:
     """The checkpoint directory to resume from: the newest `out_dir/step-*` that is complete and undamaged.
 
@@ -454,8 +473,8 @@ def export_lit_model(checkpoint_dir: Path, output: Path, extra: dict | None = No
 def export(checkpoint_dir: Path, out_dir: Path) -> None:
     """Write a training checkpoint (``out_dir/step-*`` of the recipe, saved sharded) as a LitGPT checkpoint directory:
     one lit_model.pth with the student's weights (read tensor by tensor: the optimizer state is never read), its
-    model_config.yaml, hyperparameters.yaml and tokenizer files, for ``litgpt generate``, ``litgpt
-    convert_from_litgpt`` and ``vocagnolm evaluate``.
+    model_config.yaml, hyperparameters.yaml, tokenizer files and checksums.json (of the weights and config), for
+    ``litgpt generate``, ``litgpt convert_from_litgpt`` and ``vocagnolm evaluate``.
 
     Arguments:
         checkpoint_dir: The sharded checkpoint: a ``step-*`` (or ``final``) directory the recipe saved.
@@ -470,6 +489,9 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
     export_lit_model(checkpoint_dir, out_dir / "lit_model.pth", extra=counters)
     copy_config_files(checkpoint_dir, out_dir)  # model_config.yaml and the tokenizer files
     shutil.copy(checkpoint_dir / "hyperparameters.yaml", out_dir)
+    # What `vocagnolm evaluate` checks the weights against before it uses them, as a training checkpoint's final/.
+    sums = {name: file_sha256(out_dir / name) for name in MODEL_FILES}
+    (out_dir / CHECKSUMS).write_text(json.dumps(sums, indent=1))
     print(f"Wrote {out_dir / 'lit_model.pth'} (step {counters['step_count']}): `litgpt generate {out_dir}` reads it.")
 
 

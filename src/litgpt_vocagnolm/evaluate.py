@@ -11,7 +11,6 @@ divided by the bytes of the text they encode. It does not depend on the tokenize
 teacher are measured in the same unit.
 """
 
-import csv
 import json
 import os
 from collections import deque
@@ -19,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NamedTuple, Optional, Union
+from typing import Literal, NamedTuple, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +26,10 @@ from litgpt.model import KVCache
 from tqdm import tqdm
 
 from litgpt_vocagnolm import gpt
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir
+from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, verified_weights_sha256
 from litgpt_vocagnolm.documents import parse_text_key, read_whole_files
-from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, check_writable
+from litgpt_vocagnolm.evaluate_results import check_results_files, predictions_name, record_accuracy, record_bpb
 from litgpt_vocagnolm.loss import bits_per_byte
 from litgpt_vocagnolm.math_tasks import (
     DATA_DIR,
@@ -67,12 +67,14 @@ def evaluate(
     bpb: Optional[Union[Path, list[Path]]] = None,
     text_key: str = "text",
     out_dir: Optional[Path] = None,
-    precision: Optional[str] = None,
+    precision: Optional[Literal["bf16-true", "bf16-mixed", "16-true", "16-mixed", "32-true"]] = None,
 ) -> None:
     """Evaluates a LitGPT checkpoint on the paper's math benchmarks and/or bits per byte of held-out text.
 
-    Writes, under `out_dir`: `<task>.jsonl` (every question's generation, new tokens, extracted answer and score),
-    `results.csv` and `results.md` (see `--out_dir`), and with `--bpb` also `bpb.csv` and `bpb.md`.
+    Writes, under `out_dir`: each task's predictions (every question's generation, new tokens, extracted answer and
+    score), `results.csv` and `results.md` (see `--out_dir`), and with `--bpb` also `bpb.csv` and `bpb.md`. A
+    checkpoint whose checksums.json records its weights (a training checkpoint's `final/`, one `vocagnolm export`
+    wrote) is checked against it first: a damaged file is refused.
 
     Arguments:
         checkpoint_dir: A LitGPT checkpoint directory: lit_model.pth, model_config.yaml, tokenizer.json (or
@@ -84,8 +86,8 @@ def evaluate(
         data_dir: Directory with the test files in the harness layout (`gsm8k/test.jsonl`, `math_oai/test.jsonl`,
             ..., `tabmwp/problems_test1k.json`). Default: the copies shipped with this package.
         limit: Evaluate only the first N questions of each task (a quick check; the paper uses all). Such a run
-            writes `<task>.limit-N.jsonl` and a row of its own in results.csv, marked * where results.md's Table 1
-            shows it: it never replaces a whole run's predictions or row.
+            writes `<task>.limit-N.<id>.jsonl` and a row of its own in results.csv, marked * where results.md's Table
+            1 shows it: it never replaces a whole run's predictions or row.
         batch_size: Questions decoded together (and text windows scored together for `--bpb`). Default: as many as
             the KV cache of a whole block fits in 80% of the device's free memory (on CPU, at most 32), printed at
             start; 8 text windows for `--bpb`. A question that ends leaves its row to the next waiting one.
@@ -95,61 +97,73 @@ def evaluate(
             EOS.
         bpb: Text to report bits per byte on: files or directories, as `vocagnolm prepare --input` reads them
             (`--bpb [a.txt,b.jsonl]`): a .txt file is one document, a .jsonl file one per line, a .parquet file one
-            per row. Every record must be readable.
+            per row. Every record must be readable, and every file must hold some text.
         text_key: The field(s) of a --bpb record that hold its text; several, comma-separated, are joined with a
             blank line between them.
         out_dir: Where to write the results. Earlier results in `out_dir` are kept: results.csv holds one row per
-            task and limit with its run's settings (accuracy, questions, limit, max_new_tokens, checkpoint, date),
-            and a new run of a task replaces only that task's row (of the same limit) and predictions file.
-            results.md shows Table 1 (a row per checkpoint: the tasks in the paper's column order, each from its
-            whole run if there is one, then their unweighted average) above every row with its settings. Default:
-            `checkpoint_dir/evaluate`.
-        precision: Fabric precision, e.g. "bf16-true" or "32-true". Default: bf16 (16-bit on GPUs without bf16).
+            checkpoint, task, settings (max_new_tokens, precision, data_dir) and limit, with its accuracy, questions,
+            date and predictions file (`<task>.<id>.jsonl`, <id> naming the checkpoint and the settings); a run again
+            with all of these the same replaces only its own row and predictions file. A checkpoint is known by the
+            sha256 of its weights, not by its path alone. results.md shows Table 1 (a row per checkpoint and settings:
+            the tasks in the paper's column order, each from its whole run if there is one, then their unweighted
+            average) above every row. bpb.csv holds one row per checkpoint, file and precision. Results files that
+            evaluate did not write are refused, never replaced. Default: `checkpoint_dir/evaluate`.
+        precision: Fabric precision. Default: "bf16-true" (on CPUs too), "16-true" on GPUs without bf16. On a CPU
+            "16-mixed" runs as "bf16-mixed" (Fabric's choice: torch has no float16 autocast there).
     """
+    from litgpt.utils import get_default_supported_precision
+
     checkpoint_dir = Path(checkpoint_dir)
-    data_dir = Path(data_dir) if data_dir is not None else DATA_DIR
+    test_sets = Path(data_dir) if data_dir is not None else DATA_DIR
     out_dir = Path(out_dir) if out_dir is not None else checkpoint_dir / "evaluate"
     # Bad input fails here, before the model loads.
     check_checkpoint_dir(checkpoint_dir, what="checkpoint_dir", tokenizer=True)
     selected = parse_tasks(tasks if tasks is not None else ("" if bpb else ",".join(TABLE_1)))
-    check_task_files(selected, data_dir)
+    check_task_files(selected, test_sets)
     if selected:
         check_latex_parser()
     documents = read_whole_files(bpb, parse_text_key(text_key), "--bpb") if bpb else {}
-    results = read_results(out_dir) if selected else []  # earlier runs' rows: kept
+    empty = [str(path) for path, texts in documents.items() if not any(texts)]
+    if empty:  # bits per byte over no bytes is no number
+        raise InvalidArgument(f"--bpb: {', '.join(empty)} holds no text, only empty records: give text to measure")
     for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens), ("limit", limit)):
         if value is not None and value < 1:
             raise InvalidArgument(f"--{name} must be at least 1, got {value}")
     if not selected and not documents:
         raise InvalidArgument("nothing to evaluate: give --tasks, --bpb FILE, or both")
+    check_writable(out_dir, "--out_dir")
+    check_results_files(out_dir, ["results.csv"] * bool(selected) + ["bpb.csv"] * bool(documents))
+    # The run's row: the checkpoint by its content, checked against its recorded checksums; the settings.
+    run = {"checkpoint": str(checkpoint_dir), "checkpoint_sha256": verified_weights_sha256(checkpoint_dir),
+           "precision": precision or get_default_supported_precision(training=False), "max_new_tokens": max_new_tokens,
+           "data_dir": "" if data_dir is None else str(data_dir)}  # fmt: skip
 
-    model, tokenizer = load_model(checkpoint_dir, precision)
+    model, tokenizer = load_model(checkpoint_dir, run["precision"])
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    for path, texts in documents.items():
+        result = bits_per_byte_of_documents(model, tokenizer, texts, batch_size or 8)
+        record_bpb(out_dir, {"file": str(path), **result, **run, "date": now()})
     if documents:
-        rows = [
-            {"file": str(path)} | bits_per_byte_of_documents(model, tokenizer, texts, batch_size or 8)
-            for path, texts in documents.items()
-        ]
-        write_bpb_tables(rows, out_dir)
         print((out_dir / "bpb.md").read_text(encoding="utf-8"))
 
     if selected and batch_size is None:
         batch_size = default_batch_size(model)
     for task in selected:
-        predictions = evaluate_task(model, tokenizer, task, data_dir, limit, batch_size, max_new_tokens)
-        name = f"{task.name}.jsonl" if limit is None else f"{task.name}.limit-{limit}.jsonl"
+        predictions = evaluate_task(model, tokenizer, task, test_sets, limit, batch_size, max_new_tokens)
+        name = predictions_name(task.name, limit, run)
         with open(out_dir / name, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in predictions)
         accuracy = 100 * sum(prediction["score"] for prediction in predictions) / len(predictions)
-        result = {"task": task.name, "accuracy": accuracy, "questions": len(predictions), "limit": limit,
-                  "max_new_tokens": max_new_tokens, "checkpoint": str(checkpoint_dir),
-                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "predictions": name}  # fmt: skip
-        results = merge_results(results, result)
-        write_accuracy_tables(results, out_dir)  # after each task: a later task's failure loses nothing
-    if selected:
+        record_accuracy(out_dir, {"task": task.name, "accuracy": accuracy, "questions": len(predictions),
+                                  "limit": limit, **run, "date": now(), "predictions": name})  # fmt: skip
+    if selected:  # each task's row was written as it ended: a later task's failure loses nothing
         print((out_dir / "results.md").read_text(encoding="utf-8"))
     print(f"Wrote results to {out_dir}")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 # Input checks
@@ -275,7 +289,8 @@ def prefill(model, caches: list[RowKVCache], rows: Sequence[int], prompts: Seque
     chunk for all of them: a question prefilled alone is a few forwards at batch 1, which on a GPU is launches more than
     arithmetic (`benchmarks/bench_evaluate.py --profile`). A padded position writes keys past its prompt's end, into
     its own row, which that row's question overwrites before it attends to them. Only each prompt's last position
-    needs logits, so the head runs on those alone (for a tiny model the (T, vocab) projection is most of the cost).
+    needs logits, so the head runs on those alone (`HeadAtPositions`; for a tiny model the (T, vocab) projection is
+    most of the cost).
     """
     device = next(model.parameters()).device
     lengths = torch.tensor([len(prompt) for prompt in prompts])
@@ -286,20 +301,39 @@ def prefill(model, caches: list[RowKVCache], rows: Sequence[int], prompts: Seque
     written = torch.tensor(list(rows), device=device)
     for cache in caches:
         cache.rows = written
-    head, model.lm_head = model.lm_head, torch.nn.Identity()
-    final = None  # (R, embedding) each prompt's last hidden state, after the final norm
+    head = model.lm_head
+    model.lm_head = at_positions = HeadAtPositions(head)
+    logits = None  # (R, vocab) each prompt's logits at its last position
     try:
         for start in range(0, ids.shape[1], PREFILL_CHUNK):
             end = min(start + PREFILL_CHUNK, ids.shape[1])
-            hidden = model(ids[:, start:end], torch.arange(start, end, device=device), input_pos_maxp1=end)
-            here = hidden[torch.arange(len(prompts), device=device), (last - start).clamp(0, end - start - 1)]
+            at_positions.positions = (last - start).clamp(0, end - start - 1)
+            here = model(ids[:, start:end], torch.arange(start, end, device=device), input_pos_maxp1=end)[:, 0]
             inside = ((last >= start) & (last < end))[:, None]
-            final = here if final is None else torch.where(inside, here, final)
+            logits = here if logits is None else torch.where(inside, here, logits)
     finally:
         model.lm_head = head
         for cache in caches:
             cache.rows = None
-    return head(final).argmax(dim=-1).tolist()  # a CPU-GPU sync per prefill: a first token may end its question
+    return logits.argmax(dim=-1).tolist()  # a CPU-GPU sync per prefill: a first token may end its question
+
+
+class HeadAtPositions(torch.nn.Module):
+    """A model's head on one position of each row, put in the head's place for a prefill: it runs inside the model's
+    forward, under the precision Fabric sets there (the weights' bf16 under `bf16-true`, autocast under `bf16-mixed`),
+    as a decode step's head does. Called on what the forward returns instead, it would get the activations as Fabric
+    hands them back, in float32, against bf16 weights."""
+
+    positions: Optional[torch.Tensor] = None
+    """(R,) long: the position, within the forward's chunk, whose logits each row returns."""
+
+    def __init__(self, head: torch.nn.Module) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(R, T, embedding) -> (R, 1, vocab): the logits at each row's position."""
+        return self.head(x[torch.arange(x.shape[0], device=x.device), self.positions][:, None])
 
 
 @dataclass
@@ -484,65 +518,6 @@ def evaluate_task(
     return rows
 
 
-RESULT_FIELDS = ("task", "accuracy", "questions", "limit", "max_new_tokens", "checkpoint", "date", "predictions")
-
-
-def read_results(out_dir: Path) -> list[dict]:
-    """The rows of `out_dir/results.csv` (none if it does not exist); a file of another layout is refused."""
-    path = out_dir / "results.csv"
-    if not path.is_file():
-        return []
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-    if tuple(reader.fieldnames or ()) != RESULT_FIELDS:
-        raise PathTaken(
-            f"{path} has columns {reader.fieldnames}, not those of this version ({', '.join(RESULT_FIELDS)}): move it"
-            " away to keep it, or give another --out_dir"
-        )
-    return [
-        row | {"accuracy": float(row["accuracy"]), "limit": int(row["limit"]) if row["limit"] else None}
-        for row in rows
-    ]
-
-
-def merge_results(rows: list[dict], new: dict) -> list[dict]:
-    """`rows` with `new` in place of the row of its task and limit; in Table 1 order, a task's whole run first, then
-    its `--limit` runs from the largest limit."""
-    rows = [row for row in rows if (row["task"], row["limit"]) != (new["task"], new["limit"])] + [new]
-    order = list(TASKS)
-    return sorted(rows, key=lambda row: (order.index(row["task"]), row["limit"] is not None, -(row["limit"] or 0)))
-
-
-def write_accuracy_tables(rows: list[dict], out_dir: Path) -> None:
-    """`results.csv`: `rows`, as `merge_results` orders them. `results.md`: Table 1, one row per checkpoint (each task
-    from its whole run, else from its largest `--limit` run, marked *; then the unweighted average), above every row
-    with its settings."""
-    with open(out_dir / "results.csv", "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, RESULT_FIELDS)
-        writer.writeheader()
-        writer.writerows(row | {"limit": "" if row["limit"] is None else row["limit"]} for row in rows)
-
-    names = [name for name in TASKS if any(row["task"] == name for row in rows)]
-    table_1 = [["model", *(TASKS[name].column for name in names), "AVG"], ["---"] + ["---:"] * (len(names) + 1)]
-    for checkpoint in dict.fromkeys(row["checkpoint"] for row in rows):
-        shown = [next((r for r in rows if (r["task"], r["checkpoint"]) == (name, checkpoint)), None) for name in names]
-        cells = ["" if run is None else f"{run['accuracy']:.1f}" + "*" * (run["limit"] is not None) for run in shown]
-        values = [run["accuracy"] for run in shown if run is not None]
-        limited = any(cell.endswith("*") for cell in cells)
-        table_1.append([checkpoint, *cells, f"{sum(values) / len(values):.1f}" + "*" * limited])
-    settings = [list(RESULT_FIELDS), ["---", "---:", "---:", "---:", "---:", "---", "---", "---"]]
-    settings += [[f"{row['accuracy']:.1f}" if c == "accuracy" else str(row[c] or "") for c in RESULT_FIELDS]
-                 for row in rows]  # fmt: skip
-    any_limited = any(row[-1].endswith("*") for row in table_1[2:])
-    note = "\n\\* A `--limit` run: its first questions only (the table below says how many).\n" if any_limited else ""
-    (out_dir / "results.md").write_text(markdown(table_1) + note + "\n" + markdown(settings), encoding="utf-8")
-
-
-def markdown(lines: list[list[str]]) -> str:
-    return "".join(f"| {' | '.join(line)} |\n" for line in lines)
-
-
 # Bits per byte
 
 
@@ -582,14 +557,3 @@ def bits_per_byte_of_documents(model, tokenizer, documents: Sequence[str], batch
         "nats": nats,
         "bits_per_byte": bits_per_byte(nats, total_bytes),
     }
-
-
-def write_bpb_tables(rows: list[dict], out_dir: Path) -> None:
-    """`bpb.csv` (full precision) and `bpb.md`: one row per file."""
-    columns = ["file", "documents", "tokens", "bytes", "nats", "bits_per_byte"]
-    with open(out_dir / "bpb.csv", "w", newline="", encoding="utf-8") as f:
-        csv.writer(f).writerows([columns] + [[row[c] for c in columns] for row in rows])
-    columns.remove("nats")
-    lines = [columns, ["---"] + ["---:"] * (len(columns) - 1)]
-    lines += [[str(row[c]) for c in columns[:-1]] + [f"{row['bits_per_byte']:.4f}"] for row in rows]
-    (out_dir / "bpb.md").write_text(markdown(lines), encoding="utf-8")
