@@ -12,6 +12,7 @@ that each peak is its own: printed are the seconds and the peak resident memory 
 """
 
 import argparse
+import functools
 import json
 import resource
 import subprocess
@@ -27,7 +28,7 @@ from litgpt.config import Config
 from litgpt.pretrain import initialize_weights
 
 from litgpt_vocagnolm.checkpoints import Checkpointer, find_resume_checkpoint
-from litgpt_vocagnolm.distributed import parallelize
+from litgpt_vocagnolm.distributed import FSDPArgs, parallelize
 from litgpt_vocagnolm.gpt import GPT
 
 MB = 1024**2
@@ -43,7 +44,8 @@ def resident_mb() -> float:
 
 def run(layout: str, phase: str, n_layer: int, directory: Path) -> None:
     """One (layout, phase) on two processes; rank 0 writes {seconds, peak and start MiB of each rank} to a JSON."""
-    strategy = ModelParallelStrategy(parallelize_fn=parallelize, data_parallel_size=2, tensor_parallel_size=1,
+    parallelize_fn = functools.partial(parallelize, fsdp=FSDPArgs(), num_nodes=1)  # the student sharded over both
+    strategy = ModelParallelStrategy(parallelize_fn=parallelize_fn, data_parallel_size=2, tensor_parallel_size=1,
                                      save_distributed_checkpoint=layout == "sharded")  # fmt: skip
     fabric = L.Fabric(accelerator="cpu", devices=2, strategy=strategy, precision="32-true")
     fabric.launch()
