@@ -36,12 +36,11 @@ from pathlib import Path
 import lightning as L
 import torch
 from litgpt.config import Config
-from litgpt.model import GPT
 from litgpt.utils import estimate_flops, flops_per_param, num_parameters, save_config
 
 from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
 from litgpt_vocagnolm.data import block_tokens, collate_blocks, load_manifest, open_split
-from litgpt_vocagnolm.gpt import load_model
+from litgpt_vocagnolm.gpt import GPT, load_model
 from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
 from litgpt_vocagnolm.model_configs import llama_config
 from litgpt_vocagnolm.recipe import forward_and_loss
@@ -192,7 +191,7 @@ def main() -> None:
     # The cache holds what the online teacher computes, to float16 rounding (losses of a few nats: 1e-2 is ~2 ulp).
     first = batches[0]
     with torch.no_grad():
-        online = teacher_token_loss(teacher(first["teacher_ids"]), first["teacher_ids"], first["teacher_valid"])
+        online = teacher_token_loss(teacher, first["teacher_ids"], first["teacher_valid"])
     torch.testing.assert_close(first["teacher_loss"], online, atol=1e-2, rtol=1e-3, equal_nan=True)
 
     student_config = tiny_config(
