@@ -27,7 +27,7 @@ are taken under the profiler (a few percent of overhead).
     python benchmarks/bench_scale.py                                   # CPU: full width and vocabulary, 4 + 1 layers
     python benchmarks/bench_scale.py --device cuda --micro_batch 1,2,4,8 --teachers all   # the full models on a GPU
     python benchmarks/bench_scale.py --accumulation 1,2 --processes 2 --micro_batch 1 --steps ce,online
-    python benchmarks/bench_scale.py --smoke          # one layer of width 64 each, sequence 64, a 32k-vocabulary teacher
+    python benchmarks/bench_scale.py --smoke          # one layer of width 64 each, sequence 16, a 32k-vocabulary teacher
 """
 
 import argparse
@@ -276,7 +276,7 @@ def main() -> None:
     parser.add_argument("--accumulation", default="1", help="micro-batches per optimizer step, comma-separated: 1,2")
     parser.add_argument("--processes", type=int, default=1,
                         help="processes (GPUs, or gloo processes on a CPU): FSDP2 over them, bf16 as the recipe does")
-    smoke = {"device": "cpu", "teachers": "Mistral-7B-ProXMath", "micro_batch": "1", "seq_len": 64, "student_layers": 1,
+    smoke = {"device": "cpu", "teachers": "Mistral-7B-ProXMath", "micro_batch": "1", "seq_len": 16, "student_layers": 1,
              "n_embd": 64, "activation_checkpointing": "off", "rate_size": 128}  # fmt: skip
     args = parse_args(parser, smoke)
     cpu = args.device == "cpu"
