@@ -87,8 +87,8 @@ def quotes_in_docs() -> tuple[dict[str, list[str]], list[str]]:
 
 @pytest.fixture(scope="module")
 def smoke_runs(request) -> dict[tuple[str, str], Future]:
-    """The smoke runs of the benchmarks this session selected, {(script name, device): finished process}, started
-    together on first use, as many at a time as there are cores: each is mostly one busy process, its imports first."""
+    """The smoke runs of the benchmarks this session selected, {(script name, device): finished process}, started on
+    first use, one per core at a time, each on one thread (mostly one busy process each, its imports first)."""
     wanted = set()
     for item in request.session.items:
         params = getattr(item, "callspec", None) and item.callspec.params
@@ -97,11 +97,13 @@ def smoke_runs(request) -> dict[tuple[str, str], Future]:
             if device == "cpu" or torch.cuda.is_available():
                 wanted.add((params["script"].name, device))
     pool = ThreadPoolExecutor(max_workers=os.cpu_count())
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # side by side, OpenMP threads would spin waiting for each other
     runs = {}
     for name, device in sorted(wanted):
         command = [sys.executable, str(ROOT / "benchmarks" / name), "--smoke"]
         command += ["--device", "cuda"] if device == "cuda" else []
-        runs[name, device] = pool.submit(subprocess.run, command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        runs[name, device] = pool.submit(subprocess.run, command, cwd=ROOT, env=env, capture_output=True, text=True,
+                                         timeout=600)  # fmt: skip
     yield runs
     pool.shutdown(cancel_futures=True)
 
