@@ -46,8 +46,9 @@ demo-cpu: install
 		--input data/gsm8k/train.jsonl --text_key question,answer --output out/demo-cpu/data --max_seq_length 128
 	$(VENV)/bin/litgpt pretrain --recipe vocagnolm --config recipes/demo-cpu.yaml
 
+# Each benchmark at its defaults; `make bench ARGS=--smoke` runs each at its smallest sizes, as `make test` does.
 bench: install
-	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f $(ARGS) || exit 1; done
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

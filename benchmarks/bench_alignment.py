@@ -10,7 +10,7 @@ Tokenizing means `Tokenizer.encode` plus the ids as an array, which any data pip
 this process (every step runs on one thread), so other processes on a shared machine disturb them less than wall
 time; each step runs `--repeats` times, interleaved with the others, and the fastest run counts.
 
-    python benchmarks/bench_alignment.py [--file data/gsm8k/train.jsonl ...] [--megabytes 3]
+    python benchmarks/bench_alignment.py [--file data/gsm8k/train.jsonl ...] [--megabytes 3] [--smoke]
 """
 
 import argparse
@@ -23,6 +23,7 @@ import numpy as np
 
 from litgpt_vocagnolm.alignment import align, align_batch, token_offsets
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 REPO = Path(__file__).resolve().parent.parent
 FILES = [REPO / "data/gsm8k/train.jsonl", REPO / "data/stackexchange/math_stackexchange_33votes.jsonl"]
@@ -82,7 +83,7 @@ def main() -> None:
     )
     parser.add_argument("--megabytes", type=float, default=3.0, help="millions of characters of text to use")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser, smoke={"megabytes": 0.02, "repeats": 1})
 
     documents = read_documents(args.file or FILES, int(args.megabytes * 1e6))
     tokenizers = load_tokenizer(STUDENT), load_tokenizer(TEACHER)

@@ -7,11 +7,14 @@ layers (`--n_layer`, 2 of 22 by default), sharded with the recipe's `parallelize
 processes), with its AdamW state (one optimizer step taken). Each (layout, save or resume) runs in fresh processes, so
 that each peak is its own: printed are the seconds and the peak resident memory of the process that peaks highest
 (`ru_maxrss`), beside the resident memory before the save or the load began (model, optimizer state and runtime).
+`--launch_per layout` saves and resumes in the same processes instead (half the process starts, for `--smoke`; the
+resume's peak is then at least the save's).
 
-    python benchmarks/bench_checkpoint.py [--n_layer 2]
+    python benchmarks/bench_checkpoint.py [--n_layer 2] [--smoke]
 """
 
 import argparse
+import functools
 import json
 import resource
 import subprocess
@@ -27,10 +30,12 @@ from litgpt.config import Config
 from litgpt.pretrain import initialize_weights
 
 from litgpt_vocagnolm.checkpoints import Checkpointer, find_resume_checkpoint
-from litgpt_vocagnolm.distributed import parallelize
+from litgpt_vocagnolm.distributed import FSDPArgs, parallelize
 from litgpt_vocagnolm.gpt import GPT
+from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 MB = 1024**2
+LAYOUTS, PHASES = ("sharded", "gathered"), ("save", "resume")
 
 
 def resident_mb() -> float:
@@ -41,13 +46,29 @@ def resident_mb() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def run(layout: str, phase: str, n_layer: int, directory: Path) -> None:
-    """One (layout, phase) on two processes; rank 0 writes {seconds, peak and start MiB of each rank} to a JSON."""
-    strategy = ModelParallelStrategy(parallelize_fn=parallelize, data_parallel_size=2, tensor_parallel_size=1,
+def student_config(n_layer: int, n_embd: int) -> Config:
+    """`tiny-llama-1.1b` with `n_layer` layers, at width `n_embd` (heads of 64 and MLP 2.75x wide, as its own)."""
+    config = Config.from_name("tiny-llama-1.1b", n_layer=n_layer)
+    if n_embd == config.n_embd:
+        return config
+    return Config.from_name("tiny-llama-1.1b", n_layer=n_layer, n_embd=n_embd, n_head=n_embd // 64,
+                            n_query_groups=1, intermediate_size=n_embd * 11 // 4)  # fmt: skip
+
+
+def run(layout: str, phases: list[str], config: Config, directory: Path) -> None:
+    """`phases` of `layout` in turn on two processes (a child run)."""
+    parallelize_fn = functools.partial(parallelize, fsdp=FSDPArgs(), num_nodes=1)  # the student sharded over both
+    strategy = ModelParallelStrategy(parallelize_fn=parallelize_fn, data_parallel_size=2, tensor_parallel_size=1,
                                      save_distributed_checkpoint=layout == "sharded")  # fmt: skip
     fabric = L.Fabric(accelerator="cpu", devices=2, strategy=strategy, precision="32-true")
     fabric.launch()
-    config = Config.from_name("tiny-llama-1.1b", n_layer=n_layer)
+    for phase in phases:
+        measure(fabric, layout, phase, config, directory)
+
+
+def measure(fabric: L.Fabric, layout: str, phase: str, config: Config, directory: Path) -> None:
+    """One (layout, phase) of a fresh student and optimizer; rank 0 writes {seconds, peak and start MiB of each rank}
+    to a JSON."""
     with fabric.init_module(empty_init=True):  # as the recipe: on the meta device, each rank materialises its shard
         model = GPT(config)
     initialize_weights(fabric, model, n_layer=config.n_layer, n_embd=config.n_embd)
@@ -83,24 +104,29 @@ def run(layout: str, phase: str, n_layer: int, directory: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n_layer", type=int, default=2, help="transformer blocks (tiny-llama-1.1b has 22)")
-    parser.add_argument("--layout", choices=["sharded", "gathered"], help=argparse.SUPPRESS)  # a child run
-    parser.add_argument("--phase", choices=["save", "resume"], help=argparse.SUPPRESS)
+    parser.add_argument("--n_embd", type=int, default=2048, help="width (tiny-llama-1.1b's is 2048)")
+    parser.add_argument("--launch_per", choices=["phase", "layout"], default="phase",
+                        help="fresh processes for each save and resume, or for each layout (see the docstring)")
+    parser.add_argument("--layout", choices=LAYOUTS, help=argparse.SUPPRESS)  # a child run
+    parser.add_argument("--phases", choices=PHASES, nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--directory", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, smoke={"n_layer": 1, "n_embd": 128, "launch_per": "layout"})
+    config = student_config(args.n_layer, args.n_embd)
     if args.layout:
-        return run(args.layout, args.phase, args.n_layer, args.directory)
+        return run(args.layout, args.phases, config, args.directory)
 
-    config = Config.from_name("tiny-llama-1.1b", n_layer=args.n_layer)
     parameters = sum(p.numel() for p in GPT(config).parameters())
-    print(f"tiny-llama-1.1b width, {args.n_layer} of 22 layers: {parameters / 1e6:.0f}M parameters,"
+    print(f"tiny-llama-1.1b, width {args.n_embd}, {args.n_layer} of 22 layers: {parameters / 1e6:.0f}M parameters,"
           f" {parameters * 12 / 1e9:.2f} GB of float32 weights and AdamW state; 2 CPU processes (gloo).")  # fmt: skip
     rows = []
+    launches = [[phase] for phase in PHASES] if args.launch_per == "phase" else [PHASES]
     with tempfile.TemporaryDirectory() as tmp:
-        for layout in ("sharded", "gathered"):
-            for phase in ("save", "resume"):
-                command = [sys.executable, __file__, "--n_layer", str(args.n_layer), "--layout", layout, "--phase",
-                           phase, "--directory", tmp]  # fmt: skip
+        for layout in LAYOUTS:
+            for phases in launches:
+                command = [sys.executable, __file__, "--n_layer", str(args.n_layer), "--n_embd", str(args.n_embd),
+                           "--layout", layout, "--phases", *phases, "--directory", tmp]  # fmt: skip
                 subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+            for phase in PHASES:
                 result = json.loads((Path(tmp) / f"{layout}-{phase}.json").read_text())
                 peak, start = max(result["ranks"], key=lambda rank: rank[0])
                 rows.append((layout, phase, result["seconds"], peak, start))
@@ -109,9 +135,9 @@ def main() -> None:
     for layout, phase, seconds, peak, start in rows:
         print(f"| {layout:<10} | {phase:<6} | {seconds:7.2f} | {peak:13,.0f} | {start:15,.0f} |")
     times = {(layout, phase): (seconds, peak) for layout, phase, seconds, peak, _ in rows}
-    for phase in ("save", "resume"):
+    for phase in PHASES:
         (s_sec, s_peak), (g_sec, g_peak) = times["sharded", phase], times["gathered", phase]
-        print(f"{phase}: gathered / sharded = {g_sec / s_sec:.2f}x the seconds, {g_peak / s_peak:.2f}x the peak memory")
+        print(f"gathered / sharded, {phase}: {g_sec / s_sec:.2f}x the seconds, {g_peak / s_peak:.2f}x the peak memory")
 
 
 if __name__ == "__main__":

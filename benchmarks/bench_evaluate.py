@@ -14,7 +14,7 @@ Throughput is generated tokens per second (each question's new tokens: a random 
 printed counts show). Medians of wall time. Goal: evaluate within 10% of bare on CPU (ratio >= 0.9).
 One torch thread by default on CPU (`--threads`; see bench_score_teacher.py for why).
 
-    python benchmarks/bench_evaluate.py [--rounds 3] [--questions 16] [--batch_size 8] [--max_new_tokens 256]
+    python benchmarks/bench_evaluate.py [--rounds 3] [--questions 16] [--batch_size 8] [--max_new_tokens 256] [--smoke]
     python benchmarks/bench_evaluate.py --device cuda --questions 256 --batch_size 64 --max_new_tokens 512
 
 `--profile` then runs evaluate once more under cProfile and prints where its host time goes (on a GPU, the time a
@@ -34,6 +34,7 @@ from litgpt import GPT, Tokenizer
 from litgpt_vocagnolm.evaluate import PREFILL_CHUNK, generate_greedy
 from litgpt_vocagnolm.math_tasks import STOP_STRINGS, TASKS, build_prompt, load_examples, load_prompt, parse_question
 from litgpt_vocagnolm.model_configs import llama_config
+from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 TINYLLAMA = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tokenizers" / "tinyllama-1.1b"
 
@@ -84,7 +85,8 @@ def main() -> None:
     parser.add_argument("--precision", default="float32", help="a torch dtype: float32, bfloat16")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU")
     parser.add_argument("--profile", action="store_true", help="then profile one evaluate run (cProfile)")
-    args = parser.parse_args()
+    smoke = {"rounds": 1, "questions": 2, "batch_size": 2, "max_new_tokens": 8, "layers": 1, "embd": 64}
+    args = parse_args(parser, smoke)
     torch.set_num_threads(args.threads)
 
     tokenizer = Tokenizer(TINYLLAMA)

@@ -5,9 +5,10 @@ medians (goal for the guided loss: <= 1.10x at B=2, T=2048, V=32000), in wall-cl
 when other processes share the cores). Teacher losses and ranges are given, as in training, where the teacher's
 forward is separate. Runs in about a minute on 2 idle cores:
 
-    python benchmarks/bench_loss.py
+    python benchmarks/bench_loss.py [--seq_len 2048] [--vocab_size 32000] [--smoke]
 """
 
+import argparse
 import statistics
 import time
 
@@ -16,6 +17,7 @@ from litgpt.utils import chunked_cross_entropy
 
 from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
 from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
+from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 
 def synthetic_alignment(B: int, T: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,7 +66,7 @@ def saved_bytes(run) -> int:
 def report(name: str, timings: dict[str, tuple[float, float]]) -> None:
     (ours, baseline), (ours_cpu, baseline_cpu) = timings["wall"], timings["cpu"]
     print(
-        f"{name:<42} {ours * 1e3:8.0f} ms  vs chunked_cross_entropy {baseline * 1e3:7.0f} ms"
+        f"{name + ':':<44} {ours * 1e3:8.0f} ms  vs chunked_cross_entropy {baseline * 1e3:7.0f} ms"
         f"  {ours / baseline:5.2f}x wall  {ours_cpu / baseline_cpu:5.2f}x cpu"
     )
 
@@ -76,10 +78,19 @@ def guided(args: GuidanceArgs, logits: torch.Tensor, targets: torch.Tensor, **kw
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch_size", type=int, default=2)
+    parser.add_argument("--seq_len", type=int, default=2048)
+    parser.add_argument("--vocab_size", type=int, default=32000, help="the student's (TinyLlama's)")
+    parser.add_argument("--distill_seq_len", type=int, default=256, help="tokens of the distillation baselines' rows")
+    parser.add_argument("--teacher_vocab_size", type=int, default=152064, help="ULD's teacher's (Qwen2.5's)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side, medians")
+    smoke = {"seq_len": 128, "vocab_size": 512, "distill_seq_len": 16, "teacher_vocab_size": 1024, "repeats": 1}
+    args = parse_args(parser, smoke)
     generator = torch.Generator().manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; forward + backward, interleaved medians")
 
-    B, T, V = 2, 2048, 32000
+    B, T, V = args.batch_size, args.seq_len, args.vocab_size
     teacher_loss, ranges = synthetic_alignment(B, T, generator)
     targets = torch.randint(0, V, (B, T), generator=generator)
     print(f"B={B} T={T} V={V}, teacher M={teacher_loss.shape[1]}")
@@ -90,10 +101,10 @@ def main() -> None:
             logits.grad = None
             chunked_cross_entropy(logits, targets).backward()
 
-        def step(args: GuidanceArgs):
+        def step(guidance: GuidanceArgs):
             def run():
                 logits.grad = None
-                loss_sum, weight_sum, _ = guided(args, logits, targets, teacher_loss=teacher_loss, ranges=ranges)
+                loss_sum, weight_sum, _ = guided(guidance, logits, targets, teacher_loss=teacher_loss, ranges=ranges)
                 (loss_sum / weight_sum.clamp(min=1)).backward()
 
             return run
@@ -101,12 +112,12 @@ def main() -> None:
         settings = [GuidanceArgs(), GuidanceArgs(method="ce")]
         if dtype == torch.float32:
             settings.insert(1, GuidanceArgs(scope="sequence", aggregation="mean"))
-        for args in settings:
-            label = f"guided_loss {args.method} {args.scope}/{args.aggregation} {str(dtype)[6:]}"
-            report(label, time_side_by_side(step(args), baseline, repeats=3))
+        for setting in settings:
+            label = f"guided_loss {setting.method} {setting.scope}/{setting.aggregation} {str(dtype)[6:]}"
+            report(label, time_side_by_side(step(setting), baseline, args.repeats))
         if dtype == torch.bfloat16:
-            args = GuidanceArgs()
-            ours = saved_bytes(lambda: guided(args, logits, targets, teacher_loss=teacher_loss, ranges=ranges))
+            setting = GuidanceArgs()
+            ours = saved_bytes(lambda: guided(setting, logits, targets, teacher_loss=teacher_loss, ranges=ranges))
             theirs = saved_bytes(lambda: chunked_cross_entropy(logits, targets))
             print(
                 f"saved for backward, bf16: guided_loss {ours / 2**20:.0f} MiB, chunked_cross_entropy"
@@ -114,7 +125,7 @@ def main() -> None:
             )
 
     # The distillation baselines need the teacher's full logits; ULD sorts a 152k-word teacher vocabulary per token.
-    B, T, Vt = 1, 256, 152064
+    B, T, Vt = 1, args.distill_seq_len, args.teacher_vocab_size
     targets = torch.randint(0, V, (B, T), generator=generator)
     logits = torch.randn(B, T, V, generator=generator).requires_grad_()
     print(f"B={B} T={T} V={V}, teacher vocabulary {Vt} (bf16 teacher logits)")
@@ -126,10 +137,10 @@ def main() -> None:
     # Student position i paired with teacher position i: the range of i starts at teacher token i + 1.
     pairs = torch.stack([torch.arange(1, T + 1), torch.arange(2, T + 2)], -1).expand(B, T, 2)
 
-    def distill(args: GuidanceArgs, teacher_logits: torch.Tensor):
+    def distill(guidance: GuidanceArgs, teacher_logits: torch.Tensor):
         def run():
             logits.grad = None
-            loss_sum, weight_sum, _ = guided(args, logits, targets, teacher_logits=teacher_logits, ranges=pairs,
+            loss_sum, weight_sum, _ = guided(guidance, logits, targets, teacher_logits=teacher_logits, ranges=pairs,
                                              vocab_size=V)  # fmt: skip
             (loss_sum / weight_sum).backward()
 
@@ -137,10 +148,10 @@ def main() -> None:
 
     same_vocab = torch.randn(B, T, V, generator=generator).bfloat16()
     kld = distill(GuidanceArgs(method="kld"), same_vocab)
-    report("guided_loss kld (same vocabulary)", time_side_by_side(kld, baseline, repeats=3))
+    report("guided_loss kld (same vocabulary)", time_side_by_side(kld, baseline, args.repeats))
     other_vocab = (torch.randn(B, T, Vt, generator=generator) * 3).bfloat16()
     uld = distill(GuidanceArgs(method="uld"), other_vocab)
-    report("guided_loss uld (152k teacher vocabulary)", time_side_by_side(uld, baseline, repeats=3))
+    report("guided_loss uld (other vocabulary)", time_side_by_side(uld, baseline, args.repeats))
 
 
 if __name__ == "__main__":

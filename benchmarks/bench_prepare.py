@@ -20,7 +20,7 @@ Prints, from one run:
      tokenizer: the hard cuts (no line or word boundary in reach) and the tokens that differ.
 
     python benchmarks/bench_prepare.py [--input FILE ...] [--num_workers 2] [--scale 10] [--memory_megabytes 1]
-        [--long_megabytes 20] [--segment_chars 300 2000 65536]
+        [--long_megabytes 20] [--segment_chars 300 2000 65536] [--smoke]
 """
 
 import argparse
@@ -42,6 +42,7 @@ import numpy as np
 from litgpt_vocagnolm import documents, packing, prepare
 from litgpt_vocagnolm.alignment import encode, encode_batch
 from litgpt_vocagnolm.tokenizer_files import cached_tokenizer, find_tokenizer_file, load_tokenizer, tokenizer_info
+from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 REPO = Path(__file__).resolve().parent.parent
 FILES = [REPO / "data/gsm8k/train.jsonl", REPO / "data/stackexchange/math_stackexchange_33votes.jsonl"]
@@ -51,6 +52,9 @@ TEACHER = REPO / "tests/fixtures/tokenizers/qwen2.5"
 OTHER_TOKENIZERS = [REPO / "tests/fixtures/tokenizers/mistral-7b-v0.1"]
 # Text fields of a JSON line, joined into one document: GSM8K question/answer, Stack Exchange input/output.
 TEXT_KEYS = (("question", "answer"), ("input", "output"), ("text",))
+# The input of each form of the long document: one line of a .jsonl file with a short document, or a .txt file (one
+# document per file) beside a short one; one of the two documents goes to the val split.
+LONG_DOCUMENT_FILES = {"jsonl": ["doc.jsonl"], "txt": ["doc.txt", "short.txt"]}
 
 
 def input_texts(files: list[Path]) -> Iterator[str]:
@@ -159,16 +163,21 @@ def cut_changes(text: str, tokenizer_dir: Path, max_chars: int) -> tuple[int, in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", type=Path, nargs="+", default=FILES)
+    parser.add_argument("--megabytes", type=float, default=None, help="of the input's text to use (default: all)")
     parser.add_argument("--num_workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--scale", type=int, default=10)
     parser.add_argument("--memory_megabytes", type=float, default=1.0, help="base input of the memory comparison")
     parser.add_argument("--chunk_bytes", default="1MB", help="LitData chunk size in the memory comparison")
     parser.add_argument("--long_megabytes", type=float, default=20.0, help="characters (millions) of the long document")
+    parser.add_argument("--formats", nargs="+", choices=["jsonl", "txt"], default=["jsonl", "txt"],
+                        help="the long document as one .jsonl line, as a .txt file, or both")
     parser.add_argument("--segment_chars", type=int, nargs="+", default=[300, 2000, documents.SEGMENT_CHARS])
     parser.add_argument("--memory_of", type=Path, nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    smoke = {"megabytes": 0.05, "num_workers": 1, "repeats": 1, "scale": 2, "memory_megabytes": 0.02,
+             "long_megabytes": 0.05, "formats": ["txt"], "segment_chars": [300, 2000]}  # fmt: skip
+    args = parse_args(parser, smoke)
 
     if args.memory_of:  # the child process of `peak_memory`
         prepare.LITDATA_CHUNK_BYTES = args.chunk_bytes
@@ -180,7 +189,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         text = tmp / "text.jsonl"
-        megabytes = write_text_jsonl(args.input, text) / 1e6
+        megabytes = write_text_jsonl(args.input, text, args.megabytes or float("inf")) / 1e6
         student = tokenizer_info(find_tokenizer_file(STUDENT)).path  # loaded once, before any clock
         teacher = tokenizer_info(find_tokenizer_file(TEACHER)).path
         print(
@@ -217,8 +226,8 @@ def main() -> None:
             print(f"  {name:>8} of text: process {sizes['process']:6.0f} MB, largest worker {sizes['workers']:6.0f} MB")
         growth = {name: large[name] / small[name] for name in small}
         print(
-            f"  {args.scale}x the input: {growth['process']:.2f}x the process's peak, {growth['workers']:.2f}x the"
-            " largest worker's (target: flat, ~1.0x)"
+            f"  peak memory growth with the input: {growth['process']:.2f}x the process's peak, {growth['workers']:.2f}x"
+            f" the largest worker's at {args.scale}x the input (target: flat, ~1.0x)"
         )
 
         long_dir = tmp / "long"
@@ -234,20 +243,21 @@ def main() -> None:
             (long_dir / "doc.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
             (long_dir / "doc.txt").write_text(text, encoding="utf-8")
             del text, lines
-            for name, files in (("jsonl", ["doc.jsonl"]), ("txt", ["doc.txt", "short.txt"])):
-                files = [long_dir / file for file in files]
+            for name in args.formats:
+                files = [long_dir / file for file in LONG_DOCUMENT_FILES[name]]
                 sizes = peak_memory(files, long_dir / "out", args.num_workers, args.chunk_bytes)
-                print(f"  {size / 1e6:5.1f} M characters, one {name:>5} document: process"
-                      f" {sizes['process']:6.0f} MB, largest worker {sizes['workers']:6.0f} MB")  # fmt: skip
+                print(f"  peak memory on one document: {size / 1e6:5.1f} M characters, one {name:>5} document,"
+                      f" process {sizes['process']:6.0f} MB, largest worker {sizes['workers']:6.0f} MB")  # fmt: skip
                 shutil.rmtree(long_dir / "out")
 
-    text = one_document(args.input)
+    text = one_document(args.input, args.megabytes and int(args.megabytes * 1e6))
     print(f"Cutting one document of {len(text):,} characters (the input joined) into segments, tokenized one by one:")
     for tokenizer_dir in [STUDENT, TEACHER, *OTHER_TOKENIZERS]:
         for max_chars in args.segment_chars:
             count, hard, changed, total = cut_changes(text, tokenizer_dir, max_chars)
-            print(f"  {tokenizer_dir.name:<16} segments of {max_chars:>6,} characters: {count:>6,} segments,"
-                  f" {hard:>3} hard cuts, {changed:>3} of {total:,} tokens differ from the whole document's")  # fmt: skip
+            print(f"  tokens changed by segments: {tokenizer_dir.name:<16} segments of {max_chars:>6,} characters,"
+                  f" {count:>6,} segments, {hard:>3} hard cuts, {changed:>3} of {total:,} tokens differ from the whole"
+                  " document's")  # fmt: skip
 
 
 if __name__ == "__main__":

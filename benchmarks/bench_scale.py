@@ -27,6 +27,7 @@ are taken under the profiler (a few percent of overhead).
     python benchmarks/bench_scale.py                                   # CPU: full width and vocabulary, 4 + 1 layers
     python benchmarks/bench_scale.py --device cuda --micro_batch 1,2,4,8 --teachers all   # the full models on a GPU
     python benchmarks/bench_scale.py --accumulation 1,2 --processes 2 --micro_batch 1 --steps ce,online
+    python benchmarks/bench_scale.py --smoke          # one layer of width 64 each, sequence 16, a 32k-vocabulary teacher
 """
 
 import argparse
@@ -53,6 +54,7 @@ from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, paral
 from litgpt_vocagnolm.recipe import forward_and_loss
 from litgpt_vocagnolm.teacher import teacher_token_loss
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZERS = REPO / "tests" / "fixtures" / "tokenizers"
@@ -83,6 +85,14 @@ class Setting:
     activation_checkpointing: bool
     accumulation: int = 1
     """Micro-batches per optimizer step: all but the last without the gradients' reduction (`no_backward_sync`)."""
+
+
+def model_config(name: str, n_layer: int | None, n_embd: int | None) -> Config:
+    """LitGPT's config `name`, with `n_layer` layers and at width `n_embd` (heads of 64, one key-value group, an MLP 3x
+    as wide) where given; its vocabulary in any case."""
+    narrow = dict(n_embd=n_embd, n_head=max(1, n_embd // 64), n_query_groups=1, head_size=min(64, n_embd),
+                  intermediate_size=3 * n_embd) if n_embd else {}  # fmt: skip
+    return Config.from_name(name, **({"n_layer": n_layer} if n_layer else {}), **narrow)
 
 
 def teacher_window(tokenizer: str | None, seq_len: int) -> tuple[int, float]:
@@ -237,14 +247,15 @@ def flops_per_step(setting: Setting, kind: str) -> float:
     return setting.accumulation * (student + teacher)
 
 
-def cpu_bf16_flops() -> float:
-    a, b = torch.randn(2048, 2048, dtype=torch.bfloat16), torch.randn(2048, 2048, dtype=torch.bfloat16)
+def cpu_bf16_flops(size: int) -> float:
+    """This CPU's bf16 matrix-product rate, FLOP/s: the best of 5 products of two (size, size) matrices."""
+    a, b = torch.randn(size, size, dtype=torch.bfloat16), torch.randn(size, size, dtype=torch.bfloat16)
     best = float("inf")
     for _ in range(5):
         t0 = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - t0)
-    return 2 * 2048**3 / best
+    return 2 * size**3 / best
 
 
 def main() -> None:
@@ -256,14 +267,18 @@ def main() -> None:
     parser.add_argument("--activation_checkpointing", default="off,on")
     parser.add_argument("--student_layers", type=int, default=None, help="default: 4 on CPU, all on a GPU")
     parser.add_argument("--teacher_layers", type=int, default=None, help="default: 1 on CPU, all on a GPU")
+    parser.add_argument("--n_embd", type=int, default=None, help="both models' width (default: their own)")
     parser.add_argument("--whole_logits", default=None, help="also run the step before tiling; default on CPU only")
     parser.add_argument("--steps", default="ce,online,cached,score")
     parser.add_argument("--peak_tflops", type=float, default=None, help="the device's dense bf16 peak")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--rate_size", type=int, default=2048, help="the matrices that measure a CPU's bf16 rate")
     parser.add_argument("--accumulation", default="1", help="micro-batches per optimizer step, comma-separated: 1,2")
     parser.add_argument("--processes", type=int, default=1,
                         help="processes (GPUs, or gloo processes on a CPU): FSDP2 over them, bf16 as the recipe does")
-    args = parser.parse_args()
+    smoke = {"device": "cpu", "teachers": "Mistral-7B-ProXMath", "micro_batch": "1", "seq_len": 16, "student_layers": 1,
+             "n_embd": 64, "activation_checkpointing": "off", "rate_size": 128}  # fmt: skip
+    args = parse_args(parser, smoke)
     cpu = args.device == "cpu"
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -275,7 +290,7 @@ def main() -> None:
     kinds = args.steps.split(",")
 
     if cpu:
-        peak, device_name = cpu_bf16_flops(), "CPU (peak = its measured bf16 matrix-product rate)"
+        peak, device_name = cpu_bf16_flops(args.rate_size), "CPU (peak = its measured bf16 matrix-product rate)"
     else:
         device_name = torch.cuda.get_device_name()
         known = next((v for k, v in PEAK_TFLOPS.items() if k in device_name), None)
@@ -291,7 +306,7 @@ def main() -> None:
     accumulations = [int(a) for a in args.accumulation.split(",")]
     student_layers = args.student_layers or (4 if cpu else None)
     teacher_layers = args.teacher_layers or (1 if cpu else None)
-    student_config = Config.from_name(STUDENT, **({"n_layer": student_layers} if student_layers else {}))
+    student_config = model_config(STUDENT, student_layers, args.n_embd)
     print(f"torch {torch.__version__}, {device_name}: {peak / 1e12:.2f} TFLOP/s bf16; {torch.get_num_threads()} threads;"
           f" {fabric.world_size} process(es), FSDP2 over them when more than one")
     print("MFU targets on an H100: " + ", ".join(f"{kind} >= {target:.0%}" for kind, target in MFU_TARGETS.items()))
@@ -304,7 +319,7 @@ def main() -> None:
               f" {'fwd+bwd GB':>10} {'tokens/s':>9} {'MFU':>6}")  # fmt: skip
     for name in teachers:
         config_name, tokenizer = TEACHERS[name]
-        teacher_config = Config.from_name(config_name, **({"n_layer": teacher_layers} if teacher_layers else {}))
+        teacher_config = model_config(config_name, teacher_layers, args.n_embd)
         window, ratio = teacher_window(tokenizer, args.seq_len)
         print(
             f"\nteacher {name} ({config_name}): {teacher_config.n_layer} layers, width {teacher_config.n_embd},"

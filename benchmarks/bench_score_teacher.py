@@ -17,7 +17,7 @@ One torch thread by default (`--threads`): on a shared machine, OpenMP threads w
 partner that is descheduled, which swings wall and CPU time alike, and hits most the many small operations of the
 per-token loss (seen with 2 threads on 2 busy cores: 0.41x, against 0.85x with one thread minutes later).
 
-    python benchmarks/bench_score_teacher.py [--rounds 5] [--records 40] [--batch_size 8]
+    python benchmarks/bench_score_teacher.py [--rounds 5] [--records 40] [--batch_size 8] [--smoke]
 """
 
 import argparse
@@ -39,6 +39,7 @@ from litgpt_vocagnolm.data import open_split, padded_window
 from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.score_teacher import score_teacher
 from litgpt_vocagnolm.teacher import teacher_token_loss
+from smoke import parse_args
 
 LABELS = {
     "forward": "bare forward (no_grad)",
@@ -98,7 +99,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (see the docstring)")
     parser.add_argument("--num_workers", type=int, default=1, help="score_teacher's loader workers")
     parser.add_argument("--verbose", action="store_true", help="show what prepare and score_teacher print")
-    args = parser.parse_args()
+    smoke = {"rounds": 1, "records": 10, "max_seq_length": 64, "batch_size": 2, "teacher_layers": 1,
+             "teacher_embd": 64}  # fmt: skip
+    args = parse_args(parser, smoke)
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -18,7 +18,7 @@ One torch thread by default (`--threads`): on a shared machine, OpenMP threads w
 partner that is descheduled, which swings wall and CPU time alike; use `--threads 2` on an idle machine.
 Loading batches is not in the step (the loaders' workers do it, a teacher cache adds one slice per block there).
 
-    python benchmarks/bench_train_step.py [--rounds 30] [--batch_size 2] [--max_seq_length 256]
+    python benchmarks/bench_train_step.py [--rounds 30] [--batch_size 2] [--max_seq_length 256] [--smoke]
 """
 
 import argparse
@@ -36,12 +36,11 @@ from pathlib import Path
 import lightning as L
 import torch
 from litgpt.config import Config
-from litgpt.model import GPT
 from litgpt.utils import estimate_flops, flops_per_param, num_parameters, save_config
 
 from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
 from litgpt_vocagnolm.data import block_tokens, collate_blocks, load_manifest, open_split
-from litgpt_vocagnolm.gpt import load_model
+from litgpt_vocagnolm.gpt import GPT, load_model
 from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
 from litgpt_vocagnolm.model_configs import llama_config
 from litgpt_vocagnolm.recipe import forward_and_loss
@@ -49,6 +48,7 @@ from litgpt_vocagnolm.stopwatch import Stopwatch
 from litgpt_vocagnolm.prepare import prepare
 from litgpt_vocagnolm.score_teacher import score_teacher
 from litgpt_vocagnolm.teacher import teacher_token_loss
+from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "data" / "gsm8k" / "train.jsonl"
@@ -176,7 +176,9 @@ def main() -> None:
     parser.add_argument("--teacher_tokenizer", default="mistral-7b-v0.1", help="a folder of tests/fixtures/tokenizers")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (see the docstring)")
     parser.add_argument("--verbose", action="store_true", help="show what prepare prints")
-    args = parser.parse_args()
+    smoke = {"rounds": 1, "warmup": 0, "records": 10, "batches": 1, "max_seq_length": 64, "student_layers": 1,
+             "student_embd": 64, "teacher_layers": 1, "teacher_embd": 64}  # fmt: skip
+    args = parse_args(parser, smoke)
     torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
@@ -192,7 +194,7 @@ def main() -> None:
     # The cache holds what the online teacher computes, to float16 rounding (losses of a few nats: 1e-2 is ~2 ulp).
     first = batches[0]
     with torch.no_grad():
-        online = teacher_token_loss(teacher(first["teacher_ids"]), first["teacher_ids"], first["teacher_valid"])
+        online = teacher_token_loss(teacher, first["teacher_ids"], first["teacher_valid"])
     torch.testing.assert_close(first["teacher_loss"], online, atol=1e-2, rtol=1e-3, equal_nan=True)
 
     student_config = tiny_config(
@@ -278,7 +280,7 @@ def main() -> None:
     litgpt_ratio = 1 + estimate_flops(teacher.module, training=False) / estimate_flops(base, training=True)
     print(
         f"online / ce: {median['online', 'wall'] / median['ce', 'wall']:.2f}x wall,"
-        f" {median['online', 'cpu'] / median['ce', 'cpu']:.2f}x cpu; predicted from FLOPs"
+        f" {median['online', 'cpu'] / median['ce', 'cpu']:.2f}x cpu; predicted from FLOPs:"
         f" {(student_flops + teacher_flops) / student_flops:.2f}x (matrix-product parameters),"
         f" {litgpt_ratio:.2f}x (litgpt estimate_flops, all parameters)"
     )

@@ -1,6 +1,7 @@
-"""`--smoke`: each benchmark at its smallest sizes, one round, in a few seconds on a CPU. `make test` runs every
-`bench_*.py` so (tests/test_benchmarks.py), so that a change to what a benchmark imports cannot break it unseen.
-Imported by the scripts of this folder, which is on `sys.path` when one of them runs.
+"""`--smoke`: each benchmark at its smallest sizes, one round, on a CPU: little work beyond starting its processes
+(importing torch, Lightning and LitGPT takes about 5 s of CPU in each). `make test` runs every `bench_*.py` so
+(tests/test_benchmarks.py), so that a change to what a benchmark imports cannot break it unseen. Imported by the
+scripts of this folder, which is on `sys.path` when one of them runs (and under pytest: pyproject.toml's pythonpath).
 """
 
 import argparse
