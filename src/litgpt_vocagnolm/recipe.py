@@ -36,7 +36,7 @@ from lightning.fabric.strategies import ModelParallelStrategy
 from litgpt.args import EvalArgs, LogArgs, TrainArgs
 from litgpt.config import Config
 from litgpt.data import DataModule
-from litgpt.pretrain import get_lr, initialize_weights
+from litgpt.pretrain import get_lr
 from litgpt.types import LoggerChoice
 from litgpt.utils import (
     CycleIterator,
@@ -62,7 +62,7 @@ from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.data import VocAgnoData, byte_tables
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, parallelize
 from litgpt_vocagnolm.errors import check_writable
-from litgpt_vocagnolm.gpt import GPT, load_model
+from litgpt_vocagnolm.gpt import load_model, new_model
 from litgpt_vocagnolm.loss import TokenBytes, bits_per_byte, selection_generator
 from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
 from litgpt_vocagnolm.model_configs import register
@@ -247,11 +247,7 @@ def main(
             fabric.print(line)
 
     t0 = time.perf_counter()
-    with fabric.init_module(empty_init=True):
-        model = GPT(config)
-    initialize_weights(fabric, model, n_layer=config.n_layer, n_embd=config.n_embd)
-    if train.tie_embeddings:
-        model.transformer.wte.weight = model.lm_head.weight
+    model = new_model(fabric, config, train.tie_embeddings)
     if train.max_seq_length:
         model.max_seq_length = train.max_seq_length
     fabric.print(f"Time to instantiate model: {time.perf_counter() - t0:.02f} seconds.")
