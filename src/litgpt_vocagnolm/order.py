@@ -156,7 +156,7 @@ def val_loader(data: VocAgnoData, rank: int, world_size: int) -> DataLoader:
 
 
 def loader(data: VocAgnoData, blocks: Blocks, batches: RankBatches) -> DataLoader:
-    """The loader of `batches`: `data.num_workers` worker processes read their blocks, collated as `VocAgnoData`'s
+    """The loader of `batches`: `num_workers` worker processes (`data`'s) read their blocks, collated as `VocAgnoData`'s
     loaders are (`collate_blocks`, the run's padded windows), into pinned memory on CUDA."""
     collate = functools.partial(
         collate_blocks, block_tokens=block_tokens(data.manifest), num_chunks=data.num_chunks,

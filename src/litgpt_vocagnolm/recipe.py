@@ -507,7 +507,7 @@ def forward_and_loss(
     guided loss (`vocab_size`: the student tokenizer's, for `kld`; `byte_tables`: bytes per token id, the student's
     then each teacher's, for `--guidance.compare byte`). `teachers`: the online teachers, one per teacher side of the
     batch (the batch's own keys, then `more_teachers`); empty with caches or without a teacher. Returns the weighted
-    loss sum, the weight sum and detached metrics (see `loss.guided_loss`)."""
+    loss sum, the weight sum and detached metrics (see `methods.guided_loss`)."""
     if isinstance(batch, torch.Tensor):  # a plain LitGPT data module: (B, T + 1) token blocks, `ce` only
         batch = {"input_ids": batch[:, :-1].long(), "targets": batch[:, 1:].long()}
     sides = [batch, *batch.get("more_teachers", [])]  # each teacher's windows, ranges (and cached losses)
