@@ -17,7 +17,14 @@ from test_checkpoints import setup_args
 from test_recipe import litgpt_pretrain, metrics, recipe_config
 from traced_data import trained
 
-from litgpt_vocagnolm.checkpoints import CHECKSUMS, check_checkpoint_dir, find_resume_checkpoint
+from litgpt_vocagnolm.checkpoints import (
+    CHECKSUMS,
+    TRAIN_STATE,
+    check_checkpoint_dir,
+    data_position,
+    find_resume_checkpoint,
+)
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.recipe import setup
 from litgpt_vocagnolm.score_teacher import score_teacher
 
@@ -207,3 +214,20 @@ def test_every_block_once_and_the_same_losses_on_1_2_3_and_4_processes(tmp_path,
         final = torch.load(tmp_path / name / "final" / "lit_model.pth", weights_only=True)
         assert (final["step_count"], final["iter_num"]) == (5, 5 * 12 // after)
         assert json.loads((tmp_path / name / "final" / "train_state.json").read_text())["position"] == 60
+
+
+def test_the_data_position_is_the_saved_count_and_per_rank_loader_states_are_not_moved(tmp_path):
+    def saved(**train_state) -> Path:
+        (tmp_path / TRAIN_STATE).write_text(json.dumps({"iter_num": 6, "step_count": 3, "world_size": 2, **train_state}))
+        return tmp_path
+
+    # The global order: the count saved, on any number of processes.
+    assert data_position(saved(position=36), global_batch_size=12, world_size=3, global_order=True) == 36
+    # Saved before it, with LitData's per-rank states: no place in the global order.
+    old = saved(train_dataloader=[{"num_samples_yielded": 18}] * 2)
+    with pytest.raises(InvalidArgument, match="per-rank loader state, from before the data order was one global order"):
+        data_position(old, global_batch_size=12, world_size=2, global_order=True)
+    # A LitGPT data module's own loader: its per-rank states continue on as many processes, never on another number.
+    assert data_position(old, global_batch_size=12, world_size=2, global_order=False) == 36
+    with pytest.raises(InvalidArgument, match="saved on 2 processes, this run has 3: .* Resume on 2 processes"):
+        data_position(old, global_batch_size=12, world_size=3, global_order=False)

@@ -13,7 +13,8 @@ The loss is a weighted sum over every micro-batch and rank of one optimizer step
 each micro-batch backpropagates its unnormalised sum, and the gradients are divided by the all-reduced weight count
 before clipping (so every trained token weighs the same, however selection spreads over micro-batches and ranks).
 
-What surrounds the loop lives apart: the input checks in `checks`, sharding and activation checkpointing in
+What surrounds the loop lives apart: the input checks in `checks`, the order of the training data (one global order,
+resumed from a count of blocks on any number of processes) in `order`, sharding and activation checkpointing in
 `distributed`, checkpoint writing and resuming in `checkpoints`, SIGUSR1's stop and the requeue in `slurm`.
 """
 
