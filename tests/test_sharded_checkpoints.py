@@ -1,6 +1,7 @@
 """Sharded checkpoints (DCP): checksums that catch damage in place, the used out_dir refused, the final export that
 LitGPT loads, and resuming on another number of processes."""
 
+import csv
 import json
 import os
 import shutil
@@ -192,6 +193,10 @@ def test_every_block_once_and_the_same_losses_on_1_2_3_and_4_processes(tmp_path,
         steps = trained(tmp_path / f"{name}-trace", processes, accumulation=12 // processes)
         return steps, [row["loss"] for row in metrics(tmp_path / name)], out
 
+    def final_val_loss(name: str) -> float:
+        (path,) = (tmp_path / name).glob("logs/**/metrics.csv")
+        return [float(row["val_loss"]) for row in csv.DictReader(path.open()) if row["val_loss"]][-1]
+
     whole = {processes: run(f"whole-{processes}", processes) for processes in (1, 2, 4)}
     steps, losses, _ = whole[1]
     blocks = [block for step in steps for block in step]
@@ -201,6 +206,8 @@ def test_every_block_once_and_the_same_losses_on_1_2_3_and_4_processes(tmp_path,
     for processes in (2, 4):
         assert whole[processes][0] == steps
         torch.testing.assert_close(torch.tensor(whole[processes][1]), torch.tensor(losses), rtol=1e-4, atol=1e-4)
+        # The 2 validation blocks, on 4 ranks too (two of them run an empty forward): the same loss.
+        assert final_val_loss(f"whole-{processes}") == pytest.approx(final_val_loss("whole-1"), rel=1e-4)
 
     for before, after in ((2, 1), (1, 2), (2, 3)):
         name = f"resumed-{before}-{after}"
