@@ -319,7 +319,7 @@ def recipe_step(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int,
     if args.guidance.compare == "byte":
         tables = byte_tables(args.tokenizer_dir, args.teacher.checkpoint_dirs, device)
     stamped = Stamped(batches(fabric, setting, work, B), at=warmup * A, memory=memory, device=device)
-    state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0}
+    state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0, "position": 0}
     with contextlib.redirect_stdout(io.StringIO()):  # its log lines: the table below says what they would
         fit(fabric, state, stamped, [], run, train, eval, args.guidance, teachers=teachers, vocab_size=vocab_size,
             byte_tables=tables)  # fmt: skip
