@@ -10,12 +10,16 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # Re-runs only when the package metadata or the pins change.
-$(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/transformers.txt
+$(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/transformers.txt tests/litgpt-extra.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -c constraints.txt torch==2.13.0
 	$(PIP) install --quiet -c constraints.txt -e ".[test]"
 	$(PIP) install --quiet --upgrade --no-deps --target $(VENV)/transformers -r tests/transformers.txt
+# This package beside LitGPT's extras in one `pip install` (resolved, nothing installed; a conflict stops here),
+# then what that install brings which LitGPT and this package import, for tests/test_install.py.
+	$(PIP) install --quiet --dry-run --ignore-installed -c tests/litgpt-extra.txt torch==2.13.0 -e ".[test]" "litgpt[extra]"
+	$(PIP) install --quiet --upgrade --no-deps --target $(VENV)/litgpt-extra -r tests/litgpt-extra.txt
 	touch $(STAMP)
 
 test: install

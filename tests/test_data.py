@@ -2,6 +2,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -501,6 +502,44 @@ def test_killed_run_is_finished_by_the_next(prepared, corpus, tmp_path):
 
     prepare(**kwargs)
     assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "train", "val"]
+    _assert_same_blocks(all_blocks(output), all_blocks(prepared))
+
+
+def _prepare_with_a_worker_killed(kwargs, log):
+    os.setpgrp()  # the run and its LitData workers in one group, found by its id
+    unit_blocks = prepare_module.unit_blocks
+
+    def dying(unit, job):
+        for k, block in enumerate(unit_blocks(unit, job)):
+            if job.split == "train" and unit.index == 0 and k == 3:
+                os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer ends a worker
+            yield block
+
+    prepare_module.unit_blocks = dying  # the forked workers see it
+    try:
+        prepare(**kwargs)
+    except RuntimeError as error:
+        Path(log).write_text(str(error))
+
+
+def test_a_dead_worker_stops_the_run_and_the_next_run_finishes(prepared, corpus, tmp_path):
+    output, log = tmp_path / "out", tmp_path / "log"
+    kwargs = prepare_args(corpus[0], output)
+    process = multiprocessing.get_context("fork").Process(target=_prepare_with_a_worker_killed, args=(kwargs, log))
+    process.start()
+    process.join(timeout=300)  # LitData < 0.2.49 alone waits for the dead worker forever
+    assert process.exitcode == 0, "prepare did not stop"
+    assert re.fullmatch(r"LitData worker \d \(pid \d+\) was killed by SIGKILL \(out of memory\? .*", log.read_text())
+    for _ in range(600):  # the other worker and the uploaders are stopped
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("Workers of the stopped run are still alive.")
+
+    prepare(**kwargs)
     _assert_same_blocks(all_blocks(output), all_blocks(prepared))
 
 

@@ -16,19 +16,14 @@ import dataclasses
 import functools
 import json
 import math
-import multiprocessing
 import os
 import shutil
-import signal
-import sys
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal, Optional, Union
 
 import numpy as np
 from litdata import optimize
-from litdata.processing.data_processor import DataProcessor
 
 from litgpt_vocagnolm.alignment import encode
 from litgpt_vocagnolm.data import FORMAT, MANIFEST, PARTIAL, SPLITS
@@ -57,6 +52,7 @@ from litgpt_vocagnolm.tokenizer_files import (
     tokenizer_info,
     tokenizer_sha256,
 )
+from litgpt_vocagnolm.workers import START_METHOD, optimize_environment
 
 LITDATA_CHUNK_BYTES = "64MB"  # LitData's chunk (file) size; each worker holds one in memory while it fills it
 RATIO_SAMPLE_CHARS = 1 << 16  # text encoded up front to measure the teacher/student token ratio
@@ -92,67 +88,6 @@ def unit_blocks(unit: Unit, job: UnitJob) -> Iterator[dict[str, Any]]:
 def read_stats(path: Path) -> Stats:
     data = json.loads(path.read_text(encoding="utf-8"))
     return Stats(**{**data, "skipped_files": [tuple(f) for f in data["skipped_files"]]})
-
-
-# spawn re-imports torch in every worker and in each of its uploader processes: about 6 s per split here, against
-# 0.2 s for fork. Fork is safe: the parent has only loaded tokenizers, never run their thread pool.
-START_METHOD = "fork" if sys.platform == "linux" else None
-
-
-STOP_SECONDS = 10  # how long an interrupted process waits for each child to stop before killing it
-
-
-def stop_on_interrupt(processor: DataProcessor, main_pid: int, signum: int, frame: Any) -> None:
-    """Replaces LitData's SIGINT handler (`DataProcessor._signal_handler`), which asks the workers to stop after their
-    current item and calls `os._exit(0)`: `prepare && pretrain` would then go on without the data.
-
-    Forked workers and their uploaders inherit it: each process passes the signal to its children (a terminal's Ctrl-C
-    reaches all of them anyway, `kill -INT` only this one), waits for them, and exits 130 (128 + SIGINT); the main
-    process raises KeyboardInterrupt instead, so that `prepare` unwinds and `.partial` keeps the finished splits.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the stopping
-    children = multiprocessing.active_children()
-    for child in children:
-        os.kill(child.pid, signal.SIGINT)
-    for child in children:
-        child.join(STOP_SECONDS)
-        if child.is_alive():
-            child.kill()
-    if os.getpid() != main_pid:
-        os._exit(128 + signum)
-    raise KeyboardInterrupt
-
-
-@contextmanager
-def optimize_environment(cache: Path) -> Iterator[None]:
-    """What `litdata.optimize` needs around it.
-
-    Its chunk cache is one machine-wide folder that it empties at start, so two runs at once would destroy each
-    other's chunks: each split gets its own. Its workers are the parallelism, so each tokenizes on one thread. Its
-    SIGINT handler exits 0: ours stops the workers and raises KeyboardInterrupt (`stop_on_interrupt`). And it leaves
-    the process with its start method and SIGINT handler: restore both.
-    """
-    environment = {
-        "DATA_OPTIMIZER_CACHE_FOLDER": str(cache / "chunks"),
-        "DATA_OPTIMIZER_DATA_CACHE_FOLDER": str(cache / "data"),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    saved = {key: os.environ.get(key) for key in environment}
-    start_method, handler = multiprocessing.get_start_method(allow_none=True), signal.getsignal(signal.SIGINT)
-    litdata_handler = DataProcessor._signal_handler
-    os.environ.update(environment)
-    DataProcessor._signal_handler = functools.partialmethod(stop_on_interrupt, os.getpid())
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        DataProcessor._signal_handler = litdata_handler
-        multiprocessing.set_start_method(start_method, force=True)
-        signal.signal(signal.SIGINT, handler)
 
 
 def write_split(split: str, units: list[Unit], job: UnitJob, partial: Path, num_workers: int) -> Stats:

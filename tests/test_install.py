@@ -1,0 +1,85 @@
+"""This package beside `litgpt[extra]`, as LitGPT's README installs it, and LitGPT still working.
+
+`make install` checks that this package, `litgpt[extra]` and tests/litgpt-extra.txt resolve together in one `pip
+install` (dry run), and puts those pins (transformers, tokenizers, huggingface-hub, litdata 0.2.59, ...: what that
+install brings where it differs from this environment) in .venv/litgpt-extra. The commands here run with that folder
+first on their path: LitGPT's own `pretrain` (help, and a few steps of pythia-14m on two text files, which LitData
+0.2.59 tokenizes in forked workers), `vocagnolm prepare` on the shipped GSM8K text with the real tokenizers and its
+default number of workers, and the recipe on that data, stopped and resumed.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import BIN, QWEN, ROOT, TINYLLAMA
+from test_recipe import recipe_config
+
+pytestmark = pytest.mark.slow  # console scripts in subprocesses
+EXTRA = Path(sys.prefix) / "litgpt-extra"  # `make install` puts tests/litgpt-extra.txt there
+PINS = dict(
+    line.split("==")
+    for line in (ROOT / "tests" / "litgpt-extra.txt").read_text().splitlines()
+    if line and not line.startswith("#")
+)
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """A console script of this environment with the litgpt[extra] pins first on its path."""
+    assert EXTRA.is_dir(), f"{EXTRA} is missing: run `make install`."
+    env = {**os.environ, "PYTHONPATH": str(EXTRA), "OMP_NUM_THREADS": "1"}
+    command = [str(BIN / args[0]), *args[1:]]
+    out = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    return out
+
+
+def test_the_commands_see_the_pinned_versions():
+    script = "import json, importlib.metadata as m, sys; print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
+    out = run("python", "-c", script, *PINS)
+    assert json.loads(out.stdout) == PINS
+
+
+def test_litgpt_pretrain_help():
+    out = run("litgpt", "pretrain", "--help")
+    assert "Pretrain a model." in out.stdout
+
+
+def test_litgpt_pretrain_trains_a_tiny_model(tmp_path):
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    lines = (ROOT / "data" / "gsm8k" / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    for k in range(2):  # TextFiles keeps the first file for validation
+        answers = [json.loads(line)["answer"] for line in lines[k * 100 : (k + 1) * 100]]
+        (texts / f"{k}.txt").write_text("\n".join(answers))
+    run("litgpt", "pretrain", "pythia-14m", "--tokenizer_dir", str(TINYLLAMA), "--data", "TextFiles",
+        "--data.train_data_path", str(texts), "--train.max_tokens", str(4 * 2 * 128), "--train.max_seq_length", "128",
+        "--train.global_batch_size", "2", "--train.micro_batch_size", "2", "--eval.max_iters", "1",
+        "--data.num_workers", "0", "--out_dir", str(tmp_path / "out"), "--logger_name", "csv",
+        "--precision", "32-true")  # fmt: skip
+    assert (tmp_path / "out" / "final" / "lit_model.pth").is_file()
+
+
+def test_prepare_with_several_workers_then_a_resumed_recipe_run(tmp_path, qwen_teacher):
+    data = tmp_path / "data"
+    out = run("vocagnolm", "prepare", "--student", str(TINYLLAMA), "--teacher", str(QWEN), "--input",
+              str(ROOT / "data" / "gsm8k" / "train.jsonl"), "--text_key", "question,answer", "--output", str(data),
+              "--max_seq_length", "64")  # fmt: skip
+    workers = min(os.cpu_count() or 1, 4)  # one per CPU (the default), for the 4 work units of 4.2 MB
+    assert out.stdout.count(f"Starting {workers} workers with 4 items") == 2  # val, then train
+    manifest = json.loads((data / "manifest.json").read_text())
+    assert sum(manifest["splits"][split]["documents"] for split in ("train", "val")) == 7473  # every record
+
+    config = recipe_config(tmp_path, data, qwen_teacher)
+    run("litgpt", "pretrain", "--recipe", "vocagnolm", "--config", str(config), "--train.max_tokens", str(4 * 4 * 64),
+        "--train.save_interval", "2")  # fmt: skip
+    out = run("litgpt", "pretrain", "--recipe", "vocagnolm", "--config", str(config), "--train.max_tokens",
+              str(6 * 4 * 64), "--train.save_interval", "2", "--resume", "auto")  # fmt: skip
+    assert re.search(r"Resuming training from \S*step-00000004", out.stdout), out.stdout[-2000:]
+    final = torch.load(tmp_path / "out" / "final" / "lit_model.pth", weights_only=True)
+    assert (final["step_count"], final["iter_num"]) == (6, 12)  # 6 steps of 2 micro-batches
