@@ -7,8 +7,9 @@ teacher, `vocagnolm plan`, the demo. No other module lists method names.
 A method's entry names the inputs it needs (`LossInputs` fields); its loss function takes the run's `GuidedLoss`
 (arguments, rank, gather, vocabulary, byte tables: bound once), the student's per-token loss and what the micro-batch
 brought, and returns each token's loss and weight (`MethodLoss`). `GuidedLoss` checks the inputs against the table,
-calls it, and returns the weighted loss SUM and the weight SUM. The recipe adds both up over the micro-batches and ranks of one optimizer
-step and divides once, so every trained token weighs the same (docs/design.md, "Teacher-guided loss"):
+calls it, and returns the weighted loss SUM and the weight SUM. The recipe adds both up over the micro-batches and
+ranks of one optimizer step and divides once, so every trained token weighs the same (docs/design.md, "Teacher-guided
+loss"):
 
     loss = sum(w * ls) / max(sum(w), 1)
 """
@@ -379,7 +380,7 @@ class GuidedLoss:
         if self.args.compare != "byte":
             return None
         if not self.byte_tables:
-            raise ValueError("guidance.compare='byte' needs byte_tables: the bytes of each student and teacher token id")
+            raise ValueError("guidance.compare='byte' needs byte_tables: the bytes of each student and teacher token")
         return TokenBytes.look_up(self.byte_tables, targets, teacher_ids)
 
     def verdict(self, ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:

@@ -57,7 +57,8 @@ from litgpt_vocagnolm.checkpoints import (
     previous_checkpoints,
     resume_history,
 )
-from litgpt_vocagnolm.checks import check_run_args, check_setup, resolve_model_config, tokenizer_pair_summary
+from litgpt_vocagnolm.checks import check_run_args, check_setup, check_start, resolve_model_config
+from litgpt_vocagnolm.checks import tokenizer_pair_summary
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.data import Batch, VocAgnoData, byte_tables
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, parallelize
@@ -107,14 +108,8 @@ class Guide:
     """Built once from the run's arguments (`methods.GuidedLoss`)."""
 
     @classmethod
-    def build(
-        cls,
-        fabric: L.Fabric,
-        guidance: GuidanceArgs,
-        teachers: list[nn.Module],
-        vocab_size: int | None = None,
-        byte_tables: Sequence[torch.Tensor] = (),
-    ) -> "Guide":
+    def build(cls, fabric: L.Fabric, guidance: GuidanceArgs, teachers: list[nn.Module], vocab_size: int | None = None,
+              byte_tables: Sequence[torch.Tensor] = ()) -> "Guide":  # fmt: skip
         """The guide of a run on `fabric`: its rank, and its all_gather for `--guidance.scope global`; `vocab_size`
         (the student tokenizer's) for `kld`, `byte_tables` (`data.byte_tables`) for `--guidance.compare byte`."""
         all_gather = fabric.all_gather if guidance.scope == "global" else None
@@ -204,8 +199,8 @@ def setup(
     check_writable(init_out_dir(out_dir), "--out_dir")  # a read-only one fails now, not at the first checkpoint
     config = resolve_model_config(model_name, model_config)
     devices = parse_devices(devices)
-    check_setup(config, data, train, teacher, guidance, tokenizer_dir=tokenizer_dir,
-                initial_checkpoint_dir=initial_checkpoint_dir, resume=resume, world_size=devices * num_nodes)  # fmt: skip
+    check_start(initial_checkpoint_dir, resume)
+    check_setup(config, data, train, teacher, guidance, tokenizer_dir=tokenizer_dir, world_size=devices * num_nodes)
 
     precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
     out_dir = init_out_dir(out_dir)
