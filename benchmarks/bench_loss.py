@@ -16,7 +16,7 @@ import torch
 from litgpt.utils import chunked_cross_entropy
 
 from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
-from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
+from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 
@@ -71,10 +71,14 @@ def report(name: str, timings: dict[str, tuple[float, float]]) -> None:
     )
 
 
-def guided(args: GuidanceArgs, logits: torch.Tensor, targets: torch.Tensor, **kwargs):
-    """`guided_loss` from the student's logits, as `recipe.forward_and_loss` runs it."""
+def guided(args: GuidanceArgs, logits: torch.Tensor, targets: torch.Tensor, ranges: torch.Tensor, *,
+           teacher_loss: torch.Tensor | None = None, teacher_logits: torch.Tensor | None = None,
+           vocab_size: int | None = None):  # fmt: skip
+    """The guided loss (`methods.GuidedLoss`) of one teacher from the student's logits, as
+    `recipe.forward_and_loss` runs it."""
     ls = per_token_cross_entropy(logits, targets)
-    return guided_loss(args, ls, targets != -100, logits=logits, **kwargs)
+    inputs = LossInputs(None if teacher_loss is None else [teacher_loss], [ranges], logits, teacher_logits)
+    return GuidedLoss(args, vocab_size=vocab_size)(ls, targets != -100, inputs)
 
 
 def main() -> None:
@@ -104,7 +108,7 @@ def main() -> None:
         def step(guidance: GuidanceArgs):
             def run():
                 logits.grad = None
-                loss_sum, weight_sum, _ = guided(guidance, logits, targets, teacher_loss=teacher_loss, ranges=ranges)
+                loss_sum, weight_sum, _ = guided(guidance, logits, targets, ranges, teacher_loss=teacher_loss)
                 (loss_sum / weight_sum.clamp(min=1)).backward()
 
             return run
@@ -117,7 +121,7 @@ def main() -> None:
             report(label, time_side_by_side(step(setting), baseline, args.repeats))
         if dtype == torch.bfloat16:
             setting = GuidanceArgs()
-            ours = saved_bytes(lambda: guided(setting, logits, targets, teacher_loss=teacher_loss, ranges=ranges))
+            ours = saved_bytes(lambda: guided(setting, logits, targets, ranges, teacher_loss=teacher_loss))
             theirs = saved_bytes(lambda: chunked_cross_entropy(logits, targets))
             print(
                 f"saved for backward, bf16: guided_loss {ours / 2**20:.0f} MiB, chunked_cross_entropy"
@@ -140,7 +144,7 @@ def main() -> None:
     def distill(guidance: GuidanceArgs, teacher_logits: torch.Tensor):
         def run():
             logits.grad = None
-            loss_sum, weight_sum, _ = guided(guidance, logits, targets, teacher_logits=teacher_logits, ranges=pairs,
+            loss_sum, weight_sum, _ = guided(guidance, logits, targets, pairs, teacher_logits=teacher_logits,
                                              vocab_size=V)  # fmt: skip
             (loss_sum / weight_sum).backward()
 

@@ -83,7 +83,7 @@ def blocks_per_second(batches: Iterable[dict], micro_batches: int) -> float:
     next(iterator)
     t0, blocks = time.perf_counter(), 0
     for _ in range(micro_batches):
-        blocks += len(next(iterator)["input_ids"])
+        blocks += len(next(iterator).input_ids)
     return blocks / (time.perf_counter() - t0)
 
 

@@ -46,12 +46,13 @@ from torch.profiler import record_function
 
 from litgpt_vocagnolm.alignment import encode
 from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
-from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
+from litgpt_vocagnolm.data import Batch, TeacherSide
+from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss
 from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.model_configs import register
-from litgpt_vocagnolm.plan import cpu_peak_bytes, estimate_memory, matmul_parameters
+from litgpt_vocagnolm.plan import StepShape, cpu_peak_bytes, estimate_memory, matmul_parameters
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, parallelize
-from litgpt_vocagnolm.recipe import forward_and_loss
+from litgpt_vocagnolm.recipe import Guide, forward_and_loss, loss_inputs
 from litgpt_vocagnolm.teacher import teacher_token_loss
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
@@ -106,33 +107,35 @@ def teacher_window(tokenizer: str | None, seq_len: int) -> tuple[int, float]:
     return round((seq_len + 1) * ratio), ratio
 
 
-def make_batch(setting: Setting, device: torch.device, generator: torch.Generator) -> dict[str, torch.Tensor]:
+def make_batch(setting: Setting, device: torch.device, generator: torch.Generator) -> Batch:
     """Random token ids with what `VocAgnoData` gives: (B, T) inputs and targets, (B, M) teacher window, monotone
     ranges (each student token maps to 1 or 2 teacher tokens), and a random cached teacher loss."""
     B, T, M = setting.micro_batch, setting.seq_len, setting.window
     Vs, Vt = setting.student_config.vocab_size, setting.teacher_config.vocab_size
     starts = torch.linspace(1, M - 2, T).long()
     ranges = torch.stack([starts, starts + 1 + (torch.arange(T) % 2)], -1).clamp(max=M)
-    batch = {
-        "input_ids": torch.randint(0, Vs, (B, T), generator=generator),
-        "targets": torch.randint(0, Vs, (B, T), generator=generator),
-        "teacher_ids": torch.randint(0, Vt, (B, M), generator=generator),
-        "teacher_valid": torch.ones(B, M, dtype=torch.bool),
-        "ranges": ranges.expand(B, T, 2).contiguous(),
-        "teacher_loss": torch.rand(B, M, generator=generator) * 4,
-    }
-    return {name: value.to(device) for name, value in batch.items()}
+    input_ids = torch.randint(0, Vs, (B, T), generator=generator)
+    targets = torch.randint(0, Vs, (B, T), generator=generator)
+    side = TeacherSide(
+        ids=torch.randint(0, Vt, (B, M), generator=generator),
+        valid=torch.ones(B, M, dtype=torch.bool),
+        ranges=ranges.expand(B, T, 2).contiguous(),
+        loss=torch.rand(B, M, generator=generator) * 4,
+    )
+    return Batch(input_ids, targets, [side]).to(device)
 
 
-def forward_and_loss_whole_logits(model, teachers: list, batch: dict, guidance: GuidanceArgs):
+def forward_and_loss_whole_logits(model, guide: Guide, batch: Batch):
     """The step before tiling: LitGPT's forward returns the whole (B, T, V) logits, float32 under bf16-mixed, for the
     student and the teacher alike, and the per-token cross-entropy reads them."""
-    teacher_loss = batch.get("teacher_loss")
-    for teacher in teachers:
+    (side,) = batch.teachers
+    teacher_loss = side.loss
+    for teacher in guide.teachers:
         with torch.no_grad():
-            teacher_loss = teacher_token_loss_whole_logits(teacher, batch["teacher_ids"], batch["teacher_valid"])
-    ls = per_token_cross_entropy(model(batch["input_ids"]), batch["targets"])
-    return guided_loss(guidance, ls, batch["targets"] != -100, teacher_loss=teacher_loss, ranges=batch["ranges"])
+            teacher_loss = teacher_token_loss_whole_logits(teacher, side.ids, side.valid)
+    ls = per_token_cross_entropy(model(batch.input_ids), batch.targets)
+    inputs = loss_inputs(batch, guide.loss, None if teacher_loss is None else [teacher_loss])
+    return guide.loss(ls, batch.targets != -100, inputs)
 
 
 def teacher_token_loss_whole_logits(teacher, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -161,21 +164,22 @@ def build(fabric: L.Fabric, setting: Setting, kind: str):
     return student, optimizer, teacher
 
 
-def forward_backward(student, teacher, batch: dict, kind: str, whole_logits: bool, fabric) -> torch.Tensor | None:
+def forward_backward(student, teacher, batch: Batch, kind: str, whole_logits: bool, fabric) -> torch.Tensor | None:
     """One micro-batch as `recipe.fit` takes it (one rank): forward and backward; for "score" the teacher's losses.
     Returns the weight sum that divides the gradients (None for "score")."""
+    (side,) = batch.teachers
     if kind == "score":
         with torch.no_grad():
             if whole_logits:
-                teacher_token_loss_whole_logits(teacher, batch["teacher_ids"], batch["teacher_valid"])
+                teacher_token_loss_whole_logits(teacher, side.ids, side.valid)
             else:
-                teacher_token_loss(teacher, batch["teacher_ids"], batch["teacher_valid"])
+                teacher_token_loss(teacher, side.ids, side.valid)
         return None
     guidance = GuidanceArgs(method="ce" if kind == "ce" else "vocagnolm")
     if kind != "cached":
-        batch = {name: value for name, value in batch.items() if name != "teacher_loss"}
+        batch = batch._replace(teachers=[side._replace(loss=None)])
     run = forward_and_loss_whole_logits if whole_logits else forward_and_loss
-    loss_sum, weight_sum, _ = run(student, [] if teacher is None else [teacher], batch, guidance)
+    loss_sum, weight_sum, _ = run(student, Guide([] if teacher is None else [teacher], GuidedLoss(guidance)), batch)
     fabric.backward(loss_sum)
     return weight_sum
 
@@ -198,7 +202,7 @@ def measure(fabric: L.Fabric, setting: Setting, kind: str, whole_logits: bool) -
     cuda = fabric.device.type == "cuda"
     peaks = {}
 
-    def step(batch: dict, accumulation: int = 1) -> None:
+    def step(batch: Batch, accumulation: int = 1) -> None:
         with record_function("forward and backward"):
             for k in range(accumulation):  # the same micro-batch each time: the same memory
                 with fabric.no_backward_sync(student, enabled=k < accumulation - 1) if student else nullcontext():
@@ -345,12 +349,13 @@ def main() -> None:
                     for whole in variants:
                         measured, fwd_bwd, seconds = measure(fabric, setting, kind, whole)
                         # The plan estimates the step as the recipe takes it, not the step before tiling.
-                        estimate = None if whole else estimate_memory(
-                            student_config, teacher_config if kind in ("online", "score") else None,
-                            micro_batch=micro_batch, seq_len=args.seq_len, window=window, train=kind != "score",
+                        step = StepShape(
+                            micro_batch, args.seq_len, window, train=kind != "score",
                             activation_checkpointing=checkpoint, fused_optimizer=not cpu, world_size=fabric.world_size,
                             accumulation=accumulation if kind != "score" else 1, workspace=False,
-                        ).total  # fmt: skip
+                        )  # fmt: skip
+                        teachers = [teacher_config] if kind in ("online", "score") else []
+                        estimate = None if whole else estimate_memory(student_config, teachers, step).total
                         plan = f"{estimate / 1e9:>8.2f} {estimate / measured:>9.2f}" if estimate else f"{'':>8} {'':>9}"
                         tokens = accumulation * micro_batch * (window if kind == "score" else args.seq_len)
                         label = kind + (" (whole logits)" if whole else "")

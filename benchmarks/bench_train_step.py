@@ -12,7 +12,7 @@ in CPU time of this process. Printed ratios:
      2 N_t M tokens (litgpt's `flops_per_param`, attention included; N counts the parameters of the matrix products,
      not the embedding table, whose lookup costs no FLOPs), and litgpt's `estimate_flops`, which counts every parameter;
   2. cached / ce (goal: <= 1.10x);
-  3. `guided_loss` alone (forward + backward from the student's logits) as a share of the cached step, and the
+  3. the guided loss alone (forward + backward from the student's logits) as a share of the cached step, and the
      teacher's forward (with its per-token loss) as a share of the online step.
 One torch thread by default (`--threads`): on a shared machine, OpenMP threads wait spinning at every barrier for a
 partner that is descheduled, which swings wall and CPU time alike; use `--threads 2` on an idle machine.
@@ -39,11 +39,11 @@ from litgpt.config import Config
 from litgpt.utils import estimate_flops, flops_per_param, num_parameters, save_config
 
 from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
-from litgpt_vocagnolm.data import block_tokens, collate_blocks, load_manifest, open_split
+from litgpt_vocagnolm.data import Batch, block_tokens, collate_blocks, load_manifest, open_split
 from litgpt_vocagnolm.gpt import GPT, load_model
-from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
+from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss
 from litgpt_vocagnolm.model_configs import llama_config
-from litgpt_vocagnolm.recipe import forward_and_loss
+from litgpt_vocagnolm.recipe import Guide, forward_and_loss, loss_inputs
 from litgpt_vocagnolm.stopwatch import Stopwatch
 from litgpt_vocagnolm.prepare import prepare
 from litgpt_vocagnolm.score_teacher import score_teacher
@@ -123,7 +123,7 @@ def prepared_pair(tmp: Path, args: argparse.Namespace) -> tuple[Path, Path, dict
     return data, teacher, manifest
 
 
-def scored_batches(data: Path, teacher: Path, manifest: dict, tmp: Path, batch_size: int, count: int) -> list[dict]:
+def scored_batches(data: Path, teacher: Path, manifest: dict, tmp: Path, batch_size: int, count: int) -> list[Batch]:
     """`count` training batches, each with the teacher's losses from a real cache (`score_teacher` on the data)."""
     cache = tmp / "cache"
     with quiet():
@@ -141,11 +141,11 @@ def matmul_parameters(model: GPT) -> int:
     return sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and "wte" not in name)
 
 
-def train_step(fabric, model, optimizer, teacher, batch: dict, guidance: GuidanceArgs, max_norm: float) -> float:
+def train_step(fabric, model, optimizer, teacher, batch: Batch, guidance: GuidanceArgs, max_norm: float) -> float:
     """One optimizer step of `recipe.fit` (one micro-batch, one rank); returns the seconds spent in the teacher."""
     teacher_timer = Stopwatch(fabric.device)
-    teachers = [] if teacher is None else [teacher]
-    loss_sum, weight_sum, _ = forward_and_loss(model, teachers, batch, guidance, teacher_timer=teacher_timer)
+    guide = Guide([] if teacher is None else [teacher], GuidedLoss(guidance))
+    loss_sum, weight_sum, _ = forward_and_loss(model, guide, batch, teacher_timer=teacher_timer)
     fabric.backward(loss_sum)
     scale = 1 / weight_sum.clamp(min=1)  # what fit does with the all-reduced weight sum of the step
     for param in model.parameters():
@@ -192,10 +192,10 @@ def main() -> None:
         setup_seconds = time.perf_counter() - t0
 
     # The cache holds what the online teacher computes, to float16 rounding (losses of a few nats: 1e-2 is ~2 ulp).
-    first = batches[0]
+    (first,) = batches[0].teachers
     with torch.no_grad():
-        online = teacher_token_loss(teacher, first["teacher_ids"], first["teacher_valid"])
-    torch.testing.assert_close(first["teacher_loss"], online, atol=1e-2, rtol=1e-3, equal_nan=True)
+        online = teacher_token_loss(teacher, first.ids, first.valid)
+    torch.testing.assert_close(first.loss, online, atol=1e-2, rtol=1e-3, equal_nan=True)
 
     student_config = tiny_config(
         "student", manifest["student"]["vocab_size"], args.student_layers, args.student_embd, args.max_seq_length
@@ -203,7 +203,8 @@ def main() -> None:
     base = GPT(student_config)
     variants = {  # name: (guidance, teacher, batches)
         "ce": (GuidanceArgs(method="ce"), None, batches),
-        "online": (GuidanceArgs(), teacher, [{k: v for k, v in b.items() if k != "teacher_loss"} for b in batches]),
+        "online": (GuidanceArgs(), teacher, [b._replace(teachers=[s._replace(loss=None) for s in b.teachers])
+                                             for b in batches]),  # fmt: skip
         "cached": (GuidanceArgs(), None, batches),
     }
     runners = {}
@@ -214,20 +215,20 @@ def main() -> None:
 
     # The loss alone: forward + backward of guided_loss from fixed student logits, as it runs inside the step.
     with torch.no_grad():
-        logits_per_batch = [base(b["input_ids"]) for b in batches]
+        logits_per_batch = [base(b.input_ids) for b in batches]
 
     def loss_alone(k: int, guidance: GuidanceArgs) -> None:
         logits = logits_per_batch[k].requires_grad_()
         batch = batches[k]
-        ls = per_token_cross_entropy(logits, batch["targets"])
-        loss_sum, _, _ = guided_loss(guidance, ls, batch["targets"] != -100, teacher_loss=batch["teacher_loss"],
-                                     ranges=batch["ranges"])  # fmt: skip
+        ls = per_token_cross_entropy(logits, batch.targets)
+        guided = GuidedLoss(guidance)
+        loss_sum, _, _ = guided(ls, batch.targets != -100, loss_inputs(batch, guided, [batch.teachers[0].loss]))
         loss_sum.backward()
         logits.grad = None
 
-    B, T = batches[0]["input_ids"].shape
-    M = statistics.mean(b["teacher_ids"].shape[1] for b in batches)  # padded width: what the teacher computes on
-    M_valid = statistics.mean(b["teacher_valid"].sum().item() / B for b in batches)
+    B, T = batches[0].input_ids.shape
+    M = statistics.mean(b.teachers[0].ids.shape[1] for b in batches)  # padded width: what the teacher computes on
+    M_valid = statistics.mean(b.teachers[0].valid.sum().item() / B for b in batches)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}"
         f" (setup {setup_seconds:.0f} s)"

@@ -792,29 +792,29 @@ def test_batches_have_the_documented_shapes(prepared, chunks):
     module.connect(batch_size=3, max_seq_length=MAX_SEQ_LENGTH, num_chunks=chunks)
     blocks = list(iter_blocks(prepared, "val"))
     batches = list(module.val_dataloader())  # not shuffled: in stored order
-    assert sum(len(batch["input_ids"]) for batch in batches) == len(blocks)
+    assert sum(len(batch.input_ids) for batch in batches) == len(blocks)
     for k, batch in enumerate(batches):
         rows = blocks[3 * k : 3 * k + 3]
         B, T, M = len(rows), MAX_SEQ_LENGTH, padded_window(module.manifest)  # one window length per run
-        assert {key: (tuple(value.shape), value.dtype) for key, value in batch.items()} == {
-            "input_ids": ((B, T), torch.long),
-            "targets": ((B, T), torch.long),
-            "teacher_ids": ((B, M), torch.long),
-            "teacher_valid": ((B, M), torch.bool),
-            "ranges": ((B, T, 2), torch.long),
-            "num_bytes": ((B,), torch.long),
-        }
+        (side,) = batch.teachers  # one teacher
+        shapes = {name: (tuple(value.shape), value.dtype) for name, value in zip(side._fields, side) if value is not None}
+        assert shapes == {"ids": ((B, M), torch.long), "valid": ((B, M), torch.bool), "ranges": ((B, T, 2), torch.long)}
+        student = {name: (tuple(getattr(batch, name).shape), getattr(batch, name).dtype)
+                   for name in ("input_ids", "targets", "num_bytes")}  # fmt: skip
+        assert student == {"input_ids": ((B, T), torch.long), "targets": ((B, T), torch.long),
+                           "num_bytes": ((B,), torch.long)}  # fmt: skip
+        assert side.loss is None  # no loss cache connected
         for row, block in enumerate(rows):
             n, m = block["num_tokens"], len(block["teacher_ids"])
             ids = torch.from_numpy(block["student_ids"])
-            assert torch.equal(batch["input_ids"][row], ids[:-1])
-            assert torch.equal(batch["targets"][row, : n - 1], ids[1:n])
-            assert (batch["targets"][row, n - 1 :] == -100).all()
-            assert batch["teacher_valid"][row].tolist() == [True] * m + [False] * (M - m)
-            assert torch.equal(batch["teacher_ids"][row, :m], torch.from_numpy(block["teacher_ids"]))
+            assert torch.equal(batch.input_ids[row], ids[:-1])
+            assert torch.equal(batch.targets[row, : n - 1], ids[1:n])
+            assert (batch.targets[row, n - 1 :] == -100).all()
+            assert side.valid[row].tolist() == [True] * m + [False] * (M - m)
+            assert torch.equal(side.ids[row, :m], torch.from_numpy(block["teacher_ids"]))
             ranges = block["ranges"] if chunks is None else np.pad(chunk_align(n, m, chunks), ((0, T + 1 - n), (0, 0)))
-            assert torch.equal(batch["ranges"][row], torch.from_numpy(ranges[1:]))
-            assert batch["num_bytes"][row] == block["num_bytes"]
+            assert torch.equal(side.ranges[row], torch.from_numpy(ranges[1:]))
+            assert batch.num_bytes[row] == block["num_bytes"]
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -835,8 +835,12 @@ def test_loader_resumes_at_the_next_sample(prepared, num_workers):
     resumed.load_state_dict(state)
     rest = list(resumed)
     assert len(rest) == len(epoch) - 5
+
+    def tensors(batch):
+        return [batch.input_ids, batch.targets, batch.num_bytes, *batch.teachers[0][:3]]
+
     for got, expected in zip(rest, epoch[5:]):
-        assert all(torch.equal(got[key], expected[key]) for key in expected)
+        assert all(torch.equal(a, b) for a, b in zip(tensors(got), tensors(expected), strict=True))
 
 
 def test_data_of_another_format_fails_naming_both_versions_and_the_fix(prepared, tmp_path):

@@ -198,10 +198,11 @@ def test_noise_in_the_trained_tokens(quick_run):
     for start in range(0, len(blocks), QUICK.micro_batch_size):
         rows = slice(start, start + QUICK.micro_batch_size)
         batch = collate_blocks(blocks[rows], block_tokens)
-        valid = batch["targets"] != -100
+        (side,) = batch.teachers
+        valid = batch.targets != -100
         with torch.no_grad():
-            ls = model(batch["input_ids"], targets=batch["targets"])
-        trained = teacher_guided_weights(ls, batch["teacher_loss"], batch["ranges"], valid, top_k=0.4) > 0
+            ls = model(batch.input_ids, targets=batch.targets)
+        trained = teacher_guided_weights(ls, [side.loss], [side.ranges], valid) > 0  # top_k 0.4, the default
         counts += torch.stack([(trained & touched[rows, 1:]).sum(), trained.sum()])
     assert some == pytest.approx((counts[0] / counts[1]).item()) and some != pytest.approx(noise_all)
 

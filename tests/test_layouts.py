@@ -6,6 +6,7 @@ checkpoint, and the global data order (order.py) gives W ranks with one micro-ba
 reads as W accumulated micro-batches, so each optimizer step sees the same data and the loss curves must agree.
 """
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -20,7 +21,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from litgpt_vocagnolm.data import VocAgnoData
 from litgpt_vocagnolm.distributed import FSDPArgs
-from litgpt_vocagnolm.plan import collective_bytes, estimate_memory, parameters, traffic_per_step
+from litgpt_vocagnolm.plan import StepShape, collective_bytes, estimate_memory, parameters, traffic_per_step
 from litgpt_vocagnolm.recipe import setup
 from litgpt_vocagnolm.teacher import TeacherArgs
 from test_loss_distributed import free_port
@@ -171,8 +172,8 @@ def test_accumulating_holds_the_whole_float32_gradients():
     reduce-scatter while accumulating), with one only the head's and a block's."""
     student = tiny_config("s", 32000, n_layer=2, n_embd=64)
     P = parameters(student)
-    kwargs = dict(micro_batch=1, seq_len=64, window=64, world_size=4, workspace=False)
-    one, two = (estimate_memory(student, None, accumulation=a, **kwargs) for a in (1, 2))
+    shape = StepShape(micro_batch=1, seq_len=64, window=64, world_size=4, workspace=False)
+    one, two = (estimate_memory(student, [], dataclasses.replace(shape, accumulation=a)) for a in (1, 2))
     assert one.moment == two.moment == "the head's backward"
     assert two.components["student gradients"] == 4 * (P + 64 * 64)
     assert one.components["student gradients"] < 4 * P

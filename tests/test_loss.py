@@ -12,10 +12,22 @@ from hypothesis import strategies as st
 
 from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
 from litgpt_vocagnolm.distillation import kld_loss, paired_teacher_positions, uld_loss
-from litgpt_vocagnolm.loss import aggregate_teacher_loss, random_selection, select_top_k, teacher_guided_weights
-from litgpt_vocagnolm.methods import METHODS, GuidanceArgs, guided_loss
+from litgpt_vocagnolm.loss import (
+    SelectionArgs,
+    aggregate_teacher_loss,
+    random_selection,
+    select_top_k,
+    teacher_guided_weights,
+)
+from litgpt_vocagnolm.methods import METHODS, GuidanceArgs, GuidedLoss, LossInputs
 
 NAN = float("nan")
+
+
+def one_teacher_weights(ls, lt, ranges, valid, *, all_gather=None, rank=0, **options):
+    """`teacher_guided_weights` for one teacher: its loss and ranges, each a list of one."""
+    args = SelectionArgs(**options)
+    return teacher_guided_weights(ls, [lt], [ranges], valid, args, all_gather=all_gather, rank=rank)
 
 
 def f32(x: float) -> float:
@@ -104,7 +116,7 @@ def as_tensors(ls, lt, ranges, valid):
 def test_teacher_guided_weights_matches_reference(inputs, top_k, aggregation, unmapped, scope):
     ls, lt, ranges, valid = inputs
     options = dict(top_k=top_k, aggregation=aggregation, unmapped=unmapped, scope=scope)
-    weights = teacher_guided_weights(*as_tensors(ls, lt, ranges, valid), **options)
+    weights = one_teacher_weights(*as_tensors(ls, lt, ranges, valid), **options)
     assert weights.dtype == torch.float32
     assert weights.tolist() == reference_weights(ls, lt, ranges, valid, **options)
     agg, mapped = aggregate_teacher_loss(*as_tensors(ls, lt, ranges, valid)[1:3], aggregation)
@@ -133,23 +145,23 @@ def test_global_scope_ranks_the_concatenated_batch(inputs, world, top_k, aggrega
         locals_.append(torch.stack([shard[0] - agg, (shard[3] & mapped).float()]))
     stacked = torch.stack(locals_)
     per_rank = [
-        teacher_guided_weights(*shard, scope="global", all_gather=lambda x: stacked, rank=rank, **options)
+        one_teacher_weights(*shard, scope="global", all_gather=lambda x: stacked, rank=rank, **options)
         for rank, shard in enumerate(shards)
     ]
     whole = [torch.cat(parts) for parts in zip(*shards)]
-    expected = teacher_guided_weights(*whole, scope="batch", **options)
+    expected = one_teacher_weights(*whole, scope="batch", **options)
     assert torch.equal(torch.cat(per_rank), expected)
 
 
 def test_global_scope_with_one_process_is_batch_scope():
     # fabric.all_gather returns its input unchanged when there is one process
     ls, lt, ranges, valid = random_inputs(B=2, T=50, M=60, seed=1)
-    one = teacher_guided_weights(ls, lt, ranges, valid, scope="global", all_gather=lambda x: x, rank=0)
-    assert torch.equal(one, teacher_guided_weights(ls, lt, ranges, valid, scope="batch"))
+    one = one_teacher_weights(ls, lt, ranges, valid, scope="global", all_gather=lambda x: x, rank=0)
+    assert torch.equal(one, one_teacher_weights(ls, lt, ranges, valid, scope="batch"))
     with pytest.raises(ValueError, match="needs all_gather"):
-        teacher_guided_weights(ls, lt, ranges, valid, scope="global")
+        one_teacher_weights(ls, lt, ranges, valid, scope="global")
     with pytest.raises(ValueError, match="same shape"):
-        teacher_guided_weights(ls, lt, ranges, valid, scope="global", all_gather=lambda x: x, rank=1)
+        one_teacher_weights(ls, lt, ranges, valid, scope="global", all_gather=lambda x: x, rank=1)
 
 
 def random_inputs(B, T, M, seed, nan_rate=0.1, max_len=4):
@@ -257,10 +269,14 @@ def test_per_token_cross_entropy_rejects_bad_shapes():
         per_token_cross_entropy(torch.randn(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
 
 
-def guided_loss_of_logits(args, logits, targets, **kwargs):
-    """`guided_loss` as `recipe.forward_and_loss` calls it: the student's per-token cross-entropy first."""
+def guided_loss_of_logits(args, logits, targets, teacher_loss=None, ranges=None, teacher_logits=None, generator=None,
+                          **run):
+    """`GuidedLoss` as `recipe.forward_and_loss` calls it, for one teacher (its loss and ranges, each a list of one):
+    the student's per-token cross-entropy first. `run`: the other arguments of `GuidedLoss` (rank, all_gather...)."""
     ls = per_token_cross_entropy(logits, targets)
-    return guided_loss(args, ls, targets != -100, logits=logits, **kwargs)
+    teacher_losses = None if teacher_loss is None else [teacher_loss]
+    inputs = LossInputs(teacher_losses, None if ranges is None else [ranges], logits, teacher_logits, generator=generator)
+    return GuidedLoss(args, **run)(ls, targets != -100, inputs)
 
 
 def random_weights(valid, mapped, top_k, unmapped, generator, **kwargs):
@@ -289,7 +305,7 @@ def test_guided_loss_is_the_weighted_ce_sum_and_gradients_reach_only_the_student
         weights = random_weights(valid, mapped, 0.3, "include", torch.Generator().manual_seed(0))
     else:
         ls = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-        weights = teacher_guided_weights(ls, lt, ranges, valid, top_k=0.3)
+        weights = one_teacher_weights(ls, lt, ranges, valid, top_k=0.3)
     assert weight_sum == weights.sum() and not weight_sum.requires_grad
     expected = reference_loss(weights, logits, targets)
     assert torch.allclose(loss_sum.double(), expected, atol=1e-4)
@@ -307,7 +323,7 @@ def test_guided_loss_metrics():
     ls = F.cross_entropy(logits.detach().transpose(1, 2), targets, reduction="none")
     agg, mapped = aggregate_teacher_loss(lt, ranges)
     candidate = valid & mapped
-    selected = candidate & (teacher_guided_weights(ls, lt, ranges, valid) > 0)
+    selected = candidate & (one_teacher_weights(ls, lt, ranges, valid) > 0)
     excess = ls - agg
     expected = {
         "student_loss": ls[valid].mean(),
@@ -494,7 +510,7 @@ def test_guided_loss_names_missing_inputs():
         ("vocagnolm", dict(ranges=ranges), "needs teacher_loss"),
         ("chunk", dict(teacher_loss=lt), "needs ranges"),
         ("random", dict(), "needs ranges"),
-        ("kld", dict(ranges=ranges), "needs the student's logits and the teacher's"),
+        ("kld", dict(ranges=ranges), "needs teacher_logits"),
         ("uld", dict(teacher_logits=torch.randn(2, 20, 60)), "needs ranges"),
     ]:
         with pytest.raises(ValueError, match=message):
@@ -556,10 +572,10 @@ def test_the_readme_example_of_a_new_method():
     """README, "Adding a guidance method": the worked example's loss function, as written there, against a loop."""
     from litgpt_vocagnolm.methods import GuidanceMethod, LossInputs, MethodLoss
 
-    def top_k_by_student_loss(args: "GuidanceArgs", ls, valid, inputs: LossInputs) -> MethodLoss:
+    def top_k_by_student_loss(guided: "GuidedLoss", ls, valid, inputs: LossInputs) -> MethodLoss:
         """The top-k valid tokens by the student's own loss."""
-        selected = select_top_k(ls.detach(), valid, args.top_k, scope=args.scope, all_gather=inputs.all_gather,
-                                rank=inputs.rank)  # fmt: skip
+        selected = select_top_k(ls.detach(), valid, guided.args.top_k, scope=guided.args.scope,
+                                all_gather=guided.all_gather, rank=guided.rank)  # fmt: skip
         return MethodLoss(ls, selected.float(), {"selected_fraction": selected.sum() / valid.sum().clamp(min=1)})
 
     method = GuidanceMethod("hardest", "the top-k tokens by the student's own loss, no teacher", top_k_by_student_loss,
@@ -567,7 +583,7 @@ def test_the_readme_example_of_a_new_method():
     assert not method.needs_prepared_data  # plain LitGPT data will do
     ls = torch.tensor([[0.5, 3.0, 1.0, 2.0], [4.0, 0.1, 0.2, 9.0]])
     valid = torch.tensor([[True, True, True, True], [True, True, True, False]])
-    per_token, weights, metrics = method.loss(GuidanceArgs(top_k=0.5), ls, valid, LossInputs())
+    per_token, weights, metrics = method.loss(GuidedLoss(GuidanceArgs(top_k=0.5)), ls, valid, LossInputs())
     ranked = sorted((-v, i) for i, (v, ok) in enumerate(zip(ls.flatten().tolist(), valid.flatten().tolist())) if ok)
     expected = torch.zeros(8)
     expected[[i for _, i in ranked[: math.ceil(0.5 * len(ranked))]]] = 1.0  # 4 of the 7 valid tokens

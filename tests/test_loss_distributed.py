@@ -7,9 +7,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from litgpt_vocagnolm.loss import aggregate_teacher_loss, random_selection, selection_generator, teacher_guided_weights
+from litgpt_vocagnolm.loss import aggregate_teacher_loss, random_selection, selection_generator
 from litgpt_vocagnolm.methods import GuidanceArgs
-from test_loss import guided_loss_of_logits
+from test_loss import guided_loss_of_logits, one_teacher_weights
 
 WORLD = 2
 SETTINGS = [(top_k, aggregation) for top_k in (0.1, 0.4, 1.0) for aggregation in ("max", "mean")]
@@ -59,7 +59,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         results = {}
         for top_k, aggregation in SETTINGS:
             options = dict(top_k=top_k, aggregation=aggregation, scope="global", all_gather=all_gather, rank=rank)
-            results[f"weights {top_k} {aggregation}"] = teacher_guided_weights(
+            results[f"weights {top_k} {aggregation}"] = one_teacher_weights(
                 x["ls"], x["lt"], x["ranges"], x["valid"], unmapped="exclude", **options
             )
             args = GuidanceArgs(top_k=top_k, aggregation=aggregation, scope="global")
@@ -85,7 +85,7 @@ def test_global_scope_across_two_processes_equals_the_concatenated_batch(tmp_pat
     per_rank = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
     whole = {name: torch.cat([shard(rank)[name] for rank in range(WORLD)]) for name in shard(0)}
     for top_k, aggregation in SETTINGS:
-        expected = teacher_guided_weights(
+        expected = one_teacher_weights(
             whole["ls"], whole["lt"], whole["ranges"], whole["valid"],
             top_k=top_k, aggregation=aggregation, unmapped="exclude", scope="batch",
         )
@@ -96,7 +96,7 @@ def test_global_scope_across_two_processes_equals_the_concatenated_batch(tmp_pat
         # each rank alone would select a different set: the cross-rank ranking matters
         if top_k < 1:
             alone = torch.cat([
-                teacher_guided_weights(
+                one_teacher_weights(
                     *(shard(rank)[name] for name in ("ls", "lt", "ranges", "valid")),
                     top_k=top_k, aggregation=aggregation, unmapped="exclude",
                 )

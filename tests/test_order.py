@@ -117,8 +117,8 @@ def test_the_loader_reads_the_order_with_any_number_of_workers(tinyllama_mistral
     for k in range(4):  # its first micro-batch, positions N - 2 to N, straddles the epoch's end
         begin = position + (2 * k + 1) * 3
         expected = np.stack([stored["train"][i] for i in order.blocks(begin, begin + 3)])
-        assert torch.equal(next(batches)["input_ids"], torch.from_numpy(expected[:, :-1]))
-    val = [batch["input_ids"] for batch in val_loader(data, rank=0, world_size=2)]
+        assert torch.equal(next(batches).input_ids, torch.from_numpy(expected[:, :-1]))
+    val = [batch.input_ids for batch in val_loader(data, rank=0, world_size=2)]
     expected = [np.stack(stored["val"][i : i + 3]) for i in range(0, len(stored["val"]), 6)]
     assert [tuple(b.shape) for b in val] == [(len(e), 64) for e in expected]
     assert all(torch.equal(b, torch.from_numpy(e[:, :-1])) for b, e in zip(val, expected))

@@ -17,8 +17,8 @@ from litgpt_vocagnolm.checks import check_setup
 from litgpt_vocagnolm.data import VocAgnoData, byte_tables
 from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.loss import TokenBytes, teacher_reference
-from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
-from litgpt_vocagnolm.recipe import forward_and_loss
+from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
+from litgpt_vocagnolm.recipe import Guide, forward_and_loss
 from litgpt_vocagnolm.teacher import TeacherArgs
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
@@ -118,7 +118,7 @@ def test_byte_is_refused_where_no_teacher_loss_ranks_and_needs_the_bytes():
     ls, valid = torch.rand(1, 3), torch.ones(1, 3, dtype=torch.bool)
     ranges = torch.tensor([[[0, 1], [1, 2], [2, 3]]])
     with pytest.raises(ValueError, match="needs token_bytes"):
-        guided_loss(GuidanceArgs(compare="byte"), ls, valid, teacher_loss=torch.rand(1, 3), ranges=ranges)
+        GuidedLoss(GuidanceArgs(compare="byte"))(ls, valid, LossInputs([torch.rand(1, 3)], [ranges]))
 
 
 def test_setup_wants_each_teachers_tokenizer_for_byte(tinyllama_qwen_data):
@@ -149,23 +149,25 @@ def test_the_training_step_looks_up_each_tokens_bytes(tinyllama_qwen_data):
     data = VocAgnoData(tinyllama_qwen_data, num_workers=0)
     data.connect(batch_size=2, max_seq_length=64)
     batch = next(iter(data.train_dataloader()))
-    batch["teacher_loss"] = torch.rand(batch["teacher_ids"].shape).masked_fill(~batch["teacher_valid"], math.nan)
+    (side,) = batch.teachers
+    side = side._replace(loss=torch.rand(side.ids.shape).masked_fill(~side.valid, math.nan))
+    batch = batch._replace(teachers=[side])
     student = GPT(tiny_config("s", 32000, block_size=64))
     tables = byte_tables(TINYLLAMA, [QWEN], torch.device("cpu"))
-    loss_sum, weight_sum, _ = forward_and_loss(student, [], batch, GuidanceArgs(compare="byte"), byte_tables=tables)
+    guide = Guide([], GuidedLoss(GuidanceArgs(compare="byte"), byte_tables=tables))
+    loss_sum, weight_sum, _ = forward_and_loss(student, guide, batch)
 
     tinyllama, qwen = load_tokenizer(TINYLLAMA), load_tokenizer(QWEN)
-    targets, valid = batch["targets"], batch["targets"] != -100
+    targets, valid = batch.targets, batch.targets != -100
     token_bytes = TokenBytes(
         torch.tensor([[piece_bytes(tinyllama, int(t), False) if t >= 0 else 0 for t in row] for row in targets]),
-        [torch.tensor([[piece_bytes(qwen, int(t), True) for t in row] for row in batch["teacher_ids"]])],
+        [torch.tensor([[piece_bytes(qwen, int(t), True) for t in row] for row in side.ids])],
     )
     with torch.no_grad():
-        ls = student(batch["input_ids"], targets=targets)
-    inputs = dict(teacher_loss=batch["teacher_loss"], ranges=batch["ranges"])
-    expected_sum, expected_weight, _ = guided_loss(GuidanceArgs(compare="byte"), ls, valid, token_bytes=token_bytes,
-                                                   **inputs)  # fmt: skip
+        ls = student(batch.input_ids, targets=targets)
+    inputs = LossInputs([side.loss], [side.ranges], token_bytes=token_bytes)
+    expected_sum, expected_weight, _ = GuidedLoss(GuidanceArgs(compare="byte"))(ls, valid, inputs)
     assert weight_sum == expected_weight and torch.allclose(loss_sum, expected_sum)
-    per_token_sum, per_token_weight, _ = guided_loss(GuidanceArgs(), ls, valid, **inputs)
+    per_token_sum, per_token_weight, _ = GuidedLoss(GuidanceArgs())(ls, valid, inputs)
     assert per_token_weight == weight_sum  # as many tokens (the top-k of the same mapped ones) ...
     assert not torch.allclose(per_token_sum, loss_sum)  # ... but others

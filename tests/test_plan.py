@@ -11,7 +11,7 @@ from litgpt.config import Config
 
 from litgpt_vocagnolm.distributed import FSDPArgs
 from litgpt_vocagnolm.model_configs import llama_config
-from litgpt_vocagnolm.plan import estimate_memory, matmul_parameters, parameters
+from litgpt_vocagnolm.plan import StepShape, estimate_memory, matmul_parameters, parameters
 
 
 PAPER_RECIPE = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b-instruct.yaml"
@@ -54,11 +54,9 @@ def test_estimate_is_within_15_percent_of_the_measured_peak(activation_checkpoin
     for kind in ("ce", "online", "cached", "score"):
         setting = bench.Setting("t", student, teacher, 4, 512, 600, activation_checkpointing)
         measured, _, _ = bench.measure(fabric, setting, kind, whole_logits=False)
-        estimate = estimate_memory(
-            student, teacher if kind in ("online", "score") else None, micro_batch=4, seq_len=512, window=600,
-            train=kind != "score", activation_checkpointing=activation_checkpointing, fused_optimizer=False,
-            workspace=False,
-        )  # fmt: skip
+        step = StepShape(4, 512, 600, train=kind != "score", activation_checkpointing=activation_checkpointing,
+                         fused_optimizer=False, workspace=False)  # fmt: skip
+        estimate = estimate_memory(student, [teacher] if kind in ("online", "score") else [], step)
         assert 0.85 <= estimate.total / measured <= 1.15, (kind, estimate, measured)
 
 
@@ -79,9 +77,9 @@ def test_plan_command_on_the_paper_recipe():
     student, teacher = Config.from_name("tiny-llama-1.1b"), Config.from_name("Qwen2.5-Math-7B-Instruct")
 
     def total(micro_batch: int) -> float:  # the recipe's layout and its 1024 / (32 x 8) = 4 micro-batches per step
-        return estimate_memory(student, teacher, micro_batch=micro_batch, seq_len=2048, window=1900, world_size=32,
-                               num_nodes=4, layout=FSDPArgs(teacher="replicate", student="hybrid"),
-                               accumulation=4, compiled=True).total  # fmt: skip
+        step = StepShape(micro_batch, 2048, 1900, world_size=32, num_nodes=4, accumulation=4, compiled=True,
+                         layout=FSDPArgs(teacher="replicate", student="hybrid"))  # fmt: skip
+        return estimate_memory(student, [teacher], step).total
 
     assert total(largest) <= 80e9 < total(largest + 1)  # the largest, by the same estimate (the recipe compiles)
     assert re.search(r"replicate +hybrid .* <- chosen <- fastest that fits", out.stdout)  # the recipe's own layout
@@ -111,8 +109,7 @@ def test_estimate_gives_the_peaks_measured_on_an_h100_compiled_and_eager(micro_b
     register()
     student, teacher = Config.from_name("tiny-llama-1.1b"), Config.from_name("Qwen2.5-Math-7B")
     for compiled, measured in ((True, compiled_gb), (False, eager_gb)):
-        estimate = estimate_memory(student, teacher, micro_batch=micro_batch, seq_len=2048, window=2560,
-                                   compiled=compiled).total  # fmt: skip
+        estimate = estimate_memory(student, [teacher], StepShape(micro_batch, 2048, 2560, compiled=compiled)).total
         assert 1.0 <= estimate / (measured * 1e9) <= 1.04, (compiled, estimate / 1e9, measured)
 
 

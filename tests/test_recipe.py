@@ -477,7 +477,8 @@ def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_
     with Table 1's same-vocabulary teacher, Llemma (32,016 tokens: TinyLlama's 32,000 and 16 more)."""
     from litgpt_vocagnolm.data import VocAgnoData
     from litgpt_vocagnolm.gpt import GPT
-    from litgpt_vocagnolm.recipe import forward_and_loss
+    from litgpt_vocagnolm.methods import GuidedLoss
+    from litgpt_vocagnolm.recipe import Guide, forward_and_loss
 
     same_vocab = method in ("rho1", "kld")
     guidance = GuidanceArgs(method=method, num_chunks=4)
@@ -490,10 +491,10 @@ def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_
     student, teacher = GPT(tiny_config("s", 32000, block_size=64)), GPT(tiny_config("t", teacher_vocab, block_size=256))
     teacher.requires_grad_(False)
     generator = torch.Generator().manual_seed(0)
-    loss_sum, weight_sum, metrics = forward_and_loss(student, [teacher], batch, guidance, generator=generator,
-                                                     vocab_size=data.manifest["student"]["vocab_size"])  # fmt: skip
+    guide = Guide([teacher], GuidedLoss(guidance, vocab_size=data.manifest["student"]["vocab_size"]))
+    loss_sum, weight_sum, metrics = forward_and_loss(student, guide, batch, generator=generator)
     loss_sum.backward()
-    valid = (batch["targets"] != -100).sum()
+    valid = (batch.targets != -100).sum()
     assert torch.isfinite(loss_sum) and 0 < weight_sum <= valid
     if method in ("vocagnolm", "chunk", "random", "rho1"):  # trains ceil(0.4 * mapped) plus the unmapped tokens
         mapped = round(metrics["mapped_fraction"].item() * valid.item())

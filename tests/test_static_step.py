@@ -43,8 +43,9 @@ def test_windows_are_padded_to_one_length_per_run(tinyllama_qwen_data):
     assert width % 64 == 0 and width - 64 < data.manifest["teacher_max_length"] <= width
     lengths = set()
     for k, batch in enumerate(data.train_dataloader()):
-        assert batch["teacher_ids"].shape == (2, width)
-        lengths.add(int(batch["teacher_valid"].sum(1).max()))
+        (side,) = batch.teachers
+        assert side.ids.shape == (2, width)
+        lengths.add(int(side.valid.sum(1).max()))
         if k == 20:
             break
     assert len(lengths) > 3  # the windows do vary: a batch's longest would have given as many shapes

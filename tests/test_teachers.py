@@ -16,10 +16,15 @@ from test_teacher_cache import score
 from litgpt_vocagnolm.data import BlockDataset, VocAgnoData
 from litgpt_vocagnolm.checks import check_setup
 from litgpt_vocagnolm.gpt import GPT
-from litgpt_vocagnolm.loss import aggregate_teacher_loss, teacher_guided_weights, teacher_reference
-from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
-from litgpt_vocagnolm.recipe import forward_and_loss
+from litgpt_vocagnolm.loss import SelectionArgs, aggregate_teacher_loss, teacher_guided_weights, teacher_reference
+from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
+from litgpt_vocagnolm.recipe import Guide, forward_and_loss
 from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
+
+
+def guided_loss(args: GuidanceArgs, ls: torch.Tensor, valid: torch.Tensor, **inputs) -> tuple:
+    """`GuidedLoss` of one process on a micro-batch's `LossInputs` (given by name)."""
+    return GuidedLoss(args)(ls, valid, LossInputs(**inputs))
 
 
 @st.composite
@@ -90,9 +95,9 @@ def test_one_teacher_gives_exactly_the_single_teacher_weights(case, aggregation,
     if unmapped == "include":
         expected[(valid & ~mapped).flatten()] = 1.0
     expected = expected.view_as(ls)
-    options = dict(top_k=top_k, aggregation=aggregation, unmapped=unmapped)
-    for lts, rangess in ((lt, ranges), ([lt], [ranges]), ([lt, lt], [ranges, ranges])):
-        assert torch.equal(teacher_guided_weights(ls, lts, rangess, valid, combine=combine, **options), expected)
+    options = SelectionArgs(top_k=top_k, aggregation=aggregation, unmapped=unmapped, combine=combine)
+    for lts, rangess in (([lt], [ranges]), ([lt, lt], [ranges, ranges])):
+        assert torch.equal(teacher_guided_weights(ls, lts, rangess, valid, options), expected)
     assert torch.equal(teacher_reference([lt, lt], [ranges, ranges], aggregation, combine)[0], reference)
 
 
@@ -101,8 +106,8 @@ def test_one_teacher_gives_exactly_the_single_teacher_weights(case, aggregation,
 def test_metrics_say_which_teacher_set_the_reference_of_the_selected_tokens(case, combine):
     ls, losses, ranges, valid = case
     args = GuidanceArgs(combine=combine, top_k=0.5)
-    _, _, metrics = guided_loss(args, ls, valid, teacher_loss=losses, ranges=ranges)
-    weights = teacher_guided_weights(ls, losses, ranges, valid, top_k=0.5, combine=combine)
+    _, _, metrics = guided_loss(args, ls, valid, teacher_losses=losses, ranges=ranges)
+    weights = teacher_guided_weights(ls, losses, ranges, valid, SelectionArgs(top_k=0.5, combine=combine))
     _, mapped, best = brute_force_reference(losses, ranges, "max", combine)
     selected = (weights > 0) & valid & mapped
     shares = [metrics.get(f"reference_share_{k}") for k in range(len(losses))]
@@ -148,11 +153,11 @@ def test_batches_carry_each_teachers_window_and_ranges(tinyllama_qwen_data, tiny
         data.connect(batch_size=3, max_seq_length=64)
     pairs = zip(both.train_dataloader(), alone.train_dataloader())  # the same shuffle seed: the same blocks
     for _, (batch, mistral) in zip(range(4), pairs):
-        assert torch.equal(batch["input_ids"], mistral["input_ids"])
-        (side,) = batch["more_teachers"]
-        for key in ("teacher_ids", "teacher_valid", "ranges"):
-            assert torch.equal(side[key], mistral[key])
-        assert batch["teacher_ids"].max() > 32000  # the first teacher's windows are Qwen2.5's
+        assert torch.equal(batch.input_ids, mistral.input_ids)
+        (qwen, side), (alone,) = batch.teachers, mistral.teachers
+        for key in ("ids", "valid", "ranges"):
+            assert torch.equal(getattr(side, key), getattr(alone, key))
+        assert qwen.ids.max() > 32000  # the first teacher's windows are Qwen2.5's
 
 
 def test_data_of_another_corpus_or_length_is_refused(tmp_path, tinyllama_qwen_data, gsm8k_sample):
@@ -213,13 +218,13 @@ def test_online_teachers_score_their_own_windows(tinyllama_qwen_data, tinyllama_
         teachers.append(teacher.requires_grad_(False).eval())
     student = GPT(tiny_config("s", 32000, block_size=64))
     guidance = GuidanceArgs(combine="min")
-    loss_sum, weight_sum, got = forward_and_loss(student, teachers, batch, guidance)
+    loss_sum, weight_sum, got = forward_and_loss(student, Guide(teachers, GuidedLoss(guidance)), batch)
     with torch.no_grad():
-        sides = [batch, batch["more_teachers"][0]]
-        losses = [teacher_token_loss(t, s["teacher_ids"], s["teacher_valid"]) for t, s in zip(teachers, sides)]
-        ls = student(batch["input_ids"], targets=batch["targets"])
+        sides = batch.teachers
+        losses = [teacher_token_loss(t, s.ids, s.valid) for t, s in zip(teachers, sides, strict=True)]
+        ls = student(batch.input_ids, targets=batch.targets)
     expected_sum, expected_weight, expected = guided_loss(
-        guidance, ls, batch["targets"] != -100, teacher_loss=losses, ranges=[s["ranges"] for s in sides]
+        guidance, ls, batch.targets != -100, teacher_losses=losses, ranges=[s.ranges for s in sides]
     )
     assert weight_sum == expected_weight and torch.allclose(loss_sum, expected_sum)
     assert got["reference_share_0"] + got["reference_share_1"] == pytest.approx(1.0)

@@ -49,25 +49,8 @@ def check_run_args(train: TrainArgs, eval: EvalArgs, devices: int | str, num_nod
     at_least("--eval.max_iters", eval.max_iters, 0)
 
 
-def check_setup(
-    config: Config,
-    data: DataModule | None,
-    train: TrainArgs,
-    teacher: TeacherArgs,
-    guidance: GuidanceArgs,
-    *,
-    tokenizer_dir: Path | None = None,
-    initial_checkpoint_dir: Path | None = None,
-    resume: bool | Literal["auto"] | Path = False,
-    world_size: int = 1,
-) -> None:
-    """Every configuration error we can see before building a model, each with what to change."""
-    if data is None:
-        raise InvalidArgument(
-            "Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`)."
-        )
-    if isinstance(data, VocAgnoData):
-        data.check_files()  # a missing or cut chunk: now, not when the loader reaches it (hours in)
+def check_start(initial_checkpoint_dir: Path | None, resume: bool | Literal["auto"] | Path) -> None:
+    """Where the student starts from: an initial checkpoint or a resumed one, each readable, not both."""
     if initial_checkpoint_dir is not None and resume not in (False, "auto"):
         raise InvalidArgument(
             "Can't provide both --resume and --initial_checkpoint_dir. Choose one, or --resume auto: it starts from"
@@ -77,6 +60,26 @@ def check_setup(
         check_checkpoint_dir(initial_checkpoint_dir, what="--initial_checkpoint_dir")
     if isinstance(resume, Path):
         check_resume_path(resume)  # refused, unreadable or damaged: fail now, naming the file
+
+
+def check_setup(
+    config: Config,
+    data: DataModule | None,
+    train: TrainArgs,
+    teacher: TeacherArgs,
+    guidance: GuidanceArgs,
+    *,
+    tokenizer_dir: Path | None = None,
+    world_size: int = 1,
+) -> None:
+    """Every configuration error we can see before building a model, each with what to change (where the student
+    starts from: `check_start`)."""
+    if data is None:
+        raise InvalidArgument(
+            "Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`)."
+        )
+    if isinstance(data, VocAgnoData):
+        data.check_files()  # a missing or cut chunk: now, not when the loader reaches it (hours in)
     if train.max_tokens is None or train.max_norm is None:
         raise InvalidArgument("The recipe needs --train.max_tokens and --train.max_norm.")
     if train.epochs is not None:

@@ -10,7 +10,7 @@ import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Optional, Sequence
+from typing import Any, Iterator, Literal, NamedTuple, Optional, Sequence
 
 import litdata.helpers
 import numpy as np
@@ -80,7 +80,7 @@ class BlockDataset(StreamingDataset):
     (looked up by the block's index in the split, in the loader's worker processes).
 
     With further teachers (`others`: for each, its prepared data and loss cache or None), each item also carries, as
-    "more_teachers", their blocks at the same index: the same student tokens (checked on every read; a mismatch fails,
+    "others", their blocks at the same index: the same student tokens (checked on every read; a mismatch fails,
     naming the block) with that teacher's window, ranges and cached losses.
     """
 
@@ -114,8 +114,8 @@ class BlockDataset(StreamingDataset):
         if self.teacher_losses is not None:
             item["teacher_loss"] = self.teacher_losses[position]
         if self.others:
-            item["more_teachers"] = [other[position] for other in self.others]
-            for other, block in zip(self.others, item["more_teachers"]):
+            item["others"] = [other[position] for other in self.others]
+            for other, block in zip(self.others, item["others"]):
                 if not np.array_equal(block["student_ids"], item["student_ids"]):
                     raise InvalidArgument(
                         f"Block {position} of {other.path / self.split} holds other student tokens than block"
@@ -217,38 +217,92 @@ def iter_blocks(path: Path, split: Literal["train", "val"] = "train") -> Iterato
         yield decode_block(item, block_tokens(manifest))
 
 
+class TeacherSide(NamedTuple):
+    """One teacher's part of a batch (B = batch size, T = max_seq_length, M = that teacher's padded window)."""
+
+    ids: torch.Tensor
+    """(B, M) long: the teacher's windows, padded with 0."""
+    valid: torch.Tensor
+    """(B, M) bool: False on that padding."""
+    ranges: torch.Tensor
+    """(B, T, 2) long: for each target token, the range `[a, b)` of window positions in its row whose characters
+    cover it; `a == b`: unmapped."""
+    loss: Optional[torch.Tensor] = None
+    """(B, M) float32, from a teacher loss cache (`VocAgnoData.connect`'s `teacher_caches`): its per-token losses, NaN
+    where unavailable; None without a cache."""
+
+
+class Batch(NamedTuple):
+    """A training micro-batch: the student's tokens and one side per teacher, the same for one teacher and several."""
+
+    input_ids: torch.Tensor
+    """(B, T) long: student tokens."""
+    targets: torch.Tensor
+    """(B, T) long: the next student tokens, -100 on padding."""
+    teachers: list[TeacherSide]
+    """One per teacher, in the order of `VocAgnoData.paths`; empty for plain LitGPT data."""
+    num_bytes: Optional[torch.Tensor] = None
+    """(B,) long: UTF-8 bytes of the text the targets cover (for bits per byte); None for plain LitGPT data."""
+
+    @classmethod
+    def of(cls, loaded: Any) -> "Batch":
+        """What a loader yields, as a batch: `VocAgnoData`'s are; a plain LitGPT data module's (B, T + 1) token
+        blocks (`ce` only) have no teacher side."""
+        if isinstance(loaded, Batch):
+            return loaded
+        return cls(loaded[:, :-1].long(), loaded[:, 1:].long(), [])
+
+    def to(self, device: torch.device) -> "Batch":
+        """The batch with every tensor on `device`."""
+
+        def move(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            return None if tensor is None else tensor.to(device)
+
+        teachers = [TeacherSide(*map(move, side)) for side in self.teachers]
+        return Batch(move(self.input_ids), move(self.targets), teachers, move(self.num_bytes))
+
+
 def collate_blocks(
     items: list[dict[str, Any]],
     block_tokens: int,
     num_chunks: Optional[int] = None,
     windows: Optional[Sequence[int]] = None,
-) -> dict[str, torch.Tensor]:
-    """Stored blocks -> a batch; see `VocAgnoData` for the shapes. `num_chunks` replaces the ranges by chunk alignment
-    (the `chunk` baseline); `windows` pads each teacher's windows to that length (one per teacher, `padded_window`),
-    by default to the batch's longest."""
-    windows = windows or [None] * (1 + len(items[0].get("more_teachers", ())))
-    blocks = [decode_block(item, block_tokens) for item in items]
-    student_ids = torch.from_numpy(np.stack([block["student_ids"] for block in blocks]))  # (B, T + 1)
-    padding = torch.arange(block_tokens) >= torch.tensor([block["num_tokens"] for block in blocks])[:, None]
-    batch = {
-        "input_ids": student_ids[:, :-1],
-        "targets": student_ids[:, 1:].masked_fill(padding[:, 1:], -100),
-        **teacher_batch(items, blocks, num_chunks, windows[0]),
-        "num_bytes": torch.tensor([block["num_bytes"] for block in blocks]),
-    }
-    if "more_teachers" in items[0]:  # further teachers' blocks (BlockDataset's `others`), one list per teacher
-        batch["more_teachers"] = [
-            teacher_batch(more, [decode_block(item, block_tokens) for item in more], num_chunks, width)
-            for more, width in zip(zip(*(item["more_teachers"] for item in items)), windows[1:], strict=True)
-        ]
-    return batch
+) -> Batch:
+    """Stored blocks, as `BlockDataset` yields them (each with its further teachers' blocks under "others") -> a batch;
+    see `batch_of_blocks`."""
+    teachers = [items, *map(list, zip(*(item.get("others", ()) for item in items)))]
+    return batch_of_blocks(teachers, block_tokens, num_chunks, windows)
 
 
-def teacher_batch(
+def batch_of_blocks(
+    teachers: Sequence[Sequence[dict[str, Any]]],
+    block_tokens: int,
+    num_chunks: Optional[int] = None,
+    windows: Optional[Sequence[int]] = None,
+) -> Batch:
+    """One list of stored blocks per teacher (the same student tokens row by row, each teacher's windows) -> a batch.
+    `num_chunks` replaces the ranges by chunk alignment (the `chunk` baseline); `windows` pads each teacher's windows
+    to that length (one per teacher, `padded_window`), by default to the batch's longest."""
+    windows = windows or [None] * len(teachers)
+    blocks = [[decode_block(item, block_tokens) for item in items] for items in teachers]
+    student_ids = torch.from_numpy(np.stack([block["student_ids"] for block in blocks[0]]))  # (B, T + 1)
+    padding = torch.arange(block_tokens) >= torch.tensor([block["num_tokens"] for block in blocks[0]])[:, None]
+    return Batch(
+        input_ids=student_ids[:, :-1],
+        targets=student_ids[:, 1:].masked_fill(padding[:, 1:], -100),
+        teachers=[
+            teacher_side(items, decoded, num_chunks, width)
+            for items, decoded, width in zip(teachers, blocks, windows, strict=True)
+        ],
+        num_bytes=torch.tensor([block["num_bytes"] for block in blocks[0]]),
+    )
+
+
+def teacher_side(
     items: Sequence[dict[str, Any]], blocks: list[dict[str, Any]], num_chunks: Optional[int], width: Optional[int]
-) -> dict[str, torch.Tensor]:
+) -> TeacherSide:
     """One teacher's part of a batch: its windows padded to `width` (default: the longest), their padding, the student
-    tokens' ranges into them and, from a loss cache, its per-token losses (shapes in `VocAgnoData`)."""
+    tokens' ranges into them and, from a loss cache, its per-token losses."""
     if num_chunks is not None:
         for block in blocks:
             n = block["num_tokens"]
@@ -263,33 +317,22 @@ def teacher_batch(
     for row, block in enumerate(blocks):
         teacher_ids[row, : len(block["teacher_ids"])] = torch.from_numpy(block["teacher_ids"])
         teacher_valid[row, : len(block["teacher_ids"])] = True
-    side = {
-        "teacher_ids": teacher_ids,
-        "teacher_valid": teacher_valid,
-        "ranges": torch.from_numpy(np.stack([block["ranges"][1:] for block in blocks])),  # (B, T, 2)
-    }
+    ranges = torch.from_numpy(np.stack([block["ranges"][1:] for block in blocks]))  # (B, T, 2)
+    loss = None
     if "teacher_loss" in items[0]:  # from a teacher loss cache
-        side["teacher_loss"] = torch.full((len(blocks), width), float("nan"))  # (B, M)
+        loss = torch.full((len(blocks), width), float("nan"))  # (B, M)
         for row, item in enumerate(items):
-            side["teacher_loss"][row, : len(item["teacher_loss"])] = torch.from_numpy(item["teacher_loss"])
-    return side
+            loss[row, : len(item["teacher_loss"])] = torch.from_numpy(item["teacher_loss"])
+    return TeacherSide(teacher_ids, teacher_valid, ranges, loss)
 
 
 @dataclass
 class VocAgnoData(DataModule):
     """Blocks prepared by `vocagnolm prepare`, streamed with LitData: `--data VocAgnoData --data.path DIR`.
 
-    Loaders yield dicts (B = batch size, T = max_seq_length, M = the run's padded window, `padded_window`):
-        input_ids      (B, T) long    student tokens
-        targets        (B, T) long    the next student tokens, -100 on padding
-        teacher_ids    (B, M) long    teacher windows, padded with 0
-        teacher_valid  (B, M) bool    False on that padding
-        ranges         (B, T, 2) long for each target token, the range `[a, b)` of teacher positions in its row
-                                      whose characters cover it; `a == b`: unmapped
-        num_bytes      (B,) long      UTF-8 bytes of the text the targets cover (for bits per byte)
-        teacher_loss   (B, M) float32 with `teacher_caches` connected: the cached teacher losses, NaN where unavailable
-        more_teachers  with `other_teachers`: for each further teacher, a dict of its own teacher_ids, teacher_valid,
-                       ranges (and teacher_loss), as above, M its own padded window
+    Loaders yield `Batch`es: the student's input_ids and targets, num_bytes, and one `TeacherSide` per teacher (its
+    windows padded to the run's `padded_window`, their validity, the ranges into them and, with `teacher_caches`
+    connected, the cached losses): `path`'s teacher first, then each of `other_teachers`.
     The recipe reads both splits through `order.train_loader` and `order.val_loader`: one global order of the blocks
     from the seed, consumed by a count of blocks whatever the number of processes. `train_dataloader` and
     `val_dataloader` are LitData's own streaming loaders (its shuffle, blocks dealt to ranks by their number), for

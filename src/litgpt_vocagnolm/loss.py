@@ -10,6 +10,7 @@ Selection runs under `no_grad`: weights carry no gradient, only the student's pe
 """
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Literal, NamedTuple, Sequence, get_args
 
 import numpy as np
@@ -45,7 +46,7 @@ class TokenBytes(NamedTuple):
 
 
 def check_top_k(top_k: float, what: str = "top_k") -> None:
-    """The one range check of `top_k`, where it enters (`GuidanceArgs`, `teacher_guided_weights`): 0 selects none of
+    """The one range check of `top_k`, where it enters (`GuidanceArgs`, `SelectionArgs`): 0 selects none of
     the mapped tokens, 1 all of them."""
     if not 0 <= top_k <= 1:
         raise InvalidArgument(f"{what} must be in [0, 1] (the paper uses 0.4), got {top_k}")
@@ -103,23 +104,10 @@ def aggregate_teacher_loss(lt: Tensor, ranges: Tensor, aggregation: Aggregation 
     return torch.where(mapped, agg, 0.0), mapped
 
 
-def per_teacher(values: Tensor | Sequence[Tensor]) -> list[Tensor]:
-    """One tensor per teacher: a bare tensor is the one teacher's."""
-    return [values] if isinstance(values, Tensor) else list(values)
-
-
-def one_or_several(values: Tensor | Sequence[Tensor] | None) -> Tensor | list[Tensor] | None:
-    """A tensor for one teacher (a list of one included), a list for several, None for none."""
-    if values is None:
-        return None
-    values = per_teacher(values)
-    return values[0] if len(values) == 1 else values
-
-
 @torch.no_grad()
 def teacher_reference(
-    lt: Tensor | Sequence[Tensor],
-    ranges: Tensor | Sequence[Tensor],
+    lts: Sequence[Tensor],
+    ranges: Sequence[Tensor],
     aggregation: Aggregation = "max",
     combine: Combine = "min",
     token_bytes: TokenBytes | None = None,
@@ -137,9 +125,9 @@ def teacher_reference(
     teacher's, this is the per-token reference again.
 
     Args:
-        lt: (B, M_k) teacher per-token loss for each teacher k (NaN where unavailable), or one (B, M) tensor; the
-            teachers' windows may differ in length.
-        ranges: (B, T, 2) for each teacher, into its window (a == e: unmapped), or one tensor.
+        lts: (B, M_k) teacher per-token loss for each teacher k (NaN where unavailable); the teachers' windows may
+            differ in length.
+        ranges: (B, T, 2) for each teacher, into its window (a == e: unmapped).
         aggregation: "max" or "mean" over a range.
         combine: "min" or "mean" across teachers.
         token_bytes: compare per byte (see above): the bytes of the student's targets (B, T) and of each teacher's
@@ -148,9 +136,8 @@ def teacher_reference(
     Returns: `reference` (B, T) float32, 0 where unmapped; `mapped` (B, T) bool; `best` (B, T) long, the teacher with
         the lowest aggregate on the token (the first of equals; per byte with `token_bytes`), -1 where unmapped.
     """
-    lts, rangess = per_teacher(lt), per_teacher(ranges)
-    if not lts or len(lts) != len(rangess):
-        raise ValueError(f"one ranges tensor per teacher loss: got {len(lts)} losses and {len(rangess)} ranges")
+    if not lts or len(lts) != len(ranges):
+        raise ValueError(f"one ranges tensor per teacher loss: got {len(lts)} losses and {len(ranges)} ranges")
     if combine not in get_args(Combine):
         raise ValueError(f"combine must be one of {get_args(Combine)}, got {combine!r}")
     if token_bytes is not None:
@@ -158,7 +145,7 @@ def teacher_reference(
             raise ValueError(f"token_bytes has {len(token_bytes.teachers)} teachers' bytes for {len(lts)} teachers")
         lts = [torch.where(size > 0, loss.float() / size.clamp(min=1), math.nan)  # nats per byte of each token
                for loss, size in zip(lts, token_bytes.teachers)]  # fmt: skip
-    aggregates, maps = zip(*(aggregate_teacher_loss(loss, r, aggregation) for loss, r in zip(lts, rangess)))
+    aggregates, maps = zip(*(aggregate_teacher_loss(loss, r, aggregation) for loss, r in zip(lts, ranges)))
     each, mapped_by = torch.stack(aggregates), torch.stack(maps)  # (K, B, T) each
     mapped = mapped_by.any(0)  # (B, T)
     lowest, best = torch.where(mapped_by, each, math.inf).min(0)  # (B, T) each
@@ -273,65 +260,72 @@ def select(
     return keep.float(), candidate, selected
 
 
+@dataclass(frozen=True)
+class SelectionArgs:
+    """How the top-k chooses the tokens a selecting method trains (`methods.GuidanceArgs.selection` for a run)."""
+
+    top_k: float = 0.4
+    """Fraction of the valid mapped tokens selected: exactly ceil(top_k * n_mapped) per scope."""
+    aggregation: Aggregation = "max"
+    """"max" or "mean" of the teacher losses in a range."""
+    unmapped: Unmapped = "include"
+    """"include" trains valid unmapped tokens (weight 1), "exclude" does not."""
+    scope: Scope = "batch"
+    """Where the top-k is ranked (`select_top_k`)."""
+    combine: Combine = "min"
+    """Several teachers: "min" or "mean" of their aggregated losses is the reference (`teacher_reference`)."""
+
+    def __post_init__(self) -> None:
+        check_top_k(self.top_k)
+
+
 @torch.no_grad()
 def teacher_guided_selection(
     ls: Tensor,
-    lt: Tensor | Sequence[Tensor],
-    ranges: Tensor | Sequence[Tensor],
+    lts: Sequence[Tensor],
+    ranges: Sequence[Tensor],
     valid: Tensor,
+    args: SelectionArgs = SelectionArgs(),
     *,
-    top_k: float = 0.4,
-    aggregation: Aggregation = "max",
-    unmapped: Unmapped = "include",
-    scope: Scope = "batch",
     all_gather: AllGather | None = None,
     rank: int = 0,
-    combine: Combine = "min",
     token_bytes: TokenBytes | None = None,
 ) -> Selection:
-    """`teacher_guided_weights` with what it computed on the way (for metrics); same arguments."""
-    reference, mapped, best = teacher_reference(lt, ranges, aggregation, combine, token_bytes)
+    """VocAgnoLM's selection: the top-k valid mapped tokens by excess loss `ls - agg(lt[range])`, and what it computed
+    on the way (for metrics). `teacher_guided_weights` documents the arguments."""
+    reference, mapped, best = teacher_reference(lts, ranges, args.aggregation, args.combine, token_bytes)
     excess = ls.float() - reference
-    weights, candidate, selected = select(excess, valid, mapped, top_k=top_k, unmapped=unmapped, scope=scope,
-                                          all_gather=all_gather, rank=rank)  # fmt: skip
+    weights, candidate, selected = select(excess, valid, mapped, top_k=args.top_k, unmapped=args.unmapped,
+                                          scope=args.scope, all_gather=all_gather, rank=rank)  # fmt: skip
     return Selection(weights, candidate, selected, reference, excess, best)
 
 
 def teacher_guided_weights(
     ls: Tensor,
-    lt: Tensor | Sequence[Tensor],
-    ranges: Tensor | Sequence[Tensor],
+    lts: Sequence[Tensor],
+    ranges: Sequence[Tensor],
     valid: Tensor,
+    args: SelectionArgs = SelectionArgs(),
     *,
-    top_k: float = 0.4,
-    aggregation: Aggregation = "max",
-    unmapped: Unmapped = "include",
-    scope: Scope = "batch",
     all_gather: AllGather | None = None,
     rank: int = 0,
-    combine: Combine = "min",
     token_bytes: TokenBytes | None = None,
 ) -> Tensor:
     """VocAgnoLM's token weights: the top-k valid mapped tokens by excess loss `ls - agg(lt[range])`.
 
     Args:
         ls: (B, T) student per-token loss (its gradient is not used).
-        lt: (B, M) teacher per-token loss, NaN where unavailable; with several teachers, one (B, M_k) per teacher.
-        ranges: (B, T, 2) teacher tokens [a, e) of each student token, a == e unmapped; with several teachers, one
-            per teacher, into its own window.
+        lts: (B, M_k) teacher per-token loss for each teacher k, NaN where unavailable: `[lt]` for one teacher.
+        ranges: (B, T, 2) teacher tokens [a, e) of each student token, a == e unmapped: one per teacher, into its own
+            window.
         valid: (B, T) bool, False for padding.
-        top_k: fraction of the valid mapped tokens selected: exactly ceil(top_k * n_mapped) per scope.
-        aggregation: "max" or "mean" of the teacher losses in a range.
-        unmapped: "include" trains valid unmapped tokens (weight 1), "exclude" does not.
-        scope: where the top-k is ranked; see `select_top_k` (with `all_gather` and `rank` for "global").
-        combine: several teachers: "min" or "mean" of their aggregated losses is the reference (`teacher_reference`).
+        args: top_k, aggregation, unmapped, scope and combine (see `SelectionArgs`).
+        all_gather, rank: scope="global" (see `select_top_k`).
         token_bytes: compare the teachers' losses per byte, not per token (`teacher_reference`).
 
     Returns: (B, T) float32 weights in {0, 1}, no gradient.
     """
-    check_top_k(top_k)
-    return teacher_guided_selection(ls, lt, ranges, valid, top_k=top_k, aggregation=aggregation, unmapped=unmapped,
-                                    scope=scope, all_gather=all_gather, rank=rank, combine=combine,
+    return teacher_guided_selection(ls, lts, ranges, valid, args, all_gather=all_gather, rank=rank,
                                     token_bytes=token_bytes).weights  # fmt: skip
 
 

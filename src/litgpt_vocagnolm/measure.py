@@ -42,11 +42,11 @@ from litgpt.config import Config
 from litgpt.utils import chunked_cross_entropy, instantiate_torch_optimizer
 
 from litgpt_vocagnolm.checkpoints import Checkpointer, load_weights
-from litgpt_vocagnolm.data import MANIFEST, VocAgnoData, byte_tables
+from litgpt_vocagnolm.data import MANIFEST, Batch, TeacherSide, VocAgnoData, byte_tables
 from litgpt_vocagnolm.distributed import checkpoint_activations, compile_blocks
 from litgpt_vocagnolm.flops import forward_flops, training_flops
 from litgpt_vocagnolm.gpt import frozen_model, load_model, new_model
-from litgpt_vocagnolm.recipe import Run, fit
+from litgpt_vocagnolm.recipe import Guide, Run, fit
 from litgpt_vocagnolm.score_teacher import compiles_by_default
 from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
 from litgpt_vocagnolm.teacher_cache import CACHE_MANIFEST
@@ -179,59 +179,45 @@ class Stamped:
         return time.perf_counter() - self.start
 
 
-def to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, dict):
-        return {key: to_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, list):
-        return [to_device(value, device) for value in batch]
-    return batch.to(device)
-
-
-def random_losses(side: dict) -> torch.Tensor:
+def random_losses(side: TeacherSide) -> torch.Tensor:
     """Teacher losses (B, M) float32 as a cache gives them: NaN on each window's first token and on padding."""
-    loss = torch.rand(side["teacher_valid"].shape, device=side["teacher_valid"].device) * 4
+    loss = torch.rand(side.valid.shape, device=side.valid.device) * 4
     loss[:, 0] = float("nan")
-    return loss.masked_fill(~side["teacher_valid"], float("nan"))
+    return loss.masked_fill(~side.valid, float("nan"))
 
 
-def synthetic_batch(setting: Setting, micro_batch: int, losses: bool) -> dict:
+def with_random_losses(batch: Batch) -> Batch:
+    """The batch with random teacher losses on each teacher side (`random_losses`)."""
+    return batch._replace(teachers=[side._replace(loss=random_losses(side)) for side in batch.teachers])
+
+
+def synthetic_batch(setting: Setting, micro_batch: int, losses: bool) -> Batch:
     """A batch of `data.VocAgnoData`'s shapes with random tokens: student token t maps to position t * M // T of each
     teacher's window (M = the plan's window); with `losses`, random teacher losses (`random_losses`)."""
     B, T, M = micro_batch, setting.seq_len, setting.window
     position = torch.arange(T) * M // T  # (T,)
+    ranges = torch.stack([position, position + 1], dim=-1).expand(B, T, 2).contiguous()  # (B, T, 2)
 
-    def side(vocab_size: int) -> dict:
-        side = {
-            "teacher_ids": torch.randint(0, vocab_size, (B, M)),
-            "teacher_valid": torch.ones(B, M, dtype=torch.bool),
-            "ranges": torch.stack([position, position + 1], dim=-1).expand(B, T, 2).contiguous(),  # (B, T, 2)
-        }
-        return {**side, "teacher_loss": random_losses(side)} if losses else side
+    def side(vocab_size: int) -> TeacherSide:
+        side = TeacherSide(torch.randint(0, vocab_size, (B, M)), torch.ones(B, M, dtype=torch.bool), ranges)
+        return side._replace(loss=random_losses(side)) if losses else side
 
     caches = setting.args.teacher.caches
     vocabs = [t.vocab_size for t in setting.teachers] or [1] * max(1, len(caches))  # unknown teachers' ids: unread
-    batch = {
-        "input_ids": torch.randint(0, setting.student.vocab_size, (B, T)),
-        "targets": torch.randint(0, setting.student.vocab_size, (B, T)),
-        **side(vocabs[0]),
-    }
-    if len(vocabs) > 1:
-        batch["more_teachers"] = [side(v) for v in vocabs[1:]]
-    return batch
+    input_ids = torch.randint(0, setting.student.vocab_size, (B, T))
+    targets = torch.randint(0, setting.student.vocab_size, (B, T))
+    return Batch(input_ids, targets, [side(v) for v in vocabs])
 
 
 class WithRandomLosses:
     """A loader's batches with random teacher losses added to each teacher side (`random_losses`)."""
 
-    def __init__(self, batches: Iterable[dict]) -> None:
+    def __init__(self, batches: Iterable[Batch]) -> None:
         self.batches = batches
 
-    def __iter__(self) -> Iterator[dict]:
+    def __iter__(self) -> Iterator[Batch]:
         for batch in self.batches:
-            sides = [batch, *batch.get("more_teachers", [])]
-            for side in sides:
-                side["teacher_loss"] = random_losses(side)
-            yield batch
+            yield with_random_losses(batch)
 
 
 def prepared(setting: Setting) -> VocAgnoData | None:
@@ -242,12 +228,12 @@ def prepared(setting: Setting) -> VocAgnoData | None:
     return None
 
 
-def batches(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int) -> Iterable[dict]:
+def batches(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int) -> Iterable[Batch]:
     """The batches of `work`: the prepared data's, connected as `recipe.main` connects it (with the teachers' loss
     caches for the cached step when they are there, else random losses), or one synthetic batch."""
     data = prepared(setting)
     if data is None:
-        return [to_device(synthetic_batch(setting, micro_batch, losses=work == "cached"), fabric.device)]
+        return [synthetic_batch(setting, micro_batch, losses=work == "cached").to(fabric.device)]
     data, caches = copy.deepcopy(data), setting.args.teacher.caches
     cached = work == "cached" and bool(caches) and all((cache / CACHE_MANIFEST).is_file() for cache in caches)
     online = work == "online" and setting.teachers
@@ -320,9 +306,9 @@ def recipe_step(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int,
         tables = byte_tables(args.tokenizer_dir, args.teacher.checkpoint_dirs, device)
     stamped = Stamped(batches(fabric, setting, work, B), at=warmup * A, memory=memory, device=device)
     state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0, "position": 0}
+    guide = Guide.build(fabric, args.guidance, teachers, vocab_size, tables)
     with contextlib.redirect_stdout(io.StringIO()):  # its log lines: the table below says what they would
-        fit(fabric, state, stamped, [], run, train, eval, args.guidance, teachers=teachers, vocab_size=vocab_size,
-            byte_tables=tables)  # fmt: skip
+        fit(fabric, state, stamped, [], run, train, eval, guide)
     seconds = stamped.seconds_since_start() / timed
     flops = A * training_flops(setting.student, B, T)
     flops += A * sum(forward_flops(t, B, setting.window) for t in setting.teachers) if work == "online" else 0
@@ -374,8 +360,8 @@ def litgpt_step(fabric: L.Fabric, setting: Setting, micro_batch: int) -> Measure
         for k in range(A):
             batch = next(taken)
             with fabric.no_backward_sync(model, enabled=k < A - 1):
-                logits = model(batch["input_ids"])
-                loss = chunked_cross_entropy(logits, batch["targets"])
+                logits = model(batch.input_ids)
+                loss = chunked_cross_entropy(logits, batch.targets)
                 fabric.backward(loss / A)
         fabric.clip_gradients(model, optimizer, max_norm=args.train.max_norm)
         optimizer.step()

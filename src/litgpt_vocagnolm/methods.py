@@ -4,17 +4,19 @@
 Everything else reads the table: `GuidanceArgs` (`--guidance.method` and its `--help`), the recipe's checks and its
 teacher, `vocagnolm plan`, the demo. No other module lists method names.
 
-A method's loss function takes the student's per-token loss and what the batch brought (`LossInputs`) and returns
-each token's loss and weight (`MethodLoss`); `guided_loss` checks the inputs against the table, calls it, and returns
-the weighted loss SUM and the weight SUM. The recipe adds both up over the micro-batches and ranks of one optimizer
-step and divides once, so every trained token weighs the same (docs/design.md, "Teacher-guided loss"):
+A method's entry names the inputs it needs (`LossInputs` fields); its loss function takes the run's `GuidedLoss`
+(arguments, rank, gather, vocabulary, byte tables: bound once), the student's per-token loss and what the micro-batch
+brought, and returns each token's loss and weight (`MethodLoss`). `GuidedLoss` checks the inputs against the table,
+calls it, and returns the weighted loss SUM and the weight SUM. The recipe adds both up over the micro-batches and
+ranks of one optimizer step and divides once, so every trained token weighs the same (docs/design.md, "Teacher-guided
+loss"):
 
     loss = sum(w * ls) / max(sum(w), 1)
 """
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal, NamedTuple, get_args
+from typing import Callable, Literal, NamedTuple, Sequence, get_args
 
 import torch
 from torch import Tensor
@@ -28,11 +30,10 @@ from litgpt_vocagnolm.loss import (
     Compare,
     Scope,
     Selection,
+    SelectionArgs,
     TokenBytes,
     Unmapped,
     check_top_k,
-    one_or_several,
-    per_teacher,
     random_selection,
     selection_metrics,
     teacher_guided_selection,
@@ -41,27 +42,22 @@ from litgpt_vocagnolm.loss import (
 
 
 class LossInputs(NamedTuple):
-    """What a batch brings besides the student's per-token loss; each method uses what its table entry says it needs.
-    With several teachers, `teacher_loss` and `ranges` are lists, one per teacher."""
+    """What one micro-batch brings besides the student's per-token loss (`recipe.loss_inputs` builds it from a batch);
+    a method's table entry names the fields its loss needs (`GuidanceMethod.inputs`). Lists hold one tensor per
+    teacher, in the order of the data (`data.Batch.teachers`)."""
 
-    teacher_loss: Tensor | list[Tensor] | None = None
-    """(B, M) teacher per-token loss, NaN = unavailable."""
-    ranges: Tensor | list[Tensor] | None = None
-    """(B, T, 2) teacher tokens [a, e) of each student token, a == e unmapped."""
+    teacher_losses: list[Tensor] | None = None
+    """(B, M_k) each teacher's per-token loss, NaN = unavailable."""
+    ranges: list[Tensor] | None = None
+    """(B, T, 2) teacher tokens [a, e) of each student token, into each teacher's window, a == e unmapped."""
     logits: Tensor | None = None
     """(B, T, V) student logits, with their gradient (distillation)."""
     teacher_logits: Tensor | None = None
-    """(B, M, Vt) teacher logits over its window (distillation)."""
-    all_gather: AllGather | None = None
-    """scope="global": stacks a tensor from every data-parallel rank (see `loss.select_top_k`)."""
-    rank: int = 0
-    """This process's index in the `all_gather` result."""
-    generator: torch.Generator | None = None
-    """Random draws, on the student loss's device."""
-    vocab_size: int | None = None
-    """The student tokenizer's vocabulary size: the ids a same-vocabulary comparison covers."""
+    """(B, M, Vt) the teacher's logits over its window (distillation)."""
     token_bytes: TokenBytes | None = None
-    """`--guidance.compare byte`: the bytes each student and teacher token covers; None compares per token."""
+    """`--guidance.compare byte`: the bytes each student and teacher token covers (`GuidedLoss.token_bytes`)."""
+    generator: torch.Generator | None = None
+    """random's draws, on the student loss's device (`loss.selection_generator`: seeded by position)."""
 
 
 class MethodLoss(NamedTuple):
@@ -75,7 +71,7 @@ class MethodLoss(NamedTuple):
     """Detached scalars on the device, no host sync."""
 
 
-LossFunction = Callable[["GuidanceArgs", Tensor, Tensor, LossInputs], MethodLoss]
+LossFunction = Callable[["GuidedLoss", Tensor, Tensor, LossInputs], MethodLoss]
 
 
 @dataclass(frozen=True)
@@ -86,11 +82,10 @@ class GuidanceMethod:
     description: str
     """One line for `--help`."""
     loss: LossFunction
-    """(args, ls (B, T), valid (B, T), inputs) -> MethodLoss."""
-    teacher_loss: bool = False
-    """Needs the teacher's per-token loss (the teacher runs on every batch, or its cache is read)."""
-    teacher_logits: bool = False
-    """Needs the teacher's full logits: the teacher runs online (a cache holds only losses)."""
+    """(guided, ls (B, T), valid (B, T), inputs) -> MethodLoss; `guided` (a `GuidedLoss`) holds the run's arguments."""
+    inputs: tuple[str, ...] = ()
+    """The `LossInputs` fields its loss needs: `GuidedLoss` refuses a micro-batch without them, and the recipe
+    produces them (teacher_losses: the teacher runs, or its cache is read; teacher_logits: the teacher runs online)."""
     same_vocabulary: bool = False
     """Compares student and teacher token by token: every student token must have the same id in the teacher's."""
     alignment: Literal["token", "chunk"] | None = None
@@ -99,6 +94,20 @@ class GuidanceMethod:
     """Trains a top-k share of the mapped tokens (uses top_k, aggregation, unmapped, scope)."""
     several_teachers: bool = False
     """Several teachers can guide it (`--data.other_teachers`), combined by `--guidance.combine`."""
+
+    def __post_init__(self) -> None:
+        if unknown := set(self.inputs) - set(LossInputs._fields):
+            raise ValueError(f"method {self.name!r} names inputs that LossInputs lacks: {sorted(unknown)}")
+
+    @property
+    def teacher_loss(self) -> bool:
+        """Needs the teachers' per-token losses (the teacher runs on every batch, or its cache is read)."""
+        return "teacher_losses" in self.inputs
+
+    @property
+    def teacher_logits(self) -> bool:
+        """Needs the teacher's full logits: the teacher runs online (a cache holds only losses)."""
+        return "teacher_logits" in self.inputs
 
     @property
     def needs_teacher(self) -> bool:
@@ -111,73 +120,79 @@ class GuidanceMethod:
         return self.needs_teacher or self.alignment is not None
 
 
-def cross_entropy_only(args: "GuidanceArgs", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
+def cross_entropy_only(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
     """Every valid token, weight 1: naive continual pretraining."""
     return MethodLoss(ls, valid.float(), {})
 
 
-def top_k_by_excess(args: "GuidanceArgs", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
+def top_k_by_excess(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
     """The top-k mapped tokens by excess loss over the teachers' reference (`loss.teacher_guided_selection`)."""
-    selection = teacher_guided_selection(ls.detach(), inputs.teacher_loss, inputs.ranges, valid, top_k=args.top_k,
-                                         aggregation=args.aggregation, unmapped=args.unmapped, scope=args.scope,
-                                         all_gather=inputs.all_gather, rank=inputs.rank, combine=args.combine,
+    selection = teacher_guided_selection(ls.detach(), inputs.teacher_losses, inputs.ranges, valid, guided.selection,
+                                         all_gather=guided.all_gather, rank=guided.rank,
                                          token_bytes=inputs.token_bytes)  # fmt: skip
     return selection_loss(ls, valid, selection, inputs)
 
 
-def paired_top_k_by_excess(args: "GuidanceArgs", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
+def paired_top_k_by_excess(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
     """`top_k_by_excess` with token i paired with teacher token i unless ranges are given (one vocabulary)."""
     if inputs.ranges is None:
-        teacher_loss = inputs.teacher_loss
-        if isinstance(teacher_loss, list) or teacher_loss.shape != ls.shape:
-            shape = [tuple(t.shape) for t in teacher_loss] if isinstance(teacher_loss, list) else tuple(teacher_loss.shape)
+        teacher_losses = inputs.teacher_losses
+        if len(teacher_losses) != 1 or teacher_losses[0].shape != ls.shape:
             raise ValueError(
-                f"guidance.method={args.method!r} pairs token i with teacher token i: teacher_loss must be"
-                f" {tuple(ls.shape)}, got {shape} (pass ranges, or use vocagnolm for different tokenizers)"
+                f"guidance.method={guided.args.method!r} pairs token i with teacher token i: teacher_losses must be"
+                f" one {tuple(ls.shape)} tensor, got {[tuple(t.shape) for t in teacher_losses]} (pass ranges, or use"
+                " vocagnolm for different tokenizers)"
             )
         position = torch.arange(ls.shape[1], device=ls.device)
-        inputs = inputs._replace(ranges=torch.stack([position, position + 1], dim=-1).expand(*ls.shape, 2))
-    return top_k_by_excess(args, ls, valid, inputs)
+        inputs = inputs._replace(ranges=[torch.stack([position, position + 1], dim=-1).expand(*ls.shape, 2)])
+    return top_k_by_excess(guided, ls, valid, inputs)
 
 
 @torch.no_grad()
-def random_tokens(args: "GuidanceArgs", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
+def random_tokens(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
     """As many mapped tokens as the top-k trains, drawn with `inputs.generator`: among the tokens with a teacher loss
     when one is given (reporting the excess it would have ranked by), else among those with a non-empty range."""
-    ranges, teacher_loss = inputs.ranges, inputs.teacher_loss
-    mapped = torch.stack([r[..., 1] > r[..., 0] for r in per_teacher(ranges)]).any(0)  # by any teacher
+    args, ranges, teacher_losses = guided.args, inputs.ranges, inputs.teacher_losses
+    mapped = torch.stack([r[..., 1] > r[..., 0] for r in ranges]).any(0)  # by any teacher
     reference, excess, best = None, None, None
-    if teacher_loss is not None:  # what the teachers would have ranked by, for the metrics
-        reference, mapped, best = teacher_reference(teacher_loss, ranges, args.aggregation, args.combine)
+    if teacher_losses is not None:  # what the teachers would have ranked by, for the metrics
+        reference, mapped, best = teacher_reference(teacher_losses, ranges, args.aggregation, args.combine)
         excess = ls.float() - reference
     selection = random_selection(valid, mapped, args.top_k, args.unmapped, inputs.generator, scope=args.scope,
-                                 all_gather=inputs.all_gather, rank=inputs.rank)  # fmt: skip
+                                 all_gather=guided.all_gather, rank=guided.rank)  # fmt: skip
     return selection_loss(ls, valid, selection._replace(reference=reference, excess=excess, best=best), inputs)
 
 
 def selection_loss(ls: Tensor, valid: Tensor, selection: Selection, inputs: LossInputs) -> MethodLoss:
-    num_teachers = max(len(x) if isinstance(x, list) else 1 for x in (inputs.teacher_loss, inputs.ranges))
-    metrics = selection_metrics(selection, valid.sum().clamp(min=1), num_teachers)
+    metrics = selection_metrics(selection, valid.sum().clamp(min=1), num_teachers(inputs))
     return MethodLoss(ls, selection.weights, metrics)
 
 
-def kld_distillation(args: "GuidanceArgs", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
+def num_teachers(inputs: LossInputs) -> int:
+    """The teachers a micro-batch's inputs speak for (1 without any teacher's)."""
+    return max(1, len(inputs.teacher_losses or ()), len(inputs.ranges or ()))
+
+
+def kld_distillation(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
     """Cross-entropy plus `distill_weight` x forward KL to the paired teacher distribution over the student's tokens."""
-    if inputs.vocab_size is None:
-        raise ValueError(f"guidance.method={args.method!r} needs vocab_size, the student tokenizer's vocabulary size")
-    pair_index = paired_teacher_positions(inputs.ranges)
+    if guided.vocab_size is None:
+        method = guided.args.method
+        raise ValueError(f"guidance.method={method!r} needs vocab_size, the student tokenizer's vocabulary size")
+    (ranges,) = inputs.ranges
+    pair_index = paired_teacher_positions(ranges)
     teacher_logits = inputs.teacher_logits
     # The paired teacher distribution, position by position, over the student's tokens.
     index = pair_index.clamp(min=0)[..., None].expand(-1, -1, teacher_logits.shape[-1])
     paired = torch.gather(teacher_logits, 1, index)  # (B, T, Vt)
-    distill = kld_loss(inputs.logits, paired, valid & (pair_index >= 0), inputs.vocab_size, args.temperature)
-    return distillation_loss(args, ls, valid, distill)
+    distill = kld_loss(inputs.logits, paired, valid & (pair_index >= 0), guided.vocab_size, guided.args.temperature)
+    return distillation_loss(guided.args, ls, valid, distill)
 
 
-def uld_distillation(args: "GuidanceArgs", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
+def uld_distillation(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
     """Cross-entropy plus `distill_weight` x ULD (sorted-probability L1) to the paired teacher position."""
-    distill = uld_loss(inputs.logits, inputs.teacher_logits, paired_teacher_positions(inputs.ranges), valid)
-    return distillation_loss(args, ls, valid, distill)
+    (ranges,) = inputs.ranges
+    distill = uld_loss(inputs.logits, inputs.teacher_logits, paired_teacher_positions(ranges), valid)
+    return distillation_loss(guided.args, ls, valid, distill)
 
 
 def distillation_loss(args: "GuidanceArgs", ls: Tensor, valid: Tensor, distill: Tensor) -> MethodLoss:
@@ -191,33 +206,36 @@ METHODS: dict[str, GuidanceMethod] = {
         GuidanceMethod(
             "vocagnolm",
             "train the top-k mapped tokens by excess loss (student minus aligned teacher loss)",
-            top_k_by_excess, teacher_loss=True, alignment="token", selects=True, several_teachers=True,
+            top_k_by_excess, inputs=("teacher_losses", "ranges"), alignment="token", selects=True,
+            several_teachers=True,
         ),
         GuidanceMethod("ce", "naive continual pretraining: every token", cross_entropy_only),
         GuidanceMethod(
             "rho1",
             "vocagnolm for a same-vocabulary teacher, token i paired with token i",
-            paired_top_k_by_excess, teacher_loss=True, same_vocabulary=True, selects=True, several_teachers=True,
+            paired_top_k_by_excess, inputs=("teacher_losses",), same_vocabulary=True, selects=True,
+            several_teachers=True,
         ),
         GuidanceMethod(
             "kld",
             "CE + forward KL to the teacher's distribution over the student's vocabulary",
-            kld_distillation, teacher_logits=True, same_vocabulary=True, alignment="token",
+            kld_distillation, inputs=("ranges", "logits", "teacher_logits"), same_vocabulary=True, alignment="token",
         ),
         GuidanceMethod(
             "uld",
             "CE + Universal Logit Distillation (sorted-probability L1, any vocabulary)",
-            uld_distillation, teacher_logits=True, alignment="token",
+            uld_distillation, inputs=("ranges", "logits", "teacher_logits"), alignment="token",
         ),
         GuidanceMethod(
             "chunk",
             "vocagnolm through chunk-level alignment ranges",
-            top_k_by_excess, teacher_loss=True, alignment="chunk", selects=True, several_teachers=True,
+            top_k_by_excess, inputs=("teacher_losses", "ranges"), alignment="chunk", selects=True,
+            several_teachers=True,
         ),
         GuidanceMethod(
             "random",
             "as many mapped tokens as vocagnolm trains, drawn uniformly (the control)",
-            random_tokens, alignment="token", selects=True, several_teachers=True,
+            random_tokens, inputs=("ranges",), alignment="token", selects=True, several_teachers=True,
         ),
     )
 }  # fmt: skip
@@ -289,6 +307,11 @@ class GuidanceArgs:
             raise InvalidArgument(f"guidance.num_chunks must be >= 1, got {self.num_chunks}")
 
     @property
+    def selection(self) -> SelectionArgs:
+        """The top-k's settings, for `loss.teacher_guided_selection`."""
+        return SelectionArgs(self.top_k, self.aggregation, self.unmapped, self.scope, self.combine)
+
+    @property
     def spec(self) -> GuidanceMethod:
         """The method's entry in `METHODS`."""
         return METHODS[self.method]
@@ -323,72 +346,79 @@ class GuidanceArgs:
 GuidanceArgs.__doc__ += f"\n\nArgs:\n    method: {method_help()}\n"
 
 
-def guided_loss(
-    args: GuidanceArgs,
-    ls: Tensor,
-    valid: Tensor,
-    *,
-    teacher_loss: Tensor | list[Tensor] | None = None,
-    ranges: Tensor | list[Tensor] | None = None,
-    logits: Tensor | None = None,
-    teacher_logits: Tensor | None = None,
-    all_gather: AllGather | None = None,
-    rank: int = 0,
-    generator: torch.Generator | None = None,
-    vocab_size: int | None = None,
-    token_bytes: TokenBytes | None = None,
-) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """One micro-batch's loss for `args.method`: (weighted loss SUM, weight SUM, metrics).
+@dataclass(frozen=True)
+class GuidedLoss:
+    """A run's guided loss, built once from its arguments and called on each micro-batch:
+    `guided(ls, valid, inputs)` -> (weighted loss SUM, weight SUM, metrics).
 
     Divide the summed losses by the summed weights of all micro-batches and ranks of an optimizer step, once.
     kld and uld add `distill_weight * distillation` to each valid token's cross-entropy with the same weight 1, so
     their loss is mean CE + distill_weight * distillation summed over valid tokens / valid tokens (unpaired tokens add
     0 to the sum, 1 to the count).
-
-    Args:
-        args: the method and its options.
-        ls: (B, T) float32 student per-token cross-entropy, with its gradient; 0 where not valid.
-        valid: (B, T) bool, False where there is no target (padding).
-        teacher_loss: (B, M) teacher per-token loss, NaN = unavailable, for a method whose entry needs it; random
-            takes it optionally (without it a token is mapped when its range is non-empty). A list: one (B, M_k) per
-            teacher; several are combined by `args.combine` (see `loss.teacher_reference`).
-        ranges: (B, T, 2) teacher tokens [a, e) of each student token, for a method whose entry names an alignment
-            (chunk: chunk-alignment ranges; kld and uld: pairing); rho1 defaults to 1:1 (token i -> [i, i + 1)).
-            Several teachers: a list, one per teacher, as `teacher_loss`.
-        logits: (B, T, V) student logits, with their gradient, for a method that needs the teacher's logits.
-        teacher_logits: (B, M, Vt) teacher logits over its window.
-        all_gather, rank: scope="global" (see `loss.select_top_k`).
-        generator: random's generator, on `ls`'s device.
-        vocab_size: kld: the student tokenizer's vocabulary size; ids below it are compared (see `kld_loss`).
-        token_bytes: the bytes of the student's targets and of each teacher's window tokens, which
-            `args.compare == "byte"` needs (`TokenBytes.look_up`); ignored when comparing per token.
-
-    Returns: loss_sum (float32 scalar, with gradient), weight_sum (float32 scalar, no gradient), metrics (detached
-        float32 scalars, no host sync): student_loss (mean CE over valid tokens), trained_fraction (weight sum /
-        valid), and for the selecting methods mapped_fraction (of valid), selected_fraction (of valid mapped), plus,
-        with a teacher loss, teacher_loss (mean over valid mapped), excess_selected and excess_unselected (mean excess
-        of valid mapped tokens) and, with several teachers, reference_share_k for each teacher k (the share of the
-        selected tokens where teacher k has the lowest aggregated loss: under `min`, where it set the reference);
-        for the distillation methods distill_loss.
     """
-    method = args.spec
-    if args.compare == "byte" and token_bytes is None:
-        raise ValueError("guidance.compare='byte' needs token_bytes: the bytes of each student and teacher token")
-    inputs = LossInputs(one_or_several(teacher_loss), one_or_several(ranges), logits, teacher_logits, all_gather, rank,
-                        generator, vocab_size, token_bytes if args.compare == "byte" else None)  # fmt: skip
-    num_teachers = max(len(x) if isinstance(x, list) else 1 for x in (inputs.teacher_loss, inputs.ranges))
-    args.check_several_teachers(num_teachers, fix="Pass one teacher's losses and ranges.")
-    if method.teacher_loss and inputs.teacher_loss is None:
-        raise ValueError(f"guidance.method={method.name!r} needs teacher_loss (B, M)")
-    if method.alignment and inputs.ranges is None:
-        raise ValueError(f"guidance.method={method.name!r} needs ranges (B, T, 2) from the alignment")
-    if method.teacher_logits and (logits is None or teacher_logits is None):
-        raise ValueError(f"guidance.method={method.name!r} needs the student's logits and the teacher's")
 
-    n_valid = valid.sum().clamp(min=1)
-    per_token, weights, method_metrics = method.loss(args, ls, valid, inputs)
-    metrics = {"student_loss": ls.detach().sum() / n_valid, **method_metrics}
-    weight_sum = weights.sum()
-    metrics["trained_fraction"] = weight_sum / n_valid
-    metrics = {name: value.detach().float() for name, value in metrics.items()}
-    return (weights * per_token).sum(), weight_sum, metrics
+    args: GuidanceArgs
+    """The method and its options."""
+    all_gather: AllGather | None = None
+    """scope="global": stacks a tensor from every data-parallel rank (`fabric.all_gather`; see `loss.select_top_k`)."""
+    rank: int = 0
+    """This process's index in the `all_gather` result (`fabric.global_rank`)."""
+    vocab_size: int | None = None
+    """kld: the student tokenizer's vocabulary size; ids below it are compared (see `distillation.kld_loss`)."""
+    byte_tables: Sequence[Tensor] = ()
+    """`--guidance.compare byte`: the UTF-8 bytes of each token id (`data.byte_tables`), (V,) each: the student's,
+    then each teacher's."""
+
+    @property
+    def selection(self) -> SelectionArgs:
+        """The top-k's settings (`loss.teacher_guided_selection`)."""
+        return self.args.selection
+
+    def token_bytes(self, targets: Tensor, teacher_ids: Sequence[Tensor]) -> TokenBytes | None:
+        """The bytes of a micro-batch's student targets (B, T) and of each teacher's window tokens (B, M_k), which
+        `compare="byte"` needs; None when comparing per token."""
+        if self.args.compare != "byte":
+            return None
+        if not self.byte_tables:
+            raise ValueError("guidance.compare='byte' needs byte_tables: the bytes of each student and teacher token")
+        return TokenBytes.look_up(self.byte_tables, targets, teacher_ids)
+
+    def verdict(self, ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
+        """The method's per-token loss and weights on one micro-batch, after checking its inputs against the table.
+
+        Args:
+            ls: (B, T) float32 student per-token cross-entropy, with its gradient; 0 where not valid.
+            valid: (B, T) bool, False where there is no target (padding).
+            inputs: the micro-batch's tensors; the fields the method's entry names (`GuidanceMethod.inputs`) must be
+                given. random takes `teacher_losses` optionally (without them a token is mapped when a range is
+                non-empty); rho1 takes `ranges` optionally (token i -> [i, i + 1)). Several teachers' losses are
+                combined by `args.combine` (see `loss.teacher_reference`).
+        """
+        method = self.args.spec
+        if self.args.compare == "byte" and inputs.token_bytes is None:
+            raise ValueError("guidance.compare='byte' needs token_bytes: the bytes of each student and teacher token")
+        if self.args.compare != "byte":
+            inputs = inputs._replace(token_bytes=None)
+        self.args.check_several_teachers(num_teachers(inputs), fix="Pass one teacher's losses and ranges.")
+        if missing := [name for name in method.inputs if getattr(inputs, name) is None]:
+            raise ValueError(f"guidance.method={method.name!r} needs {' and '.join(missing)} (see methods.LossInputs)")
+        return method.loss(self, ls, valid, inputs)
+
+    def __call__(self, ls: Tensor, valid: Tensor, inputs: LossInputs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """One micro-batch's loss (arguments as `verdict`).
+
+        Returns: loss_sum (float32 scalar, with gradient), weight_sum (float32 scalar, no gradient), metrics (detached
+            float32 scalars, no host sync): student_loss (mean CE over valid tokens), trained_fraction (weight sum /
+            valid), and for the selecting methods mapped_fraction (of valid), selected_fraction (of valid mapped),
+            plus, with a teacher loss, teacher_loss (mean over valid mapped), excess_selected and excess_unselected
+            (mean excess of valid mapped tokens) and, with several teachers, reference_share_k for each teacher k (the
+            share of the selected tokens where teacher k has the lowest aggregated loss: under `min`, where it set the
+            reference); for the distillation methods distill_loss.
+        """
+        n_valid = valid.sum().clamp(min=1)
+        per_token, weights, method_metrics = self.verdict(ls, valid, inputs)
+        metrics = {"student_loss": ls.detach().sum() / n_valid, **method_metrics}
+        weight_sum = weights.sum()
+        metrics["trained_fraction"] = weight_sum / n_valid
+        metrics = {name: value.detach().float() for name, value in metrics.items()}
+        return (weights * per_token).sum(), weight_sum, metrics

@@ -34,7 +34,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
@@ -198,47 +198,52 @@ def shard_group(placement: str, world_size: int, num_nodes: int) -> int:
     return {"replicate": 1, "node": world_size // num_nodes, "hybrid": world_size // num_nodes}.get(placement, world_size)
 
 
-def estimate_memory(
-    student: Config,
-    teacher: Config | list[Config] | None,
-    *,
-    micro_batch: int,
-    seq_len: int,
-    window: int,
-    train: bool = True,
-    activation_checkpointing: bool = False,
-    world_size: int = 1,
-    num_nodes: int = 1,
-    layout: FSDPArgs = FSDPArgs(),
-    accumulation: int = 1,
-    fused_optimizer: bool = True,
-    workspace: bool = True,
-    compiled: bool = False,
-) -> MemoryEstimate:
+@dataclass(frozen=True)
+class StepShape:
+    """One step of the recipe as `estimate_memory` counts it: its sizes, where it runs and how."""
+
+    micro_batch: int
+    """Sequences per device per micro-batch (B)."""
+    seq_len: int
+    """Student tokens per sequence (T, max_seq_length)."""
+    window: int
+    """Teacher tokens per sequence (M, the longest teacher window in a batch)."""
+    train: bool = True
+    """False for `score-teacher`: the teacher alone, no student."""
+    activation_checkpointing: bool = False
+    """The student keeps only its blocks' inputs."""
+    world_size: int = 1
+    """Devices of the job (FSDP2), `num_nodes` nodes of them."""
+    num_nodes: int = 1
+    layout: FSDPArgs = field(default_factory=FSDPArgs)
+    """Where each model lives (`FSDPArgs.teacher`, `FSDPArgs.student`)."""
+    accumulation: int = 1
+    """Micro-batches per optimizer step on each device. Above one, every micro-batch but the last skips the gradient
+    reduction, and the gradients stay whole until it: float32, `MixedPrecisionPolicy`'s reduce_dtype ("FSDP will
+    accumulate gradients using reduce_dtype", its docstring)."""
+    fused_optimizer: bool = True
+    """AdamW's fused kernel (what the recipe uses on GPUs) updates in place; the for-loop one (on a CPU) makes three
+    temporaries the size of each parameter in turn."""
+    workspace: bool = True
+    """Count `CUDA_WORKSPACE_BYTES` (a GPU's; not on a CPU)."""
+    compiled: bool = False
+    """The student's blocks are compiled (`--compile true`): they save `COMPILED_ACTIVATION_SHARE` of the bytes per
+    token an eager block saves."""
+
+
+def estimate_memory(student: Config, teachers: Sequence[Config], step: StepShape) -> MemoryEstimate:
     """Peak bytes on one device for one step of the recipe.
 
     Args:
         student: the student's config (`bf16-mixed`: float32 parameters, gradients and AdamW state).
-        teacher: the teacher's config when it runs in the step (online guidance, or scoring), else None; several
-            online teachers: a list (all held, one forward at a time).
-        micro_batch: sequences per device per micro-batch (B).
-        seq_len: student tokens per sequence (T, max_seq_length).
-        window: teacher tokens per sequence (M, the longest teacher window in a batch).
-        train: False for `score-teacher`: the teacher alone, no student.
-        activation_checkpointing: the student keeps only its blocks' inputs.
-        world_size: devices of the job (FSDP2), `num_nodes` nodes of them.
-        layout: where each model lives (`FSDPArgs.teacher`, `FSDPArgs.student`).
-        accumulation: micro-batches per optimizer step on each device. Above one, every micro-batch but the last skips
-            the gradient reduction, and the gradients stay whole until it: float32, `MixedPrecisionPolicy`'s
-            reduce_dtype ("FSDP will accumulate gradients using reduce_dtype", its docstring).
-        workspace: count `CUDA_WORKSPACE_BYTES` (a GPU's; not on a CPU).
-        fused_optimizer: AdamW's fused kernel (what the recipe uses on GPUs) updates in place; the for-loop one (on a
-            CPU) makes three temporaries the size of each parameter in turn.
-        compiled: the student's blocks are compiled (`--compile true`): they save `COMPILED_ACTIVATION_SHARE` of the
-            bytes per token an eager block saves.
+        teachers: the teachers' configs when they run in the step (online guidance, or scoring), else none; several
+            online teachers are all held, one forward at a time.
+        step: its shape (see `StepShape`).
     """
-    B, T, M, W = micro_batch, seq_len, window, world_size
-    held: dict[str, float] = {"CUDA/NCCL workspace": CUDA_WORKSPACE_BYTES} if workspace else {}
+    B, T, M, W = step.micro_batch, step.seq_len, step.window, step.world_size
+    train, activation_checkpointing, layout = step.train, step.activation_checkpointing, step.layout
+    num_nodes, accumulation, compiled = step.num_nodes, step.accumulation, step.compiled
+    held: dict[str, float] = {"CUDA/NCCL workspace": CUDA_WORKSPACE_BYTES} if step.workspace else {}
     moments: dict[str, dict[str, float]] = {}
     if train:
         P, D, V = parameters(student), student.n_embd, student.padded_vocab_size
@@ -279,9 +284,8 @@ def estimate_memory(
             }
         moments["the optimizer step"] = {
             "student gradients": 4 * P / S,
-            "optimizer temporaries": 0 if fused_optimizer else 3 * 4 * V * D,  # the head: the largest parameter
+            "optimizer temporaries": 0 if step.fused_optimizer else 3 * 4 * V * D,  # the head: the largest parameter
         }
-    teachers = [] if teacher is None else [teacher] if isinstance(teacher, Config) else teacher
     St = shard_group(layout.teacher, W, num_nodes)
     if teachers:
         held["teacher parameters"] = sum(2 * parameters(t) / St for t in teachers)
@@ -415,7 +419,6 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
         found = directory / "model_config.yaml"
         by_name = f"--teacher.checkpoint_dir {directory} (no model_config.yaml there yet: its name)"
         teachers.append(Config.from_file(found) if found.is_file() else config_named(directory.name, by_name))
-    teacher = (teachers[0] if len(teachers) == 1 else teachers) if teachers else None
     if window is None:  # the longest window of any teacher's prepared data
         data = args.data
         paths = data.paths if isinstance(data, VocAgnoData) else []
@@ -435,10 +438,9 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     accumulation = max(1, args.train.global_batch_size // (world * B)) if args.train.global_batch_size else 1
 
     def estimate(micro_batch: int, layout: FSDPArgs = args.fsdp) -> MemoryEstimate:
-        return estimate_memory(student, teacher if online else None, micro_batch=micro_batch, seq_len=T,
-                               window=window, activation_checkpointing=checkpointing, world_size=world,
-                               num_nodes=num_nodes, layout=layout, accumulation=accumulation,
-                               compiled=args.compile)  # fmt: skip
+        step = StepShape(micro_batch, T, window, activation_checkpointing=checkpointing, world_size=world,
+                         num_nodes=num_nodes, layout=layout, accumulation=accumulation, compiled=args.compile)
+        return estimate_memory(student, teachers if online else [], step)
 
     step = estimate(B)
     kind = "teacher online" if online else ("teacher cached" if guidance.spec.needs_teacher else "no teacher")
@@ -483,8 +485,8 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
         whole += " float32 copy"
     print(whole + ".")
     if teachers:  # score-teacher is data-parallel: the whole teacher on each GPU; one teacher at a time
-        scoring = max((estimate_memory(student, t, micro_batch=B, seq_len=T, window=window, train=False)
-                       for t in teachers), key=lambda e: e.total)  # fmt: skip
+        scoring = max((estimate_memory(student, [t], StepShape(B, T, window, train=False)) for t in teachers),
+                      key=lambda e: e.total)  # fmt: skip
         print(f"`vocagnolm score-teacher --batch_size {B}` (the whole teacher on each GPU): {scoring.total / GB:.2f} GB")
     if args.train.global_batch_size and accumulation * world * B != args.train.global_batch_size:
         print(f"Note: global batch {args.train.global_batch_size} is not a multiple of {world} GPUs x micro-batch {B}.")
@@ -497,11 +499,11 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
         def planned(work: str, micro_batch: int) -> float:
             """The estimate for `work` on the one device `measure` runs it on, as it runs it there."""
             if work == "scoring":  # `score-teacher`: the first teacher alone
-                return estimate_memory(student, teachers[0], micro_batch=micro_batch, seq_len=T, window=window,
-                                       train=False, workspace=cuda).total  # fmt: skip
-            return estimate_memory(student, teacher if work == "online" else None, micro_batch=micro_batch, seq_len=T,
-                                   window=window, activation_checkpointing=checkpointing, accumulation=accumulation,
-                                   fused_optimizer=cuda, workspace=cuda, compiled=args.compile).total  # fmt: skip
+                step = StepShape(micro_batch, T, window, train=False, workspace=cuda)
+                return estimate_memory(student, teachers[:1], step).total
+            step = StepShape(micro_batch, T, window, activation_checkpointing=checkpointing, accumulation=accumulation,
+                             fused_optimizer=cuda, workspace=cuda, compiled=args.compile)
+            return estimate_memory(student, teachers if work == "online" else [], step).total
 
         traffic = traffic_per_step(student, teachers if online else [], args.fsdp, devices=devices,
                                    num_nodes=num_nodes, accumulation=accumulation)  # fmt: skip

@@ -5,7 +5,7 @@
 It mirrors litgpt/pretrain.py (`setup()` -> `main()` -> `fit()` -> `validate()`, the same `state` keys, checkpoints
 in `step-%08d/` and `final/`) and changes one thing: the loss. Each micro-batch carries the student block, the teacher
 tokens covering the same characters and the alignment between them (prepared offline by `vocagnolm prepare`); the
-frozen teacher scores its own tokens, and `methods.guided_loss` weights the student's per-token losses
+frozen teacher scores its own tokens, and `methods.GuidedLoss` weights the student's per-token losses
 (docs/design.md, "Teacher-guided loss"). Every method of `methods.METHODS` (VocAgnoLM and the baselines) is one
 switch, `--guidance.method`, never a forked loop.
 
@@ -60,14 +60,15 @@ from litgpt_vocagnolm.checkpoints import (
     previous_checkpoints,
     resume_history,
 )
-from litgpt_vocagnolm.checks import check_run_args, check_setup, resolve_model_config, tokenizer_pair_summary
+from litgpt_vocagnolm.checks import check_run_args, check_setup, check_start, resolve_model_config
+from litgpt_vocagnolm.checks import tokenizer_pair_summary
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
-from litgpt_vocagnolm.data import VocAgnoData, byte_tables
+from litgpt_vocagnolm.data import Batch, VocAgnoData, byte_tables
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, parallelize
 from litgpt_vocagnolm.errors import check_writable
 from litgpt_vocagnolm.gpt import load_model, new_model
-from litgpt_vocagnolm.loss import TokenBytes, bits_per_byte, selection_generator
-from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
+from litgpt_vocagnolm.loss import bits_per_byte, selection_generator
+from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
 from litgpt_vocagnolm.model_configs import register
 from litgpt_vocagnolm.slurm import requeue_and_exit, stop_signal
 from litgpt_vocagnolm.stopwatch import Stopwatch
@@ -97,6 +98,27 @@ class Run:
     """The resumes that changed the run's shape, headed to hyperparameters.yaml (`checkpoints.resume_history`)."""
     stop: threading.Event
     """Set by SIGUSR1: stop after the current optimizer step (see `slurm.stop_signal`)."""
+
+
+@dataclass
+class Guide:
+    """What guides the student on each micro-batch: the online teachers and the run's guided loss."""
+
+    teachers: list[nn.Module]
+    """The online teachers, one per teacher side of a batch (`data.Batch.teachers`); empty with loss caches or
+    without a teacher."""
+    loss: GuidedLoss
+    """Built once from the run's arguments (`methods.GuidedLoss`)."""
+
+    @classmethod
+    def build(cls, fabric: L.Fabric, guidance: GuidanceArgs, teachers: list[nn.Module], vocab_size: int | None = None,
+              byte_tables: Sequence[torch.Tensor] = ()) -> "Guide":  # fmt: skip
+        """The guide of a run on `fabric`: its rank, and its all_gather for `--guidance.scope global`; `vocab_size`
+        (the student tokenizer's) for `kld`, `byte_tables` (`data.byte_tables`) for `--guidance.compare byte`."""
+        all_gather = fabric.all_gather if guidance.scope == "global" else None
+        loss = GuidedLoss(guidance, all_gather=all_gather, rank=fabric.global_rank, vocab_size=vocab_size,
+                          byte_tables=byte_tables)  # fmt: skip
+        return cls(teachers, loss)
 
 
 def setup(
@@ -180,8 +202,8 @@ def setup(
     check_writable(init_out_dir(out_dir), "--out_dir")  # a read-only one fails now, not at the first checkpoint
     config = resolve_model_config(model_name, model_config)
     devices = parse_devices(devices)
-    check_setup(config, data, train, teacher, guidance, tokenizer_dir=tokenizer_dir,
-                initial_checkpoint_dir=initial_checkpoint_dir, resume=resume, world_size=devices * num_nodes)  # fmt: skip
+    check_start(initial_checkpoint_dir, resume)
+    check_setup(config, data, train, teacher, guidance, tokenizer_dir=tokenizer_dir, world_size=devices * num_nodes)
 
     precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
     out_dir = init_out_dir(out_dir)
@@ -316,8 +338,8 @@ def main(
     vocab_size = data.manifest["student"]["vocab_size"] if isinstance(data, VocAgnoData) else None
     byte_scale = guidance.compare == "byte"  # bytes per token id: the student's, each teacher's
     tables = byte_tables(tokenizer_dir, teacher_args.checkpoint_dirs, fabric.device) if byte_scale else ()
-    finished = fit(fabric, state, train_dataloader, val_dataloader, run, train, eval, guidance, teachers=teachers,
-                   vocab_size=vocab_size, byte_tables=tables)  # fmt: skip
+    guide = Guide.build(fabric, guidance, teachers, vocab_size, tables)
+    finished = fit(fabric, state, train_dataloader, val_dataloader, run, train, eval, guide)
     if not finished:
         requeue_and_exit(fabric)
     run.checkpointer.save(fabric, state, out_dir / "final", tokenizer_dir, run.hparams, export=True,
@@ -347,11 +369,7 @@ def fit(
     run: Run,
     train: TrainArgs,
     eval: EvalArgs,
-    guidance: GuidanceArgs,
-    *,
-    teachers: Sequence[nn.Module] = (),
-    vocab_size: int | None = None,
-    byte_tables: Sequence[torch.Tensor] = (),
+    guide: Guide,
 ) -> bool:
     """The training loop. Returns False when it stopped early on `stop` (set by SIGUSR1): every rank stops at the end
     of the same optimizer step, after a checkpoint of it."""
@@ -388,7 +406,6 @@ def fit(
         f" ({accumulation} micro-batches of {train.micro_batch_size} x {model.max_seq_length} on {fabric.world_size}"
         f" ranks); {max_steps:,} steps."
     )
-    all_gather = fabric.all_gather if guidance.scope == "global" else None
     train_iterator = CycleIterator(train_dataloader)
     initial_iter = state["iter_num"]
     # (weighted loss sum, weight sum) over the step's micro-batches, and whether this rank was asked to stop: one
@@ -414,10 +431,8 @@ def fit(
         # Random draws (`random`) seeded by position: a resumed run repeats them without saved state.
         generator = selection_generator(run.seed, fabric.global_rank, state["iter_num"], fabric.device)
         with fabric.no_backward_sync(model, enabled=is_accumulating):
-            loss_sum, weight_sum, metrics = forward_and_loss(
-                model, teachers, batch, guidance, all_gather=all_gather, rank=fabric.global_rank, generator=generator,
-                vocab_size=vocab_size, teacher_timer=teacher_timer, byte_tables=byte_tables,
-            )  # fmt: skip
+            loss_sum, weight_sum, metrics = forward_and_loss(model, guide, batch, generator=generator,
+                                                             teacher_timer=teacher_timer)  # fmt: skip
             fabric.backward(loss_sum)
         step_sums[:2] += torch.stack([loss_sum.detach(), weight_sum.detach()])
         for name, value in metrics.items():
@@ -506,60 +521,56 @@ def fit(
 
 def forward_and_loss(
     model: nn.Module,
-    teachers: list[nn.Module],
-    batch: dict[str, torch.Tensor] | torch.Tensor,
-    guidance: GuidanceArgs,
+    guide: Guide,
+    batch: Batch | torch.Tensor,
     *,
-    all_gather=None,
-    rank: int = 0,
     generator: torch.Generator | None = None,
-    vocab_size: int | None = None,
     teacher_timer: contextlib.AbstractContextManager = contextlib.nullcontext(),
-    byte_tables: Sequence[torch.Tensor] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch: teacher scores (online, timed by `teacher_timer`, or from the caches), student forward,
-    guided loss (`vocab_size`: the student tokenizer's, for `kld`; `byte_tables`: bytes per token id, the student's
-    then each teacher's, for `--guidance.compare byte`). `teachers`: the online teachers, one per teacher side of the
-    batch (the batch's own keys, then `more_teachers`); empty with caches or without a teacher. Returns the weighted
-    loss sum, the weight sum and detached metrics (see `methods.guided_loss`)."""
-    if isinstance(batch, torch.Tensor):  # a plain LitGPT data module: (B, T + 1) token blocks, `ce` only
-        batch = {"input_ids": batch[:, :-1].long(), "targets": batch[:, 1:].long()}
-    sides = [batch, *batch.get("more_teachers", [])]  # each teacher's windows, ranges (and cached losses)
-    teacher_losses, teacher_logits = [side.get("teacher_loss") for side in sides], None  # cached: `score-teacher`
-    if teacher_losses[0] is None and teachers:
+    guided loss (`generator`: `random`'s draws). `batch`: a loader's (`data.Batch.of`). Returns the weighted loss sum,
+    the weight sum and detached metrics (see `methods.GuidedLoss`)."""
+    batch, method = Batch.of(batch), guide.loss.args.spec
+    sides = batch.teachers
+    teacher_losses, teacher_logits = None, None
+    if sides and sides[0].loss is not None:  # cached: `score-teacher`
+        teacher_losses = [side.loss for side in sides]
+    elif guide.teachers:
         with teacher_timer, torch.no_grad():
-            if guidance.spec.teacher_logits:  # the distillation baselines need the whole distribution, at a cost
-                teacher_logits = teachers[0](batch["teacher_ids"])  # (B, M, V_teacher)
+            if method.teacher_logits:  # the distillation baselines need the whole distribution, at a cost
+                teacher_logits = guide.teachers[0](sides[0].ids)  # (B, M, V_teacher)
             else:
                 teacher_losses = [
-                    teacher_token_loss(teacher, side["teacher_ids"], side["teacher_valid"])  # (B, M_k)
-                    for teacher, side in zip(teachers, sides, strict=True)
+                    teacher_token_loss(teacher, side.ids, side.valid)  # (B, M_k)
+                    for teacher, side in zip(guide.teachers, sides, strict=True)
                 ]
-    teacher_loss = teacher_losses if teacher_losses[0] is not None else None  # one per teacher
-    ranges = [side["ranges"] for side in sides] if "ranges" in batch else None
-    token_bytes = None
-    if byte_tables:
-        token_bytes = TokenBytes.look_up(byte_tables, batch["targets"], [side["teacher_ids"] for side in sides])
 
-    if guidance.spec.teacher_logits:
-        logits = model(batch["input_ids"])  # (B, T, V_student)
-        ls = per_token_cross_entropy(logits, batch["targets"])  # (B, T) float32
+    if method.teacher_logits:
+        logits = model(batch.input_ids)  # (B, T, V_student)
+        ls = per_token_cross_entropy(logits, batch.targets)  # (B, T) float32
     else:  # the head and the loss a tile of rows at a time: no (B, T, V) logits
-        logits, ls = None, model(batch["input_ids"], targets=batch["targets"])  # (B, T) float32
-    return guided_loss(
-        guidance,
-        ls,
-        batch["targets"] != IGNORE_INDEX,
-        teacher_loss=teacher_loss,
-        ranges=ranges,
-        logits=logits,
-        teacher_logits=teacher_logits,
-        all_gather=all_gather,
-        rank=rank,
-        generator=generator,
-        vocab_size=vocab_size,
-        token_bytes=token_bytes,
-    )
+        logits, ls = None, model(batch.input_ids, targets=batch.targets)  # (B, T) float32
+    inputs = loss_inputs(batch, guide.loss, teacher_losses, logits=logits, teacher_logits=teacher_logits,
+                         generator=generator)  # fmt: skip
+    return guide.loss(ls, batch.targets != IGNORE_INDEX, inputs)
+
+
+def loss_inputs(
+    batch: Batch,
+    guided: GuidedLoss,
+    teacher_losses: list[torch.Tensor] | None,
+    *,
+    logits: torch.Tensor | None = None,
+    teacher_logits: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> LossInputs:
+    """What the guided loss reads of a micro-batch: its teachers' ranges and token bytes, with the teachers' losses
+    (one (B, M_k) per teacher, cached or online, or None), the logits of the distillation methods and `random`'s
+    generator."""
+    sides = batch.teachers
+    ranges = [side.ranges for side in sides] or None
+    token_bytes = guided.token_bytes(batch.targets, [side.ids for side in sides])
+    return LossInputs(teacher_losses, ranges, logits, teacher_logits, token_bytes, generator)
 
 
 @torch.no_grad()
@@ -579,12 +590,11 @@ def validate(fabric: L.Fabric, model: nn.Module, val_dataloader, max_iters: int)
         batch = next(batches, None)
         if batch is None:  # (1, T) of padding, nothing to predict
             inputs = torch.zeros(1, model.max_seq_length, dtype=torch.long, device=fabric.device)
-            batch = {"input_ids": inputs, "targets": torch.full_like(inputs, IGNORE_INDEX)}
-        if isinstance(batch, torch.Tensor):
-            batch = {"input_ids": batch[:, :-1].long(), "targets": batch[:, 1:].long()}
-        targets = batch["targets"]
-        nats = model(batch["input_ids"], targets=targets)  # (B, T) float32, no (B, T, V) logits
-        num_bytes = batch["num_bytes"].sum() if "num_bytes" in batch else torch.zeros((), device=fabric.device)
+            batch = Batch(inputs, torch.full_like(inputs, IGNORE_INDEX), [])
+        batch = Batch.of(batch)
+        targets = batch.targets
+        nats = model(batch.input_ids, targets=targets)  # (B, T) float32, no (B, T, V) logits
+        num_bytes = torch.zeros((), device=fabric.device) if batch.num_bytes is None else batch.num_bytes.sum()
         sums += torch.stack([nats.sum().double(), (targets != IGNORE_INDEX).sum().double(), num_bytes.double()])
     sums = fabric.all_reduce(sums, reduce_op="sum")
     model.train()

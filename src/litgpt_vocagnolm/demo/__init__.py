@@ -47,7 +47,15 @@ import torch
 from litgpt_vocagnolm.demo.corpus import add_noise, documents_for, read_corpus, split_heldout, write_texts
 from litgpt_vocagnolm.demo.noise import noise_sample, score_blocks, trained_noise_share
 from litgpt_vocagnolm.demo.plot import plot
-from litgpt_vocagnolm.demo.runs import model_config, one_thread, prepare_data, score_run, summarize_run, train_run
+from litgpt_vocagnolm.demo.runs import (
+    Guided,
+    model_config,
+    one_thread,
+    prepare_data,
+    score_run,
+    summarize_run,
+    train_run,
+)
 from litgpt_vocagnolm.demo.settings import CORPUS, DATA, QUICK, STUDENTS, TWO_TEACHERS, DemoSizes, method_of
 from litgpt_vocagnolm.demo.table import claims, markdown_table, method_row, noise_summary, write_csv
 from litgpt_vocagnolm.demo.tokenizer_training import describe_tokenizers, train_student_tokenizer, train_teacher_tokenizer
@@ -220,24 +228,22 @@ def demo(
     def student(pool: ProcessPoolExecutor, method: str, seed: int) -> Future:
         kind = method_of(method)
         guidance = {**STUDENTS[method], **({"top_k": top_k} if kind.selects else {})}
-        teacher = teacher_dir if kind.needs_teacher else None
-        teacher_cache = cache if kind.teacher_loss else None  # logit distillation runs the teacher on every batch
-        more = {}
+        teachers = (teacher_dir,) if kind.needs_teacher else ()
+        caches = (cache,) if kind.teacher_loss else ()  # logit distillation runs the teacher on every batch
+        guided = Guided(guidance, teachers, caches)
         if method in TWO_TEACHERS:  # the second teacher's data beside the first's, a cache for each
-            teacher, teacher_cache = [teacher_dir, teacher2_dir], [cache, cache2]
-            more = {"other_teachers": (student_data2,)}
+            guided = Guided(guidance, (teacher_dir, teacher2_dir), (cache, cache2), (student_data2,))
         return pool.submit(train_run, out_dir / "runs" / f"{method}-seed{seed}", student_config, student_data,
-                           student_tokenizer, sizes, sizes.student_tokens, seed, guidance, teacher_dir=teacher,
-                           teacher_cache=teacher_cache, **more)  # fmt: skip
+                           student_tokenizer, sizes, sizes.student_tokens, seed, guided)  # fmt: skip
 
     results: dict[str, list[dict[str, Any]]] = {}
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=one_thread) as pool:
         # The teacher: larger, on clean text with its own tokenizer; then frozen.
         trained = pool.submit(train_run, out_dir / "runs" / "teacher", teacher_config, teacher_data,
-                              teacher_tokenizer, sizes, sizes.teacher_tokens, 0, {"method": "ce"})
+                              teacher_tokenizer, sizes, sizes.teacher_tokens, 0)  # `ce`, no teacher
         if two_teachers:  # the same clean text and budget (in its own tokens), its own tokenizer and initialisation
             trained2 = pool.submit(train_run, out_dir / "runs" / "teacher2", teacher2_config, teacher2_data,
-                                   teacher2_tokenizer, sizes, sizes.teacher_tokens, 1, {"method": "ce"})
+                                   teacher2_tokenizer, sizes, sizes.teacher_tokens, 1)  # `ce`, no teacher
         # Per seed one initialisation, the same noisy text and budget. Students that need no teacher start at once.
         futures = {student(pool, m, s): (m, s) for m, s in runs if not method_of(m).needs_teacher}
         teacher = trained.result()

@@ -10,13 +10,14 @@ import torch
 
 from litgpt_vocagnolm.alignment import encode
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX
-from litgpt_vocagnolm.data import collate_blocks
+from litgpt_vocagnolm.data import batch_of_blocks
 from litgpt_vocagnolm.demo.settings import DemoSizes
 from litgpt_vocagnolm.documents import Segment, Stats
 from litgpt_vocagnolm.gpt import load_model
-from litgpt_vocagnolm.loss import TokenBytes, one_or_several, selection_generator
-from litgpt_vocagnolm.methods import GuidanceArgs, LossInputs
+from litgpt_vocagnolm.loss import selection_generator
+from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss
 from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
+from litgpt_vocagnolm.recipe import loss_inputs
 from litgpt_vocagnolm.teacher import teacher_token_loss
 from litgpt_vocagnolm.tokenizer_files import cached_tokenizer, find_tokenizer_file, tokenizer_info
 
@@ -79,23 +80,18 @@ def trained_noise_share(
     A selection depends on the student, which changes as it trains: this is the last step's, not the run's average.
     """
     model, method = load_model(student_dir), guidance.spec
+    guided = GuidedLoss(guidance, byte_tables=byte_tables or ())  # one process: rank 0
     block_tokens, num_chunks = sizes.max_seq_length + 1, guidance.num_chunks_if_chunked
     counts = torch.zeros(2)  # (trained tokens touching noise, trained tokens)
     for k, start in enumerate(range(0, len(samples[0]), sizes.micro_batch_size)):
         rows = slice(start, start + sizes.micro_batch_size)
-        batch, *more = [collate_blocks(blocks[rows], block_tokens, num_chunks) for blocks in samples]
-        trained = batch["targets"] != IGNORE_INDEX  # (B, T)
+        batch = batch_of_blocks([blocks[rows] for blocks in samples], block_tokens, num_chunks)
+        trained = batch.targets != IGNORE_INDEX  # (B, T)
         if method.selects:
-            ls = model(batch["input_ids"], targets=batch["targets"])  # (B, T)
-            sides = [batch, *more]  # each teacher's losses and ranges
-            teacher_loss = [side["teacher_loss"] for side in sides] if method.teacher_loss else None
-            ranges = [side["ranges"] for side in sides]
+            ls = model(batch.input_ids, targets=batch.targets)  # (B, T)
+            teacher_losses = [side.loss for side in batch.teachers] if method.teacher_loss else None
             generator = selection_generator(seed, 0, k + 1, torch.device("cpu"))
-            token_bytes = None
-            if guidance.compare == "byte":
-                token_bytes = TokenBytes.look_up(byte_tables, batch["targets"], [side["teacher_ids"] for side in sides])
-            inputs = LossInputs(one_or_several(teacher_loss), one_or_several(ranges), generator=generator,
-                                token_bytes=token_bytes)
-            trained = method.loss(guidance, ls, trained, inputs).weights > 0
+            inputs = loss_inputs(batch, guided, teacher_losses, generator=generator)
+            trained = guided.verdict(ls, trained, inputs).weights > 0
         counts += torch.stack([(trained & touched[rows, 1:]).sum(), trained.sum()])
     return (counts[0] / counts[1]).item()

@@ -5,6 +5,7 @@ import contextlib
 import csv
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -52,6 +53,20 @@ def model_config(name: str, vocab_size: int, layers: int, width: int, block_size
                         intermediate_size=int(8 * width / 3) // 8 * 8, block_size=block_size)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Guided:
+    """How a demo run is guided: its `--guidance.*` and its teachers, one entry per teacher (none: plain `ce`)."""
+
+    guidance: dict[str, Any] = field(default_factory=lambda: {"method": "ce"})
+    """`GuidanceArgs`' fields."""
+    checkpoint_dirs: tuple[Path, ...] = ()
+    """The teachers' checkpoints (`--teacher.checkpoint_dir`)."""
+    caches: tuple[Path, ...] = ()
+    """Their loss caches (`--teacher.cache`)."""
+    other_data: tuple[Path, ...] = ()
+    """The prepared data of the teachers after the first (`--data.other_teachers`)."""
+
+
 def train_run(
     out_dir: Path,
     config: Config,
@@ -60,14 +75,9 @@ def train_run(
     sizes: DemoSizes,
     tokens: int,
     seed: int,
-    guidance: dict[str, Any],
-    *,
-    teacher_dir: Path | list[Path] | None = None,
-    teacher_cache: Path | list[Path] | None = None,
-    other_teachers: tuple[Path, ...] = (),
+    guided: Guided = Guided(),
 ) -> dict[str, Any]:
     """One run of the recipe (`recipe.setup`), its console output in out_dir/train.log; returns what its logs say.
-    Several teachers: `other_teachers` (their prepared data), and a list of checkpoint dirs and of caches.
 
     The budget is rounded down to whole evaluation intervals, so the last evaluation falls on the last step.
     """
@@ -80,7 +90,7 @@ def train_run(
             model_config=config,
             out_dir=out_dir,
             precision="32-true",
-            data=VocAgnoData(path=data_path, num_workers=0, seed=seed, other_teachers=list(other_teachers)),
+            data=VocAgnoData(path=data_path, num_workers=0, seed=seed, other_teachers=list(guided.other_data)),
             train=TrainArgs(
                 save_interval=None,
                 log_interval=interval,
@@ -102,8 +112,8 @@ def train_run(
             tokenizer_dir=tokenizer_dir,
             logger_name="csv",
             seed=seed,
-            teacher=TeacherArgs(checkpoint_dir=teacher_dir, cache=teacher_cache),
-            guidance=GuidanceArgs(**guidance),
+            teacher=TeacherArgs(list(guided.checkpoint_dirs) or None, cache=list(guided.caches) or None),
+            guidance=GuidanceArgs(**guided.guidance),
         )
     return {**read_metrics(out_dir, tokens_per_step), "seed": seed, "seconds": time.perf_counter() - t0}
 
