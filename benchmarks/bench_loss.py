@@ -75,7 +75,7 @@ def guided(args: GuidanceArgs, logits: torch.Tensor, targets: torch.Tensor, rang
            teacher_loss: torch.Tensor | None = None, teacher_logits: torch.Tensor | None = None,
            vocab_size: int | None = None):  # fmt: skip
     """The guided loss (`methods.GuidedLoss`) of one teacher from the student's logits, as
-    `recipe.forward_and_loss` runs it."""
+    `micro_batch.forward_and_loss` runs it."""
     ls = per_token_cross_entropy(logits, targets)
     inputs = LossInputs(None if teacher_loss is None else [teacher_loss], [ranges], logits, teacher_logits)
     return GuidedLoss(args, vocab_size=vocab_size)(ls, targets != -100, inputs)

@@ -3,7 +3,7 @@
 
 Student `tiny-llama-1.1b`; teachers the Table 1 teachers' LitGPT configs (Qwen2.5-Math-7B by default), random weights,
 sequence 2048, `bf16-mixed` for the student and a bf16 teacher as on a GPU cluster. Each configuration (teacher,
-micro-batch, activation checkpointing) runs these steps, each the recipe's own (`recipe.forward_and_loss`, backward,
+micro-batch, activation checkpointing) runs these steps, each the recipe's own (`micro_batch.forward_and_loss`, backward,
 gradient scaling, clipping, AdamW), one optimizer step on one device:
   ce       the student alone (naive continual pretraining);
   online   `vocagnolm` with the teacher scoring its window in the same step;
@@ -52,7 +52,7 @@ from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.model_configs import register
 from litgpt_vocagnolm.plan import StepShape, cpu_peak_bytes, estimate_memory, matmul_parameters
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, parallelize
-from litgpt_vocagnolm.recipe import Guide, forward_and_loss, loss_inputs
+from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss, loss_inputs
 from litgpt_vocagnolm.teacher import teacher_token_loss
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script

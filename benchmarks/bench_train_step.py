@@ -1,6 +1,6 @@
 """The training step with the teacher online, and with its losses read from a cache, next to plain cross-entropy.
 
-One run on CPU with tiny models times the recipe's whole step (`recipe.forward_and_loss`, backward, the gradient
+One run on CPU with tiny models times the recipe's whole step (`micro_batch.forward_and_loss`, backward, the gradient
 scaling and clipping `fit` does, AdamW step) for three variants over the same prepared batches:
   ce       the student alone (naive continual pretraining);
   online   `vocagnolm` with a frozen teacher, larger than the student, scoring its own tokens in every step;
@@ -43,7 +43,7 @@ from litgpt_vocagnolm.data import Batch, block_tokens, collate_blocks, load_mani
 from litgpt_vocagnolm.gpt import GPT, load_model
 from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss
 from litgpt_vocagnolm.model_configs import llama_config
-from litgpt_vocagnolm.recipe import Guide, forward_and_loss, loss_inputs
+from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss, loss_inputs
 from litgpt_vocagnolm.stopwatch import Stopwatch
 from litgpt_vocagnolm.prepare import prepare
 from litgpt_vocagnolm.score_teacher import score_teacher

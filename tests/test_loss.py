@@ -271,7 +271,7 @@ def test_per_token_cross_entropy_rejects_bad_shapes():
 
 def guided_loss_of_logits(args, logits, targets, teacher_loss=None, ranges=None, teacher_logits=None, generator=None,
                           **run):
-    """`GuidedLoss` as `recipe.forward_and_loss` calls it, for one teacher (its loss and ranges, each a list of one):
+    """`GuidedLoss` as `micro_batch.forward_and_loss` calls it, for one teacher (its loss and ranges, each a list of one):
     the student's per-token cross-entropy first. `run`: the other arguments of `GuidedLoss` (rank, all_gather...)."""
     ls = per_token_cross_entropy(logits, targets)
     teacher_losses = None if teacher_loss is None else [teacher_loss]

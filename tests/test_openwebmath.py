@@ -15,7 +15,7 @@ import pytest
 from conftest import QWEN, ROOT, TINYLLAMA
 from litgpt_vocagnolm.alignment import encode
 from litgpt_vocagnolm.data import load_manifest
-from litgpt_vocagnolm.dry_run import PAPER_TOKENS, measure_prepare, text_bytes
+from litgpt_vocagnolm.dry_run import PAPER_TOKENS, Packing, measure_prepare, text_bytes
 from litgpt_vocagnolm.packing import BlockDtypes
 from litgpt_vocagnolm.prepare import prepare
 from litgpt_vocagnolm.tokenizer_files import find_tokenizer_file, load_tokenizer, tokenizer_info
@@ -78,10 +78,8 @@ def test_dry_run_predicts_the_real_run(tmp_path, capsys, openwebmath_like, prepa
     manifest = prepared
     student = tokenizer_info(find_tokenizer_file(TINYLLAMA))
     teacher = tokenizer_info(find_tokenizer_file(QWEN))
-    figures = measure_prepare(
-        files, ["text"], student, teacher, 129, manifest["teacher_max_length"], BlockDtypes(**manifest["dtypes"]),
-        val_fraction=0.01, num_workers=4, teacher_dir=QWEN,
-    )  # fmt: skip
+    packing = Packing(student, teacher, 129, manifest["teacher_max_length"], BlockDtypes(**manifest["dtypes"]))
+    figures = measure_prepare(files, ["text"], packing, val_fraction=0.01, num_workers=4, teacher_dir=QWEN)
     # The sample is the whole input here: the extrapolation must land on what prepare wrote (the input's size comes
     # from the metadata, as above).
     real_tokens = sum(s["student_tokens"] for s in manifest["splits"].values())

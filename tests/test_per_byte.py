@@ -18,7 +18,7 @@ from litgpt_vocagnolm.data import VocAgnoData, byte_tables
 from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.loss import TokenBytes, teacher_reference
 from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
-from litgpt_vocagnolm.recipe import Guide, forward_and_loss
+from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
 from litgpt_vocagnolm.teacher import TeacherArgs
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 

@@ -478,7 +478,7 @@ def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_
     from litgpt_vocagnolm.data import VocAgnoData
     from litgpt_vocagnolm.gpt import GPT
     from litgpt_vocagnolm.methods import GuidedLoss
-    from litgpt_vocagnolm.recipe import Guide, forward_and_loss
+    from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
 
     same_vocab = method in ("rho1", "kld")
     guidance = GuidanceArgs(method=method, num_chunks=4)

@@ -18,7 +18,7 @@ from litgpt_vocagnolm.checks import check_setup
 from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.loss import SelectionArgs, aggregate_teacher_loss, teacher_guided_weights, teacher_reference
 from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
-from litgpt_vocagnolm.recipe import Guide, forward_and_loss
+from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
 from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
 
 

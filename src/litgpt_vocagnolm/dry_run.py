@@ -12,6 +12,7 @@ at --num_workers, the passes a token budget makes over the train split, the disk
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
@@ -94,14 +95,22 @@ def teacher_flops_per_token(teacher: Path) -> Optional[float]:
     return 2.0 * sum(p.numel() for name, p in model.named_parameters() if p.ndim == 2 and "wte" not in name)
 
 
+@dataclass(frozen=True)
+class Packing:
+    """How `vocagnolm prepare` packs blocks: both tokenizers, the block's student tokens (max_seq_length + 1), the
+    teacher window's cap and the arrays' dtypes (`packing.pack_blocks`)."""
+
+    student: TokenizerInfo
+    teacher: TokenizerInfo
+    block_tokens: int
+    teacher_max_length: int
+    dtypes: BlockDtypes
+
+
 def measure_prepare(
     files: list[Path],
     keys: list[str],
-    student: TokenizerInfo,
-    teacher: TokenizerInfo,
-    block_tokens: int,
-    teacher_max_length: int,
-    dtypes: BlockDtypes,
+    packing: Packing,
     *,
     val_fraction: Optional[float] = None,
     num_workers: int = 1,
@@ -113,12 +122,13 @@ def measure_prepare(
     Returns:
         The measured and extrapolated figures, by name (what `format_dry_run` prints).
     """
+    student, teacher, block_tokens = packing.student, packing.teacher, packing.block_tokens
     sample = Unit(0, tuple(piece for path in files for piece in file_pieces(path, 1 << 62)), 0)
     stats, sampled, block_bytes, window_tokens = Stats(), [0], 0, 0
     start = time.perf_counter()
     segments = limited(split_documents(sample, keys, "train", None, stats), SAMPLE_CHARS, sampled)
     streams = aligned_streams(segments, student, teacher, stats)
-    for block in pack_blocks(streams, block_tokens, teacher_max_length, dtypes, stats):
+    for block in pack_blocks(streams, block_tokens, packing.teacher_max_length, packing.dtypes, stats):
         block_bytes += sum(value.nbytes for value in block.values() if isinstance(value, np.ndarray)) + 8  # + num_bytes
         window_tokens += len(block["teacher_ids"])
     seconds = time.perf_counter() - start

@@ -46,7 +46,8 @@ from litgpt_vocagnolm.data import MANIFEST, Batch, TeacherSide, VocAgnoData, byt
 from litgpt_vocagnolm.distributed import checkpoint_activations, compile_blocks
 from litgpt_vocagnolm.flops import forward_flops, training_flops
 from litgpt_vocagnolm.gpt import frozen_model, load_model, new_model
-from litgpt_vocagnolm.recipe import Guide, Run, fit
+from litgpt_vocagnolm.micro_batch import Guide
+from litgpt_vocagnolm.recipe import Run, fit
 from litgpt_vocagnolm.score_teacher import compiles_by_default
 from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
 from litgpt_vocagnolm.teacher_cache import CACHE_MANIFEST

@@ -42,7 +42,7 @@ from litgpt_vocagnolm.loss import (
 
 
 class LossInputs(NamedTuple):
-    """What one micro-batch brings besides the student's per-token loss (`recipe.loss_inputs` builds it from a batch);
+    """What one micro-batch brings besides the student's per-token loss (`micro_batch.loss_inputs` builds it from a batch);
     a method's table entry names the fields its loss needs (`GuidanceMethod.inputs`). Lists hold one tensor per
     teacher, in the order of the data (`data.Batch.teachers`)."""
 

@@ -40,7 +40,7 @@ from litgpt_vocagnolm.documents import (
     smallest_hash,
     split_documents,
 )
-from litgpt_vocagnolm.dry_run import format_dry_run, measure_prepare
+from litgpt_vocagnolm.dry_run import Packing, format_dry_run, measure_prepare
 from litgpt_vocagnolm.errors import InvalidArgument, PathTaken, at_least, check_writable
 from litgpt_vocagnolm.files import file_fingerprint, file_sha256, write_json
 from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
@@ -319,10 +319,9 @@ def prepare(
         units, block_tokens = plan_units(files), max_seq_length + 1
         derived = block_settings(units, keys, student_info, teacher_info, block_tokens, teacher_max_length)
         dtypes, cap = BlockDtypes(**derived["dtypes"]), derived["teacher_max_length"]
-        figures = measure_prepare(
-            files, keys, student_info, teacher_info, block_tokens, cap, dtypes,
-            val_fraction=val_fraction, num_workers=num_workers, teacher_dir=teacher,
-        )  # fmt: skip
+        packing = Packing(student_info, teacher_info, block_tokens, cap, dtypes)
+        figures = measure_prepare(files, keys, packing, val_fraction=val_fraction, num_workers=num_workers,
+                                  teacher_dir=teacher)  # fmt: skip
         print(format_dry_run(figures))
         return
     settings = {

@@ -18,7 +18,6 @@ resumed from a count of blocks on any number of processes) in `order`, sharding 
 `distributed`, checkpoint writing and resuming in `checkpoints`, SIGUSR1's stop and the requeue in `slurm`.
 """
 
-import contextlib
 import functools
 import math
 import pprint
@@ -28,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 import lightning as L
 import torch
@@ -62,17 +61,18 @@ from litgpt_vocagnolm.checkpoints import (
 )
 from litgpt_vocagnolm.checks import check_run_args, check_setup, check_start, resolve_model_config
 from litgpt_vocagnolm.checks import tokenizer_pair_summary
-from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
+from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX
 from litgpt_vocagnolm.data import Batch, VocAgnoData, byte_tables
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, parallelize
 from litgpt_vocagnolm.errors import check_writable
 from litgpt_vocagnolm.gpt import load_model, new_model
 from litgpt_vocagnolm.loss import bits_per_byte, selection_generator
-from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
+from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
+from litgpt_vocagnolm.methods import GuidanceArgs
 from litgpt_vocagnolm.model_configs import register
 from litgpt_vocagnolm.slurm import requeue_and_exit, stop_signal
 from litgpt_vocagnolm.stopwatch import Stopwatch
-from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
+from litgpt_vocagnolm.teacher import TeacherArgs
 
 
 @dataclass
@@ -98,27 +98,6 @@ class Run:
     """The resumes that changed the run's shape, headed to hyperparameters.yaml (`checkpoints.resume_history`)."""
     stop: threading.Event
     """Set by SIGUSR1: stop after the current optimizer step (see `slurm.stop_signal`)."""
-
-
-@dataclass
-class Guide:
-    """What guides the student on each micro-batch: the online teachers and the run's guided loss."""
-
-    teachers: list[nn.Module]
-    """The online teachers, one per teacher side of a batch (`data.Batch.teachers`); empty with loss caches or
-    without a teacher."""
-    loss: GuidedLoss
-    """Built once from the run's arguments (`methods.GuidedLoss`)."""
-
-    @classmethod
-    def build(cls, fabric: L.Fabric, guidance: GuidanceArgs, teachers: list[nn.Module], vocab_size: int | None = None,
-              byte_tables: Sequence[torch.Tensor] = ()) -> "Guide":  # fmt: skip
-        """The guide of a run on `fabric`: its rank, and its all_gather for `--guidance.scope global`; `vocab_size`
-        (the student tokenizer's) for `kld`, `byte_tables` (`data.byte_tables`) for `--guidance.compare byte`."""
-        all_gather = fabric.all_gather if guidance.scope == "global" else None
-        loss = GuidedLoss(guidance, all_gather=all_gather, rank=fabric.global_rank, vocab_size=vocab_size,
-                          byte_tables=byte_tables)  # fmt: skip
-        return cls(teachers, loss)
 
 
 def setup(
@@ -517,60 +496,6 @@ def fit(
         fabric.log_dict(val_metrics, step=state["iter_num"])
         fabric.print(f"Final evaluation | {format_metrics(val_metrics)}")
     return True
-
-
-def forward_and_loss(
-    model: nn.Module,
-    guide: Guide,
-    batch: Batch | torch.Tensor,
-    *,
-    generator: torch.Generator | None = None,
-    teacher_timer: contextlib.AbstractContextManager = contextlib.nullcontext(),
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """One micro-batch: teacher scores (online, timed by `teacher_timer`, or from the caches), student forward,
-    guided loss (`generator`: `random`'s draws). `batch`: a loader's (`data.Batch.of`). Returns the weighted loss sum,
-    the weight sum and detached metrics (see `methods.GuidedLoss`)."""
-    batch, method = Batch.of(batch), guide.loss.args.spec
-    sides = batch.teachers
-    teacher_losses, teacher_logits = None, None
-    if sides and sides[0].loss is not None:  # cached: `score-teacher`
-        teacher_losses = [side.loss for side in sides]
-    elif guide.teachers:
-        with teacher_timer, torch.no_grad():
-            if method.teacher_logits:  # the distillation baselines need the whole distribution, at a cost
-                teacher_logits = guide.teachers[0](sides[0].ids)  # (B, M, V_teacher)
-            else:
-                teacher_losses = [
-                    teacher_token_loss(teacher, side.ids, side.valid)  # (B, M_k)
-                    for teacher, side in zip(guide.teachers, sides, strict=True)
-                ]
-
-    if method.teacher_logits:
-        logits = model(batch.input_ids)  # (B, T, V_student)
-        ls = per_token_cross_entropy(logits, batch.targets)  # (B, T) float32
-    else:  # the head and the loss a tile of rows at a time: no (B, T, V) logits
-        logits, ls = None, model(batch.input_ids, targets=batch.targets)  # (B, T) float32
-    inputs = loss_inputs(batch, guide.loss, teacher_losses, logits=logits, teacher_logits=teacher_logits,
-                         generator=generator)  # fmt: skip
-    return guide.loss(ls, batch.targets != IGNORE_INDEX, inputs)
-
-
-def loss_inputs(
-    batch: Batch,
-    guided: GuidedLoss,
-    teacher_losses: list[torch.Tensor] | None,
-    *,
-    logits: torch.Tensor | None = None,
-    teacher_logits: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
-) -> LossInputs:
-    """What the guided loss reads of a micro-batch: its teachers' ranges and token bytes, with the teachers' losses
-    (one (B, M_k) per teacher, cached or online, or None), the logits of the distillation methods and `random`'s
-    generator."""
-    sides = batch.teachers
-    ranges = [side.ranges for side in sides] or None
-    token_bytes = guided.token_bytes(batch.targets, [side.ids for side in sides])
-    return LossInputs(teacher_losses, ranges, logits, teacher_logits, token_bytes, generator)
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ from litgpt_vocagnolm.gpt import load_model
 from litgpt_vocagnolm.loss import selection_generator
 from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss
 from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
-from litgpt_vocagnolm.recipe import loss_inputs
+from litgpt_vocagnolm.micro_batch import loss_inputs
 from litgpt_vocagnolm.teacher import teacher_token_loss
 from litgpt_vocagnolm.tokenizer_files import cached_tokenizer, find_tokenizer_file, tokenizer_info
 
