@@ -70,6 +70,13 @@ def test_only_user_errors_lose_their_traceback(capsys):
         with plain_user_errors("vocagnolm x", debug=False):
             raise InvalidArgument(wrapped)
     assert capsys.readouterr().err == "vocagnolm x: error: chunk-0-0.bin is damaged.\nPrepare again.\n"
+    with pytest.raises(SystemExit) as exit_:  # only a path the user gave can be refused by the file system
+        with plain_user_errors("vocagnolm x", debug=False):
+            raise PermissionError(13, "Permission denied", "/data/out")
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err == (
+        "vocagnolm x: error: [Errno 13] Permission denied: '/data/out'. Give a path this user may write to (and read).\n"
+    )
 
 
 # prepare

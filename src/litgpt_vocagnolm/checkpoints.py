@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, check_writable
 from litgpt_vocagnolm.files import file_sha256
 from litgpt_vocagnolm.tokenizer_files import TOKENIZER_FILES, load_tokenizer
 
@@ -51,7 +51,7 @@ def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = Fals
     """Fails early, naming what is missing or unreadable, before any model is built: the weights and config, and with
     `tokenizer` the tokenizer files (what `litgpt generate` and `vocagnolm evaluate` need). The weights are opened
     (`read_weights`: memory-mapped, their pickled index read, not the tensor data), so a refused or damaged file fails
-    here rather than after minutes of model building."""
+    here rather than after minutes of model building; where checksums.json records them, they must match it."""
     if not checkpoint_dir.is_dir():
         raise PathMissing(f"{what} {str(checkpoint_dir)!r} is not a directory. Pass a LitGPT checkpoint directory.")
     wanted = [(name,) for name in MODEL_FILES]
@@ -67,6 +67,8 @@ def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = Fals
             " tokenizer files of the model it started from next to lit_model.pth."
         )
     read_weights(checkpoint_dir / "lit_model.pth")
+    if (checkpoint_dir / CHECKSUMS).is_file():  # a training checkpoint's final/ or an exported one: damaged since?
+        verified_weights_sha256(checkpoint_dir)
     if any((checkpoint_dir / name).is_file() for name in TOKENIZER_FILES):
         config = Config.from_file(checkpoint_dir / "model_config.yaml")
         check_vocab_size(config, checkpoint_dir, what, fix="tokenizer and weights do not belong together. Use the"
@@ -147,7 +149,7 @@ def check_out_dir(out_dir: Path, resume: bool | Literal["auto"] | Path, overwrit
     if previous:
         more = f" and {len(previous) - 5} more" if len(previous) > 5 else ""
         names = ", ".join(p.name for p in previous[:5]) + more
-        raise FileExistsError(
+        raise PathTaken(
             f"--out_dir {str(out_dir)!r} holds a previous run's checkpoints ({names}). Continue that run with --resume"
             " auto, choose another --out_dir, or pass --overwrite true to delete them and start afresh."
         )
@@ -212,16 +214,18 @@ def file_checksums(directory: Path, shards_of: int | None = None) -> dict[str, s
     return sums
 
 
-def check_resume_path(path: Path) -> None:
-    """`--resume PATH`, before any process starts: a sharded checkpoint directory (or a file in one) whose index loads.
-    Its checksums are checked once the processes run, each rank a share of the files (`find_resume_checkpoint`)."""
+def check_resume_path(path: Path, flag: str = "--resume") -> None:
+    """`--resume PATH` (or the checkpoint that option `flag` names), before any process starts: a sharded checkpoint
+    directory (or a file in one) whose index loads. Its checksums are checked once the processes run, each rank a share
+    of the files (`find_resume_checkpoint`)."""
     if path.is_file():
         read_weights(path)  # a crafted or damaged weight file: refused, naming it
         path = path.parent
     if not (path / ".metadata").is_file():
+        newest = ", or --resume auto for the newest in --out_dir" if flag == "--resume" else ""
         raise UnreadableCheckpoint(
-            f"--resume {str(path)!r} is not a sharded checkpoint (no .metadata): pass a step-* directory this recipe"
-            " saved, or --resume auto for the newest in --out_dir."
+            f"{flag} {str(path)!r} is not a sharded checkpoint (no .metadata): pass a step-* (or final) directory the"
+            f" recipe saved{newest}."
         )
     SafeReader(path).read_metadata()
 
@@ -480,10 +484,11 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
         checkpoint_dir: The sharded checkpoint: a ``step-*`` (or ``final``) directory the recipe saved.
         out_dir: Where to write the LitGPT checkpoint directory (created; an existing lit_model.pth is refused).
     """
-    check_resume_path(checkpoint_dir)  # a sharded checkpoint, its index safe to read
-    verify_checkpoint(checkpoint_dir)  # complete, every file matching its checksum
+    check_resume_path(checkpoint_dir, "checkpoint_dir")  # a sharded checkpoint, its index safe to read
+    check_writable(out_dir, "--out_dir")
     if (out_dir / "lit_model.pth").exists():
-        raise FileExistsError(f"{out_dir / 'lit_model.pth'} exists: choose another out_dir, or delete it first.")
+        raise PathTaken(f"{out_dir / 'lit_model.pth'} exists: choose another --out_dir, or delete it first.")
+    verify_checkpoint(checkpoint_dir)  # complete, every file matching its checksum
     train_state = json.loads((checkpoint_dir / TRAIN_STATE).read_text())
     counters = {name: train_state[name] for name in ("iter_num", "step_count")}
     export_lit_model(checkpoint_dir, out_dir / "lit_model.pth", extra=counters)
@@ -503,6 +508,7 @@ FIXED_ON_RESUME = {
     "train.max_seq_length": "the blocks and the tokens per step are the run's",
     "guidance.method": "a run trains one method; train another in a new --out_dir",
     "precision": "the weights and AdamW state keep the precision the run started with",
+    "data.init_args.path": "the saved data position is a position in the run's data",
 }
 
 
@@ -522,7 +528,7 @@ def resume_history(checkpoint_dir: Path, hparams: dict, world_size: int) -> list
 
     for key, reason in FIXED_ON_RESUME.items():
         if value(saved, key) != value(hparams, key):
-            raise ValueError(
+            raise InvalidArgument(
                 f"--{key} {value(hparams, key)} differs from the run's {value(saved, key)} ({saved_file}): it can't"
                 f" change on resume, as {reason}. Resume with --{key} {value(saved, key)}."
             )

@@ -4,14 +4,16 @@ and the line that makes a wrong tokenizer pairing visible at the start of a run.
 from pathlib import Path
 from typing import Literal
 
+import torch
 from litgpt.args import EvalArgs, TrainArgs
 from litgpt.config import Config
 from litgpt.data import DataModule
 
 from litgpt_vocagnolm.alignment import vocab_overlap
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, check_resume_path, check_vocab_size
+from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, check_resume_path, check_vocab_size, read_weights
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
-from litgpt_vocagnolm.errors import InvalidArgument, at_least
+from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices
+from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.methods import GuidanceArgs, method_names
 from litgpt_vocagnolm.model_configs import config_named
 from litgpt_vocagnolm.teacher import TeacherArgs
@@ -30,8 +32,7 @@ def resolve_model_config(model_name: str | None, model_config: Config | None) ->
 def check_run_args(train: TrainArgs, eval: EvalArgs, devices: int | str, num_nodes: int) -> None:
     """The recipe's numbers in range, before anything is loaded (LitGPT's TrainArgs checks few: a micro-batch of 0
     divides by zero, a negative one reaches LitData)."""
-    if devices != "auto" and (not isinstance(devices, int) or devices < 1):
-        raise InvalidArgument(f"--devices must be 'auto' or a positive number of GPUs per node, got {devices!r}.")
+    check_devices(devices)
     at_least("--num_nodes", num_nodes, 1)
     for name in ("global_batch_size", "micro_batch_size", "log_interval"):
         at_least(f"--train.{name}", getattr(train, name), 1)
@@ -47,6 +48,24 @@ def check_run_args(train: TrainArgs, eval: EvalArgs, devices: int | str, num_nod
     at_least("--train.min_lr", train.min_lr, 0)
     at_least("--eval.interval", eval.interval, 1)
     at_least("--eval.max_iters", eval.max_iters, 0)
+
+
+def check_weights_fit(config: Config, checkpoint_dir: Path, flag: str) -> None:
+    """Fails unless the checkpoint's weights have the tensors, by name and shape, of the model `config` builds (built
+    on the meta device: no memory), naming the first that differ; else `load_state_dict` refuses them after the model
+    is built."""
+    with torch.device("meta"):
+        wanted = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
+    weights = read_weights(checkpoint_dir / "lit_model.pth")
+    found = {name: tuple(t.shape) for name, t in weights.get("model", weights).items()}
+    differ = [f"{name}: {found.get(name, 'absent')} there, {wanted.get(name, 'absent')} in this model"
+              for name in sorted(wanted.keys() | found.keys()) if found.get(name) != wanted.get(name)]  # fmt: skip
+    if differ:
+        raise InvalidArgument(
+            f"{flag} {str(checkpoint_dir)!r} holds another architecture than {config.name!r} ({'; '.join(differ[:3])}"
+            f"{f'; {len(differ) - 3} more' if len(differ) > 3 else ''}): give the checkpoint of this model, or the"
+            " --model_name / --model_config it was trained as."
+        )
 
 
 def check_setup(
@@ -75,6 +94,9 @@ def check_setup(
         )
     if initial_checkpoint_dir is not None:
         check_checkpoint_dir(initial_checkpoint_dir, what="--initial_checkpoint_dir")
+        check_weights_fit(config, initial_checkpoint_dir, "--initial_checkpoint_dir")
+    if getattr(data, "num_workers", 0) < 0:  # torch's DataLoader would refuse it, once the model is built
+        at_least("--data.num_workers", data.num_workers, 0)
     if isinstance(resume, Path):
         check_resume_path(resume)  # refused, unreadable or damaged: fail now, naming the file
     if train.max_tokens is None or train.max_norm is None:
