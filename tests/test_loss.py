@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
 from litgpt_vocagnolm.distillation import kld_loss, paired_teacher_positions, uld_loss
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.loss import aggregate_teacher_loss, random_selection, select_top_k, teacher_guided_weights
 from litgpt_vocagnolm.methods import METHODS, GuidanceArgs, guided_loss
 
@@ -529,7 +530,9 @@ def test_guidance_args():
         "random": (False, False, False, "token", True, True),
     }
     assert GuidanceArgs(method="chunk").num_chunks_if_chunked == 8 and GuidanceArgs().num_chunks_if_chunked is None
-    GuidanceArgs(top_k=0.0)  # trains no mapped token: the edge of the range, allowed as `teacher_guided_weights` allows it
+    GuidanceArgs(top_k=1.0)  # every mapped token: the edge of the range
+    with pytest.raises(InvalidArgument, match=r"guidance.top_k must be in \(0, 1\]"):
+        GuidanceArgs(top_k=0.0)  # would train no mapped token: only the unmapped ones, silently
     GuidanceArgs(method="uld").check_tokenizers(same_vocabulary=False)
     GuidanceArgs(method="kld").check_tokenizers(same_vocabulary=True)
     with pytest.raises(ValueError, match="needs a teacher with the student's vocabulary.*--guidance.method vocagnolm"):

@@ -325,7 +325,7 @@ def test_bad_configuration_fails_before_any_model(tmp_path, tinyllama_mistral_da
     message = _setup_error(tmp_path, tinyllama_mistral_data, empty)
     assert "lacks ['lit_model.pth', 'model_config.yaml']" in message
 
-    with pytest.raises(ValueError, match=r"top_k must be in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"top_k must be in \(0, 1\]"):
         GuidanceArgs(top_k=1.5)
 
     message = _setup_error(tmp_path, tinyllama_mistral_data, mistral_teacher, guidance=GuidanceArgs(method="kld"))

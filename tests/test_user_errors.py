@@ -48,7 +48,7 @@ def test_recipe_user_error_is_one_line():
     out = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--train.micro_batch_size", "0")
     assert_one_line(out, "litgpt pretrain --recipe vocagnolm", "--train.micro_batch_size must be at least 1, got 0.")
     out = run(str(BIN / "vocagnolm"), "pretrain", "--guidance.top_k", "5")  # a check in an argument dataclass
-    assert_one_line(out, "litgpt pretrain --recipe vocagnolm", "guidance.top_k must be in [0, 1]")
+    assert_one_line(out, "litgpt pretrain --recipe vocagnolm", "guidance.top_k must be in (0, 1]")
 
 
 def test_only_user_errors_lose_their_traceback(capsys):

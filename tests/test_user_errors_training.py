@@ -116,3 +116,14 @@ def test_a_damaged_final_checkpoint_is_refused_where_it_is_loaded(tmp_path, fini
     with pytest.raises(InvalidArgument, match="lit_model.pth does not match its checksum"):
         setup(**setup_args(tmp_path, tinyllama_mistral_data, initial_checkpoint_dir=final))
     assert torch.load(final / "lit_model.pth", weights_only=True, mmap=True)  # still readable: only the sum tells
+
+
+def test_a_teacher_shorter_than_the_windows_is_refused_before_any_model(tmp_path, tinyllama_mistral_data):
+    from litgpt_vocagnolm.teacher import TeacherArgs
+
+    short = json.loads((tinyllama_mistral_data / "manifest.json").read_text())["teacher_max_length"] - 1
+    teacher = make_checkpoint(tmp_path / "short", tiny_config("t", 32000, block_size=short), MISTRAL)
+    with pytest.raises(InvalidArgument, match=f"--teacher.checkpoint_dir .* has a block size of {short} tokens"):
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, guidance=GuidanceArgs(),
+                           teacher=TeacherArgs(checkpoint_dir=teacher)))  # fmt: skip
+    assert not (tmp_path / "out").exists()

@@ -68,6 +68,19 @@ def check_weights_fit(config: Config, checkpoint_dir: Path, flag: str) -> None:
         )
 
 
+def check_teacher_block_size(manifest: dict, teacher_dir: Path, flag: str, data: Path) -> None:
+    """Fails, before any model is loaded, unless the teacher's block size (read from its model_config.yaml) holds the
+    prepared data's teacher windows (`teacher_max_length` tokens at most): a longer window would be cut, or refused
+    in a loader worker mid-run."""
+    block_size = Config.from_file(teacher_dir / "model_config.yaml").block_size
+    if manifest["teacher_max_length"] > block_size:
+        raise InvalidArgument(
+            f"{flag} {str(teacher_dir)!r} has a block size of {block_size} tokens, shorter than the teacher windows of up"
+            f" to {manifest['teacher_max_length']} tokens in {data}: prepare the data again with --teacher_max_length"
+            f" {block_size} (or a smaller --max_seq_length), or use a teacher with a longer context."
+        )
+
+
 def check_setup(
     config: Config,
     data: DataModule | None,
@@ -155,8 +168,9 @@ def check_setup(
                 f"--guidance.method {guidance.method} needs a teacher: --teacher.checkpoint_dir DIR (or"
                 " --teacher.cache DIR from `vocagnolm score-teacher`)."
             )
-        for checkpoint_dir in checkpoint_dirs:
+        for checkpoint_dir, path, manifest in zip(checkpoint_dirs, paths, data.manifests):
             check_checkpoint_dir(checkpoint_dir, what="--teacher.checkpoint_dir")
+            check_teacher_block_size(manifest, checkpoint_dir, "--teacher.checkpoint_dir", path)
     same_vocabulary = True
     for k in range(len(paths)):
         teacher_dir = checkpoint_dirs[k] if checkpoint_dirs else None

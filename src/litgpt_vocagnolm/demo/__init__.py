@@ -116,7 +116,7 @@ def demo(
         seeds: Student seeds (initialisation and data order). Every method runs with the first.
         seeded_methods: The methods run with every seed, to tell a small difference from seed noise.
         noise: Share of each student document's characters replaced by noise, from 0 (clean text) to below 1.
-        top_k: Share of the mapped tokens trained by the selecting methods (vocagnolm, chunk, random), from 0 to 1;
+        top_k: Share of the mapped tokens trained by the selecting methods (vocagnolm, chunk, random), above 0, at most 1;
             the paper's 0.4.
         sizes: Corpus, vocabulary, model and budget sizes. See ``DemoSizes``.
         quick: Tiny sizes instead (``QUICK``): every stage in well under a minute; a smoke test, its numbers mean
