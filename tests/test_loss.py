@@ -505,8 +505,8 @@ def test_guided_loss_names_missing_inputs():
 def test_guidance_args():
     assert GuidanceArgs().method == "vocagnolm" and GuidanceArgs().top_k == 0.4
     for kwargs, message in [
-        (dict(top_k=-0.1), r"top_k must be in \[0, 1\]"),
-        (dict(top_k=1.5), r"top_k must be in \[0, 1\]"),
+        (dict(top_k=-0.1), r"top_k must be in \(0, 1\]"),
+        (dict(top_k=1.5), r"top_k must be in \(0, 1\]"),
         (dict(method="distill"), "method must be one of"),
         (dict(scope="node"), "scope must be one of"),
         (dict(temperature=0.0), "temperature must be > 0"),
