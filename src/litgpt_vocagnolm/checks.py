@@ -75,8 +75,8 @@ def check_teacher_block_size(manifest: dict, teacher_dir: Path, flag: str, data:
     block_size = Config.from_file(teacher_dir / "model_config.yaml").block_size
     if manifest["teacher_max_length"] > block_size:
         raise InvalidArgument(
-            f"{flag} {str(teacher_dir)!r} has a block size of {block_size} tokens, shorter than the teacher windows of up"
-            f" to {manifest['teacher_max_length']} tokens in {data}: prepare the data again with --teacher_max_length"
+            f"{flag} {str(teacher_dir)!r} has a block size of {block_size} tokens, shorter than the teacher windows of"
+            f" up to {manifest['teacher_max_length']} tokens in {data}: prepare the data again with --teacher_max_length"
             f" {block_size} (or a smaller --max_seq_length), or use a teacher with a longer context."
         )
 

@@ -53,7 +53,7 @@ def check_devices(devices: int | str, flag: str = "--devices") -> None:
 
 def check_output_file(path: Path, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
     """Refuses, before any work, an output file that can't be written: a folder where the file is due, a suffix not
-    among `suffixes` (when given), a folder that can't be created or written into. Returns the path."""
+    among `suffixes` (when given), a folder that can't be created or written into; creates its folder. Returns it."""
     path = Path(path)
     if path.is_dir():
         example = path / ("out" + "".join(suffixes[:1]))
@@ -63,6 +63,7 @@ def check_output_file(path: Path, flag: str, suffixes: tuple[str, ...] = ()) -> 
             f"{flag} {path}: the file must end in {', '.join(suffixes)}, not {path.suffix or 'nothing'}."
         )
     check_writable(path.parent, flag)
+    path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
 
