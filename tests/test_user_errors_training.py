@@ -127,3 +127,32 @@ def test_a_teacher_shorter_than_the_windows_is_refused_before_any_model(tmp_path
         setup(**setup_args(tmp_path, tinyllama_mistral_data, guidance=GuidanceArgs(),
                            teacher=TeacherArgs(checkpoint_dir=teacher)))  # fmt: skip
     assert not (tmp_path / "out").exists()
+
+
+# what the log says
+
+
+@pytest.mark.parametrize("change", ["max_tokens", "max_steps"])
+def test_a_resume_that_changes_the_runs_length_is_logged_and_recorded(tmp_path, finished_run, tinyllama_mistral_data,
+                                                                        capsys, change):  # fmt: skip
+    import shutil
+
+    out_dir = shutil.copytree(finished_run, tmp_path / "out")
+    shutil.rmtree(out_dir / "final")
+    longer = {"max_tokens": 2 * 2 * 64} if change == "max_tokens" else {"max_tokens": 2 * 64 * 10, "max_steps": 2}
+    train = TrainArgs(global_batch_size=2, micro_batch_size=2, max_norm=1.0, max_seq_length=64, save_interval=1,
+                      **longer)  # fmt: skip
+    capsys.readouterr()
+    setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train, resume="auto"))
+    before = {"max_tokens": 128, "max_steps": None}[change]
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("Resumed from step 1 with")]
+    assert f"train.{change} {before} -> {longer[change]}" in line and "; 2 steps." in out  # the new schedule's length
+    assert (out_dir / "final" / "hyperparameters.yaml").read_text().startswith(f"# {line}\n")
+
+
+def test_a_ce_run_logs_no_selection_it_did_not_make(tmp_path, tinyllama_mistral_data, capsys):
+    setup(**setup_args(tmp_path, tinyllama_mistral_data))
+    out = capsys.readouterr().out
+    assert "loss train: " in out and "student CE: " in out
+    assert "selected:" not in out and "of mapped" not in out

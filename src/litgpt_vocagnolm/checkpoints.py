@@ -534,7 +534,9 @@ def resume_history(checkpoint_dir: Path, hparams: dict, world_size: int) -> list
             )
     saved_world_size = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["world_size"]
     changes = [f"processes {saved_world_size} -> {world_size}"] if saved_world_size != world_size else []
-    for key in ("train.micro_batch_size", "devices", "num_nodes"):
+    # The split of a step over ranks and micro-batches, and the run's length: the learning-rate schedule (its steps,
+    # warm-up and decay) is recomputed from the new length, so the change goes on record.
+    for key in ("train.micro_batch_size", "devices", "num_nodes", "train.max_tokens", "train.max_steps"):
         if value(saved, key) != value(hparams, key):
             changes.append(f"{key} {value(saved, key)} -> {value(hparams, key)}")
     step = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["step_count"]

@@ -453,13 +453,11 @@ def fit(
                 "learning_rate": lr,
                 "tokens_per_sec": tokens / (t1 - total_t0),
                 "teacher_time_share": teacher_timer.seconds() / max(step_time, 1e-9),
-                **{name: float(value) for name, value in step_metrics.items()},
+                **mean_over_ranks(fabric, step_metrics),
             }
             fabric.print(
-                f"Epoch {log['epoch'] + 1} | iter {log['iter']} step {log['step']} | loss train: {loss:.3f},"
-                f" student CE: {log.get('student_loss', float('nan')):.3f},"
-                f" selected: {log.get('selected_fraction', 1.0):.2f} of mapped {log.get('mapped_fraction', 0.0):.2f}"
-                f" | {format_metrics(val_metrics)} | iter time: {log['iter_time'] * 1000:.2f} ms"
+                f"Epoch {log['epoch'] + 1} | iter {log['iter']} step {log['step']} | loss train: {loss:.3f}"
+                f"{step_summary(log)} | {format_metrics(val_metrics)} | iter time: {log['iter_time'] * 1000:.2f} ms"
                 f" remaining time: {timedelta(seconds=int(log['remaining_time']))!s}"
             )
             fabric.log_dict(log, step=state["iter_num"] - 1)
@@ -584,6 +582,24 @@ def check_finite(finite: torch.Tensor, step: int) -> None:
             f"A gradient norm was not finite between the last log step and step {step}: the weights are no longer"
             " finite. Resume from the last checkpoint with a lower learning rate or another --train.max_norm."
         )
+
+
+def mean_over_ranks(fabric: L.Fabric, metrics: dict[str, torch.Tensor]) -> dict[str, float]:
+    """A step's metrics (each a scalar tensor, the rank's mean over its micro-batches) averaged over the ranks, as the
+    logged `loss` is reduced: one all-reduce of them stacked, on log steps only (every rank has the same names)."""
+    if not metrics:
+        return {}
+    values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=fabric.device) for v in metrics.values()])
+    return dict(zip(metrics, fabric.all_reduce(values, reduce_op="mean").tolist()))
+
+
+def step_summary(log: dict[str, float]) -> str:
+    """The step line's guided-loss figures, those the method reports: the student's cross-entropy and, for the
+    selecting methods, the share of mapped tokens selected (no figure for what a method does not compute)."""
+    text = f", student CE: {log['student_loss']:.3f}" if "student_loss" in log else ""
+    if "selected_fraction" in log and "mapped_fraction" in log:
+        text += f", selected: {log['selected_fraction']:.2f} of mapped {log['mapped_fraction']:.2f}"
+    return text
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
