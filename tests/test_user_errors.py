@@ -160,6 +160,19 @@ def test_recipe_refuses_numbers_out_of_range(tmp_path, train, eval, devices, num
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "optimizer, message",
+    [("Adamx", "--optimizer: module 'torch.optim' has no attribute 'Adamx'. Name a torch.optim class"),
+     ({"class_path": "torch.optim.AdamW", "init_args": {"lr": -1}}, "--optimizer: Invalid learning rate: -1. Name")],
+)  # fmt: skip
+def test_recipe_refuses_an_optimizer_it_cannot_build_before_loading_anything(tmp_path, optimizer, message):
+    from litgpt_vocagnolm.recipe import setup
+
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        setup(model_name="pythia-14m", out_dir=tmp_path / "out", optimizer=optimizer)
+    assert not (tmp_path / "out").exists()
+
+
 def test_recipe_refuses_an_out_dir_it_cannot_create_before_loading_anything(tmp_path):
     from litgpt_vocagnolm.recipe import setup
 

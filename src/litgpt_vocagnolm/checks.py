@@ -8,11 +8,12 @@ import torch
 from litgpt.args import EvalArgs, TrainArgs
 from litgpt.config import Config
 from litgpt.data import DataModule
+from litgpt.utils import instantiate_torch_optimizer
 
 from litgpt_vocagnolm.alignment import vocab_overlap
 from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, check_resume_path, check_vocab_size, read_weights
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
-from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices
+from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, given_by
 from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.methods import GuidanceArgs, method_names
 from litgpt_vocagnolm.model_configs import config_named
@@ -79,6 +80,14 @@ def check_teacher_block_size(manifest: dict, teacher_dir: Path, flag: str, data:
             f" up to {manifest['teacher_max_length']} tokens in {data}: prepare the data again with --teacher_max_length"
             f" {block_size} (or a smaller --max_seq_length), or use a teacher with a longer context."
         )
+
+
+def check_optimizer(optimizer: str | dict) -> None:
+    """Builds the optimizer once over a stand-in parameter, so that an unknown name or a bad argument (a negative
+    learning rate) fails now, naming --optimizer, not in LitGPT's `instantiate_torch_optimizer` once the model is
+    built."""
+    with given_by("--optimizer", "Name a torch.optim class (e.g. AdamW) or give its class_path and init_args."):
+        instantiate_torch_optimizer(optimizer, [torch.nn.Parameter(torch.zeros(1))])
 
 
 def check_setup(

@@ -75,6 +75,6 @@ def given_by(flag: str, fix: str) -> Iterator[None]:
         yield
     except UserError:
         raise
-    except (ValueError, TypeError, OSError, RuntimeError, KeyError) as error:
+    except (ValueError, TypeError, OSError, RuntimeError, KeyError, AttributeError, ImportError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise InvalidArgument(f"{flag}: {reason}. {fix}") from error

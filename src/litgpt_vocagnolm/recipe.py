@@ -57,7 +57,13 @@ from litgpt_vocagnolm.checkpoints import (
     previous_checkpoints,
     resume_history,
 )
-from litgpt_vocagnolm.checks import check_run_args, check_setup, resolve_model_config, tokenizer_pair_summary
+from litgpt_vocagnolm.checks import (
+    check_optimizer,
+    check_run_args,
+    check_setup,
+    resolve_model_config,
+    tokenizer_pair_summary,
+)
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.data import VocAgnoData, byte_tables
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, parallelize
@@ -174,6 +180,7 @@ def setup(
         print("Available values:\n" + "\n".join(sorted(name_to_config)))
         return
     check_run_args(train, eval, devices, num_nodes)
+    check_optimizer(optimizer)
     check_writable(init_out_dir(out_dir), "--out_dir")  # a read-only one fails now, not at the first checkpoint
     config = resolve_model_config(model_name, model_config)
     devices = parse_devices(devices)
