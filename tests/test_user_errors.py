@@ -357,3 +357,19 @@ def test_a_demo_run_again_keeps_a_file_put_in_its_folders(tmp_path):
     (out_dir / "runs" / "notes.txt").unlink()
     claim_out_dir(out_dir)  # only its own files: replaced
     assert not (out_dir / "runs").exists()
+
+
+def test_a_demo_budget_beyond_the_corpus_is_a_user_error():
+    from litgpt_vocagnolm.demo.corpus import documents_for
+
+    with pytest.raises(InvalidArgument, match="The corpus holds 6 tokens for this budget of 1,000 .plus 5%.: lower the budget"):
+        documents_for(["one two three", "four"], TINYLLAMA, 1000)
+
+
+def test_bits_per_byte_names_a_tokenizer_without_bos_or_eos():
+    from types import SimpleNamespace
+
+    from litgpt_vocagnolm.evaluate import bits_per_byte_of_documents
+
+    with pytest.raises(InvalidArgument, match="--bpb needs a tokenizer with a BOS or EOS token"):
+        bits_per_byte_of_documents(None, SimpleNamespace(bos_id=None, eos_id=None), ["text"], batch_size=1)
