@@ -91,9 +91,15 @@ def test_export_names_its_own_arguments(tmp_path, finished_run):
     with pytest.raises(PathTaken, match="a-file is a file, not a folder"):
         export(finished_run / "step-00000001", tmp_path / "a-file")
     export(finished_run / "step-00000001", tmp_path / "exported")
-    with pytest.raises(PathTaken, match="lit_model.pth exists: choose another --out_dir"):
+    with pytest.raises(PathTaken, match="exported holds lit_model.pth, model_config.yaml, hyperparameters.yaml,"
+                       " checksums.json, tokenizer.json, tokenizer_config.json, which the export would replace"):
         export(finished_run / "step-00000001", tmp_path / "exported")
     assert (tmp_path / "a-file").read_text() == "mine"
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "tokenizer.json").write_text("my tokenizer")
+    with pytest.raises(PathTaken, match="mine holds tokenizer.json, which the export would replace"):
+        export(finished_run / "step-00000001", tmp_path / "mine")
+    assert (tmp_path / "mine" / "tokenizer.json").read_text() == "my tokenizer"
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")

@@ -486,8 +486,15 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
     """
     check_resume_path(checkpoint_dir, "checkpoint_dir")  # a sharded checkpoint, its index safe to read
     check_writable(out_dir, "--out_dir")
-    if (out_dir / "lit_model.pth").exists():
-        raise PathTaken(f"{out_dir / 'lit_model.pth'} exists: choose another --out_dir, or delete it first.")
+    # What it writes (the config and tokenizer files that `copy_config_files` finds beside the shards): none replaced.
+    copied = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+    written = [*MODEL_FILES, "hyperparameters.yaml", CHECKSUMS, *(n for n in copied if (checkpoint_dir / n).exists())]
+    taken = [name for name in written if (out_dir / name).exists()]
+    if taken:
+        raise PathTaken(
+            f"--out_dir {out_dir} holds {', '.join(taken)}, which the export would replace: choose another --out_dir,"
+            " or delete them first."
+        )
     verify_checkpoint(checkpoint_dir)  # complete, every file matching its checksum
     train_state = json.loads((checkpoint_dir / TRAIN_STATE).read_text())
     counters = {name: train_state[name] for name in ("iter_num", "step_count")}
