@@ -1,6 +1,7 @@
 """User errors of the recipe (`litgpt pretrain --recipe vocagnolm`) and of `vocagnolm export`: each a `UserError`
 (one line and exit status 1 on the command line) raised before any model is built, never a library's traceback."""
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -78,6 +79,12 @@ def test_an_initial_checkpoint_of_another_architecture_is_refused_before_any_mod
                        r"lm_head.weight: \(32000, 64\) there, \(32000, 32\) in this model"):  # fmt: skip
         setup(**setup_args(tmp_path, tinyllama_mistral_data, initial_checkpoint_dir=other))
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed here")
+def test_a_logger_whose_package_is_missing_is_named(tmp_path, tinyllama_mistral_data):
+    with pytest.raises(InvalidArgument, match="--logger_name: Requirement 'wandb.*not met.*Install the logger's package"):
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, logger_name="wandb"))
 
 
 # export

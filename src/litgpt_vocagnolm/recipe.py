@@ -67,7 +67,7 @@ from litgpt_vocagnolm.checks import (
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.data import VocAgnoData, byte_tables
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, parallelize
-from litgpt_vocagnolm.errors import check_writable
+from litgpt_vocagnolm.errors import check_writable, given_by
 from litgpt_vocagnolm.gpt import GPT, load_model
 from litgpt_vocagnolm.loss import TokenBytes, bits_per_byte, selection_generator
 from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
@@ -190,14 +190,15 @@ def setup(
     precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
     out_dir = init_out_dir(out_dir)
     check_out_dir(out_dir, resume, overwrite)
-    logger = choose_logger(
-        logger_name,
-        out_dir,
-        name=f"vocagnolm-{config.name}",
-        resume=bool(resume),
-        log_interval=train.log_interval,
-        log_args=asdict(log),
-    )
+    with given_by("--logger_name", "Install the logger's package, or choose another (csv and tensorboard are here)."):
+        logger = choose_logger(
+            logger_name,
+            out_dir,
+            name=f"vocagnolm-{config.name}",
+            resume=bool(resume),
+            log_interval=train.log_interval,
+            log_args=asdict(log),
+        )
     if devices * num_nodes > 1:
         # FSDP2 does bf16 itself (`MixedPrecisionPolicy`: bf16 gathers and compute, float32 shards, gradients reduced
         # in float32), as torchtitan does: Fabric's plugin stays at float32, or `bf16-true` would cast the shards (and
