@@ -353,8 +353,8 @@ def prepare(
             targets).
         teacher_max_length: Teacher tokens per block at most, at least 1; student tokens whose teacher tokens lie
             beyond are unmapped (counted in the manifest). Above what a block's text can hold (max_seq_length + 1
-            times one more than the student's longest token in bytes) it is capped there, with a note. Default: max_seq_length + 1 times the teacher/student token
-            ratio measured on the input, plus 25%.
+            times one more than the student's longest token in bytes) it is capped there, with a note. Default:
+            max_seq_length + 1 times the teacher/student token ratio measured on the input, plus 25%.
         num_workers: Worker processes, at least 1. Default: one per CPU.
         text_key: The field holding the text in .jsonl and .parquet records; several, comma-separated (e.g.
             question,answer), are joined with a blank line between them.
