@@ -77,7 +77,7 @@ def measure(fabric: L.Fabric, layout: str, phase: str, config: Config, directory
     model(torch.randint(0, 32000, (1, 16))).sum().backward()
     optimizer.step()  # AdamW's state exists
     optimizer.zero_grad()
-    state = {"model": model, "optimizer": optimizer, "iter_num": 1, "step_count": 1}
+    state = {"model": model, "optimizer": optimizer, "iter_num": 1, "step_count": 1, "position": 1}
     checkpointer = Checkpointer(fabric)
     target = directory / layout / "step-00000001"
     if layout == "gathered":

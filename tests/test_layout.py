@@ -1,6 +1,7 @@
 """The package's modules import one another one way only: no cycle of any length (README, Layout)."""
 
 import ast
+import re
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -114,3 +115,34 @@ def test_the_readme_layout_lists_every_module_and_data_folder():
     assert modules - listed == set()
     for folder in ("recipes/", "docs/", "tests/", "benchmarks/", "data/"):
         assert f"\n{folder}" in layout, folder
+
+
+def names_defined(body: list[ast.stmt]) -> dict[str, ast.AST | None]:
+    """The names a module or class body defines itself (functions, classes, assignments), not the ones it imports."""
+    names: dict[str, ast.AST | None] = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id: None for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_every_dotted_reference_in_the_package_points_where_the_name_lives():
+    """A backticked `module.name` (or `module.Class.attribute`) in a docstring or comment names a package module that
+    defines that name itself: a name that moved leaves no reference to where it was."""
+    trees = {module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in PACKAGE.rglob("*.py")}
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for span in re.findall(r"`([A-Za-z_][\w.]*\.[A-Za-z_]\w*)(?:\(\))?`", path.read_text(encoding="utf-8")):
+            parts = span.split(".")
+            cuts = [cut for cut in range(len(parts) - 1, 0, -1) if ".".join(parts[:cut]) in trees]
+            if not cuts or parts[-1] == "py":  # not a module of the package, or a file's name
+                continue
+            names = names_defined(trees[".".join(parts[: cuts[0]])].body)
+            rest = parts[cuts[0] :]
+            node = names.get(rest[0], "missing") if rest[0] in names else "missing"
+            if node == "missing" or (isinstance(node, ast.ClassDef) and rest[1:] and rest[1] not in names_defined(node.body)):
+                found.append(f"{module_name(path)}: `{span}`")
+    assert found == []

@@ -2,8 +2,8 @@
 
 The recipe's `setup` runs in gloo processes started here, each told its node and local rank as a cluster would
 (NODE_RANK, LOCAL_RANK): four processes are two nodes of two devices. Every process continues from the same student
-checkpoint, and the map-style `BlockList` gives W ranks with one micro-batch each the blocks that one process reads as W
-accumulated micro-batches, so each optimizer step sees the same data and the loss curves must agree.
+checkpoint, and the global data order (order.py) gives W ranks with one micro-batch each the blocks that one process
+reads as W accumulated micro-batches, so each optimizer step sees the same data and the loss curves must agree.
 """
 
 import json
@@ -18,7 +18,7 @@ from conftest import TINYLLAMA, make_checkpoint, tiny_config
 from litgpt.args import EvalArgs, TrainArgs
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from block_list_data import BlockList
+from litgpt_vocagnolm.data import VocAgnoData
 from litgpt_vocagnolm.distributed import FSDPArgs
 from litgpt_vocagnolm.plan import collective_bytes, estimate_memory, parameters, traffic_per_step
 from litgpt_vocagnolm.recipe import setup
@@ -36,7 +36,7 @@ def run_args(tmp_path: Path, data: Path, teacher_dir: Path, student: Path, world
         out_dir=tmp_path / "out",
         precision="32-true",
         initial_checkpoint_dir=student,
-        data=BlockList(path=data),
+        data=VocAgnoData(path=data, num_workers=0),
         train=TrainArgs(save_interval=None, log_interval=1, global_batch_size=world, micro_batch_size=1,
                         lr_warmup_steps=1, max_tokens=STEPS * world * 64, max_seq_length=64, max_norm=1.0,
                         min_lr=1e-3),  # fmt: skip

@@ -134,7 +134,6 @@ def test_two_process_fsdp_matches_one_process(tmp_path, tinyllama_mistral_data, 
     Both continue from one student checkpoint, as continual pretraining does: initialising on the meta device and
     materialising each shard draws the random numbers in another order than one process does.
     """
-    env = {**os.environ, "PYTHONPATH": str(TESTS)}
     student = make_checkpoint(tmp_path / "student", tiny_config("student", 32000, block_size=64), TINYLLAMA, seed=3)
     curves = {}
     for devices in (1, 2):
@@ -142,11 +141,10 @@ def test_two_process_fsdp_matches_one_process(tmp_path, tinyllama_mistral_data, 
         run_dir.mkdir()
         config = recipe_config(
             run_dir, tinyllama_mistral_data, mistral_teacher,
-            data={"class_path": "block_list_data.BlockList", "init_args": {"path": str(tinyllama_mistral_data)}},
             devices=devices, initial_checkpoint_dir=str(student),
         )  # fmt: skip
         litgpt_pretrain(config, "--train.micro_batch_size", "1", "--train.global_batch_size", "2",
-                        "--train.max_tokens", str(6 * 2 * 64), "--train.save_interval", "null", env=env)  # fmt: skip
+                        "--train.max_tokens", str(6 * 2 * 64), "--train.save_interval", "null")  # fmt: skip
         # The step metrics are reduced over the ranks as the loss is: 2 ranks' micro-batches = 1 rank's 2.
         curves[devices] = [[row[name] for name in ("loss", "student_loss")] for row in metrics(run_dir / "out")]
         assert (run_dir / "out" / "final" / "lit_model.pth").is_file()
@@ -282,9 +280,7 @@ def test_sigusr1_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, tiny
     checkpoint is saved, rank 0 alone requeues, both exit 75 (a rank that stopped alone would hang the other)."""
     calls = stub_scontrol(tmp_path / "bin")
     port = free_port()
-    config = recipe_config(tmp_path, tinyllama_mistral_data, mistral_teacher, devices=2,
-                           data={"class_path": "block_list_data.BlockList",
-                                 "init_args": {"path": str(tinyllama_mistral_data)}})  # fmt: skip
+    config = recipe_config(tmp_path, tinyllama_mistral_data, mistral_teacher, devices=2)
     command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config),
                "--train.micro_batch_size", "1", "--train.global_batch_size", "2", "--train.save_interval", "null",
                "--train.max_tokens", str(24 * 2 * 64)]  # fmt: skip

@@ -1,7 +1,9 @@
 """Sharded checkpoints (DCP): checksums that catch damage in place, the used out_dir refused, the final export that
 LitGPT loads, and resuming on another number of processes."""
 
+import csv
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,12 +13,25 @@ import pytest
 import torch
 from litgpt.args import TrainArgs
 from litgpt.model import GPT
-from conftest import BIN, ROOT
+from conftest import BIN, MISTRAL, ROOT, TINYLLAMA, make_checkpoint, prepare_pair, tiny_config
 from test_checkpoints import setup_args
 from test_recipe import litgpt_pretrain, metrics, recipe_config
+from traced_data import trained
 
-from litgpt_vocagnolm.checkpoints import CHECKSUMS, check_checkpoint_dir, find_resume_checkpoint
+from litgpt_vocagnolm.checkpoints import (
+    CHECKSUMS,
+    TRAIN_STATE,
+    check_checkpoint_dir,
+    data_position,
+    find_resume_checkpoint,
+)
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.recipe import setup
+from litgpt_vocagnolm.score_teacher import score_teacher
+
+STUDENT_KEYS = ("name", "block_size", "vocab_size", "padding_multiple", "n_layer", "n_head", "n_embd",
+                "rotary_percentage", "parallel_residual", "bias", "norm_class_name", "mlp_class_name",
+                "intermediate_size")  # what a --model_config file holds
 
 
 def train(tmp_path: Path, data: Path, steps: int, **overrides) -> Path:
@@ -91,11 +106,11 @@ def test_export_of_a_step_is_a_litgpt_checkpoint(tmp_path, tinyllama_mistral_dat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("before, after", [(2, 2), (2, 1), (1, 2)])
-def test_a_run_resumes_on_another_number_of_processes(tmp_path, tinyllama_mistral_data, before, after):
-    """Saved on `before` processes (FSDP2 over gloo when 2, each rank its shard), resumed from step 2 on `after`: the
-    step count, the token budget and the schedule stay the run's; on as many processes the end is bit for bit the
-    uninterrupted run's; the final lit_model.pth loads in LitGPT."""
+def test_a_run_resumed_on_as_many_processes_ends_bit_for_bit_as_the_uninterrupted_one(tmp_path, tinyllama_mistral_data):
+    """Saved on 2 processes (FSDP2 over gloo, each rank its shard), resumed from step 2 on 2: the step count, the token
+    budget and the schedule stay the run's, the end is bit for bit the uninterrupted run's, and the final lit_model.pth
+    loads in LitGPT. (Another number of processes: `test_every_block_once_and_the_same_losses_on_1_2_3_and_4_processes`.)"""
+    before = after = 2
     config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"}, devices=before)
     args = ["--train.micro_batch_size", "1", "--train.global_batch_size", "2", "--train.save_interval", "2",
             "--train.max_tokens", str(6 * 2 * 64)]  # fmt: skip
@@ -105,20 +120,14 @@ def test_a_run_resumes_on_another_number_of_processes(tmp_path, tinyllama_mistra
                     "step-00000006", "final", "logs"))  # fmt: skip
     out = litgpt_pretrain(config, *args, "--out_dir", str(tmp_path / "resumed"), "--devices", str(after),
                           "--resume", "auto").stdout  # fmt: skip
-    assert f"Resuming training from {tmp_path / 'resumed' / 'step-00000002'}" in out
+    assert f"Resuming training from {tmp_path / 'resumed' / 'step-00000002'} after 4 blocks" in out
     final = torch.load(tmp_path / "resumed" / "final" / "lit_model.pth", weights_only=True)
     assert (final["step_count"], final["iter_num"]) == (6, 6 * 2 // after)  # the run's 6 steps of 2 blocks
     assert len(metrics(tmp_path / "resumed")) == 4  # steps 3 to 6: the budget is the run's, not a new one
-    hparams = (tmp_path / "resumed" / "final" / "hyperparameters.yaml").read_text()
-    if before == after:
-        reference = torch.load(tmp_path / "whole" / "final" / "lit_model.pth", weights_only=True)
-        for name, tensor in reference["model"].items():
-            assert torch.equal(final["model"][name], tensor), name
-        assert not hparams.startswith("#")
-    else:
-        change = f"Resumed from step 2 with processes {before} -> {after}, devices {before} -> {after}."
-        assert change in out and hparams.startswith(f"# {change}\n")
-        assert f"The data position was saved on {before} processes, this run has {after}: the 4 blocks read" in out
+    reference = torch.load(tmp_path / "whole" / "final" / "lit_model.pth", weights_only=True)
+    for name, tensor in reference["model"].items():
+        assert torch.equal(final["model"][name], tensor), name
+    assert not (tmp_path / "resumed" / "final" / "hyperparameters.yaml").read_text().startswith("#")
     GPT(setup_args(tmp_path, tinyllama_mistral_data)["model_config"]).load_state_dict(final["model"])
 
 
@@ -146,3 +155,86 @@ def test_a_resume_with_another_micro_batch_keeps_the_runs_steps_and_says_so(tmp_
     assert "iter 6 step 3" in out and "step 4" not in out
     hparams = (tmp_path / "out" / "final" / "hyperparameters.yaml").read_text()
     assert hparams.startswith("# Resumed from step 2 with train.micro_batch_size 2 -> 1.\n")
+
+
+@pytest.fixture(scope="module")
+def cached_split(tmp_path_factory, mistral_teacher) -> tuple[Path, Path]:
+    """20 GSM8K records prepared at 128 tokens (32 train blocks, 2 validation blocks), and the teacher's loss cache."""
+    directory = tmp_path_factory.mktemp("order")
+    corpus = directory / "gsm8k-20.jsonl"
+    corpus.write_text("\n".join((ROOT / "data" / "gsm8k" / "train.jsonl").read_text().splitlines()[:20]) + "\n")
+    data = prepare_pair(directory / "data", corpus, TINYLLAMA, MISTRAL, max_seq_length=128)
+    score_teacher(data=data, teacher=mistral_teacher, output=directory / "cache", num_workers=0)
+    return data, directory / "cache"
+
+
+@pytest.mark.slow
+def test_every_block_once_and_the_same_losses_on_1_2_3_and_4_processes(tmp_path, cached_split, mistral_teacher):
+    """The global order (issue 31). Runs of 5 steps of 12 blocks (one block per micro-batch) over a train split of 32,
+    so step 3 ends epoch 1 and begins epoch 2, with the teacher's cached losses selecting the tokens: from one
+    student checkpoint on 1, 2 and 4 processes they train the same blocks in every step and log the same losses; saved
+    at step 2 (mid-epoch) and resumed 2 -> 1, 1 -> 2 and 2 -> 3, they go on with the uninterrupted run's blocks and
+    losses, so every block of the epoch is trained once. Each process records the blocks it reads (`TracedData`)."""
+    data, cache = cached_split
+    config = tiny_config("student", 32000, n_layer=2, n_embd=64, block_size=128)
+    student = make_checkpoint(tmp_path / "student", config, TINYLLAMA, seed=3)
+    config = recipe_config(
+        tmp_path, data, mistral_teacher, teacher={"checkpoint_dir": str(mistral_teacher), "cache": str(cache)},
+        model_config={k: getattr(config, k) for k in STUDENT_KEYS}, initial_checkpoint_dir=str(student),
+        data={"class_path": "traced_data.TracedData", "init_args": {"path": str(data), "num_workers": 0}},
+    )  # fmt: skip
+    args = ["--train.micro_batch_size", "1", "--train.global_batch_size", "12", "--train.max_seq_length", "128",
+            "--train.save_interval", "2", "--train.max_tokens", str(5 * 12 * 128)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+
+    def run(name: str, processes: int, *more: str) -> tuple[list[list[int]], list[float], str]:
+        out = litgpt_pretrain(config, *args, *more, "--devices", str(processes), "--out_dir", str(tmp_path / name),
+                              "--data.trace", str(tmp_path / f"{name}-trace"), env=env).stdout  # fmt: skip
+        steps = trained(tmp_path / f"{name}-trace", processes, accumulation=12 // processes)
+        return steps, [row["loss"] for row in metrics(tmp_path / name)], out
+
+    def final_val_loss(name: str) -> float:
+        (path,) = (tmp_path / name).glob("logs/**/metrics.csv")
+        return [float(row["val_loss"]) for row in csv.DictReader(path.open()) if row["val_loss"]][-1]
+
+    whole = {processes: run(f"whole-{processes}", processes) for processes in (1, 2, 4)}
+    steps, losses, _ = whole[1]
+    blocks = [block for step in steps for block in step]
+    assert len(steps) == 5 and sorted(blocks[:32]) == list(range(32))  # epoch 1: every block once
+    assert len(set(blocks[32:])) == 28  # epoch 2 begins in step 3, in another order
+    assert blocks[32:] != blocks[:28]
+    for processes in (2, 4):
+        assert whole[processes][0] == steps
+        torch.testing.assert_close(torch.tensor(whole[processes][1]), torch.tensor(losses), rtol=1e-4, atol=1e-4)
+        # The 2 validation blocks, on 4 ranks too (two of them run an empty forward): the same loss.
+        assert final_val_loss(f"whole-{processes}") == pytest.approx(final_val_loss("whole-1"), rel=1e-4)
+
+    for before, after in ((2, 1), (1, 2), (2, 3)):
+        name = f"resumed-{before}-{after}"
+        shutil.copytree(tmp_path / f"whole-{before}", tmp_path / name,
+                        ignore=shutil.ignore_patterns("step-00000004", "final", "logs"))  # fmt: skip
+        resumed_steps, resumed_losses, out = run(name, after, "--resume", "auto")
+        assert f"Resuming training from {tmp_path / name / 'step-00000002'} after 24 blocks" in out
+        assert f"Resumed from step 2 with processes {before} -> {after}" in out
+        assert whole[before][0][:2] + resumed_steps == steps  # every block of epoch 1 once, then epoch 2 as before
+        torch.testing.assert_close(torch.tensor(resumed_losses), torch.tensor(losses[2:]), rtol=1e-4, atol=1e-4)
+        final = torch.load(tmp_path / name / "final" / "lit_model.pth", weights_only=True)
+        assert (final["step_count"], final["iter_num"]) == (5, 5 * 12 // after)
+        assert json.loads((tmp_path / name / "final" / "train_state.json").read_text())["position"] == 60
+
+
+def test_the_data_position_is_the_saved_count_and_per_rank_loader_states_are_not_moved(tmp_path):
+    def saved(**train_state) -> Path:
+        (tmp_path / TRAIN_STATE).write_text(json.dumps({"iter_num": 6, "step_count": 3, "world_size": 2, **train_state}))
+        return tmp_path
+
+    # The global order: the count saved, on any number of processes.
+    assert data_position(saved(position=36), global_batch_size=12, world_size=3, global_order=True) == 36
+    # Saved before it, with LitData's per-rank states: no place in the global order.
+    old = saved(train_dataloader=[{"num_samples_yielded": 18}] * 2)
+    with pytest.raises(InvalidArgument, match="per-rank loader state, from before the data order was one global order"):
+        data_position(old, global_batch_size=12, world_size=2, global_order=True)
+    # A LitGPT data module's own loader: its per-rank states continue on as many processes, never on another number.
+    assert data_position(old, global_batch_size=12, world_size=2, global_order=False) == 36
+    with pytest.raises(InvalidArgument, match="saved on 2 processes, this run has 3: .* Resume on 2 processes"):
+        data_position(old, global_batch_size=12, world_size=3, global_order=False)

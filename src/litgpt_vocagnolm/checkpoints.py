@@ -314,8 +314,8 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
 class Checkpointer:
     """Sharded training checkpoints with `torch.distributed.checkpoint` (DCP), as torchtitan writes them: every rank
     writes its own shard of the student and its AdamW state (`__<rank>_0.distcp`), nobody gathers the whole state.
-    A checkpoint directory holds those shards and DCP's index (`.metadata`), train_state.json (counters and every
-    rank's data-loader position), hyperparameters.yaml, the model config, the tokenizer files and checksums.json.
+    A checkpoint directory holds those shards and DCP's index (`.metadata`), train_state.json (counters and the data
+    position: blocks consumed over all ranks), hyperparameters.yaml, the model config, the tokenizer files and checksums.json.
 
     Fabric's `ModelParallelStrategy(save_distributed_checkpoint=True)` writes DCP too, but only under that strategy
     (not on one device), synchronously, with rank 0's loader state alone and its index unpickled without restriction;
@@ -334,7 +334,8 @@ class Checkpointer:
 
     def save(self, fabric: L.Fabric, state: dict, checkpoint_dir: Path, tokenizer_dir: Path | None, hparams: dict,
              blocking: bool = True, export: bool = False, history: Sequence[str] = ()) -> None:  # fmt: skip
-        """Writes `state` (model, optimizer, counters, loader) to `checkpoint_dir`; returns once it is complete, or,
+        """Writes `state` (model, optimizer, counters, the data position; a LitGPT data module's own loader state)
+        to `checkpoint_dir`; returns once it is complete, or,
         unless `blocking`, once the state is copied and the write runs in the background. With `export`, the directory
         also gets the student as one lit_model.pth (`export_lit_model`), for `litgpt generate` and the like.
         `history` (see `resume_history`) heads hyperparameters.yaml as comments, which `--config` ignores."""
@@ -348,11 +349,13 @@ class Checkpointer:
         model, optimizer = _unwrap_objects(state["model"]), _unwrap_objects(state["optimizer"])
         model_state, optimizer_state = get_state_dict(model, optimizer)
         counters = {"iter_num": state["iter_num"], "step_count": state["step_count"]}
-        loader = _unwrap_objects(state.get("train_dataloader"))
-        loaders = self._gather(loader.state_dict() if loader is not None else None)
+        loader = _unwrap_objects(state.get("train_dataloader"))  # a LitGPT data module's own stateful loader
+        loaders = self._gather(loader.state_dict()) if loader is not None else None
         if fabric.global_rank == 0:
-            (partial_dir / TRAIN_STATE).write_text(json.dumps({**counters, "world_size": fabric.world_size,
-                                                               "train_dataloader": loaders}, indent=1))  # fmt: skip
+            train_state = {**counters, "position": state["position"], "world_size": fabric.world_size}
+            if loaders is not None:
+                train_state["train_dataloader"] = loaders
+            (partial_dir / TRAIN_STATE).write_text(json.dumps(train_state, indent=1))
             with open(partial_dir / "hyperparameters.yaml", "w", encoding="utf-8") as f:
                 f.writelines(f"# {line}\n" for line in history)
                 yaml.safe_dump(hparams, f, sort_keys=False)
@@ -399,8 +402,10 @@ class Checkpointer:
         fabric.barrier()
 
     def load(self, fabric: L.Fabric, state: dict, checkpoint_dir: Path) -> dict:
-        """Restores model, optimizer, counters and loader position from `checkpoint_dir` in place, resharded for this
-        run's number of processes. Returns the checkpoint's train state (its `world_size` among it)."""
+        """Restores model, optimizer and counters from `checkpoint_dir` in place, resharded for this run's number of
+        processes, and a LitGPT data module's own loader state (`state["train_dataloader"]`: saved on as many
+        processes, see `data_position`). The data position is `data_position`'s. Returns the checkpoint's train
+        state (its `world_size` among it)."""
         model, optimizer = _unwrap_objects(state["model"]), _unwrap_objects(state["optimizer"])
         model_state, optimizer_state = get_state_dict(model, optimizer)
         shards = {"model": model_state, "optimizer": optimizer_state}
@@ -409,12 +414,9 @@ class Checkpointer:
         set_state_dict(model, optimizer, model_state_dict=shards["model"], optim_state_dict=shards["optimizer"])
         train_state = json.loads((checkpoint_dir / TRAIN_STATE).read_text())
         state["iter_num"], state["step_count"] = train_state["iter_num"], train_state["step_count"]
-        loaders = train_state["train_dataloader"]
-        if "train_dataloader" in state and loaders[0] is not None:
-            loader_state, note = loader_position(loaders, fabric.global_rank, fabric.world_size)
-            _unwrap_objects(state["train_dataloader"]).load_state_dict(loader_state)
-            if note:
-                fabric.print(note)
+        loaders = train_state.get("train_dataloader")
+        if "train_dataloader" in state and loaders and loaders[0] is not None:
+            _unwrap_objects(state["train_dataloader"]).load_state_dict(loaders[fabric.global_rank])
         return train_state
 
     def _gather(self, obj: Any) -> list[Any]:
@@ -426,32 +428,30 @@ class Checkpointer:
         return gathered
 
 
-def loader_position(loaders: list[dict], rank: int, world_size: int) -> tuple[dict, str | None]:
-    """This rank's LitData loader state from every saved rank's (`loaders`), and a note when the count changed.
+def data_position(checkpoint_dir: Path, global_batch_size: int, world_size: int, global_order: bool) -> int:
+    """The data position to resume from: the blocks consumed over all ranks that `checkpoint_dir`'s train state saved
+    (with `global_order`, VocAgnoData's `order.train_loader` continues there on any number of processes).
 
-    On as many ranks as were saved, each rank takes its own state back: the same blocks follow, bit for bit. On
-    another number, LitData (0.2.x) can't resume (its states are per rank, checked against the world size, "drop_last
-    state doesn't match"): the blocks read so far (the sum over saved ranks) are split evenly over the new ranks, and
-    each continues its new share of the epoch from there. LitData assigns chunks of blocks to ranks by their number,
-    so within this epoch the blocks a new rank skips are not those the old ranks read: up to `read` blocks are
-    repeated and as many skipped (the next epoch is whole); the note says how many blocks that concerns."""
-    if len(loaders) == world_size:
-        return loaders[rank], None
-    read = sum(loader["num_samples_yielded"] for loader in loaders)
-    state = json.loads(json.dumps(loaders[0]))  # a copy
-    share, extra = divmod(read, world_size)
-    state["num_samples_yielded"] = share + (rank < extra)
-    dataset = state["dataset"]
-    dataset["num_samples_yielded"] = state["num_samples_yielded"]
-    dataset["world_size"] = world_size
-    dataset["drop_last"] = world_size > 1  # what LitData's loader sets for a process group
-    note = (
-        f"The data position was saved on {len(loaders)} processes, this run has {world_size}: the {read:,} blocks read"
-        f" so far in epoch {state['current_epoch']} are split evenly over the new processes. LitData deals blocks to"
-        f" processes by their number, so until this epoch ends up to {read:,} blocks may be trained twice and as many"
-        " skipped; the next epochs are whole."
-    )
-    return state, note
+    A checkpoint saved before the position was (it holds only LitData's per-rank loader states) is refused with
+    `global_order`, since those states name no place in the global order. Without it (one of LitGPT's own data
+    modules, read by its own loader), the loader's saved per-rank states are what continues: refused on another
+    number of processes, where they would repeat some blocks and skip others."""
+    train_state = json.loads((checkpoint_dir / TRAIN_STATE).read_text())
+    loaders, saved_world_size = train_state.get("train_dataloader"), train_state["world_size"]
+    if global_order and "position" not in train_state:
+        raise InvalidArgument(
+            f"{checkpoint_dir} holds LitData's per-rank loader state, from before the data order was one global"
+            " order: it names no place in that order. Resume it with the version of litgpt-vocagnolm that saved it,"
+            " or start afresh in a new --out_dir."
+        )
+    if not global_order and loaders and loaders[0] is not None and saved_world_size != world_size:
+        raise InvalidArgument(
+            f"{checkpoint_dir} was saved on {saved_world_size} processes, this run has {world_size}: the data module's"
+            " own loader keeps its position per process, so another number would train some blocks twice and skip"
+            f" others. Resume on {saved_world_size} processes (--devices x --num_nodes), or train on --data"
+            " VocAgnoData, whose order does not depend on the number of processes."
+        )
+    return train_state.get("position", train_state["step_count"] * global_batch_size)
 
 
 def export_lit_model(checkpoint_dir: Path, output: Path, extra: dict | None = None) -> Path:

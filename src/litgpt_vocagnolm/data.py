@@ -295,7 +295,10 @@ class VocAgnoData(DataModule):
         teacher_loss   (B, M) float32 with `teacher_caches` connected: the cached teacher losses, NaN where unavailable
         more_teachers  with `other_teachers`: for each further teacher, a dict of its own teacher_ids, teacher_valid,
                        ranges (and teacher_loss), as above, M its own padded window
-    The loaders are stateful (`state_dict` / `load_state_dict`), so a resumed run continues mid-epoch.
+    The recipe reads both splits through `order.train_loader` and `order.val_loader`: one global order of the blocks
+    from the seed, consumed by a count of blocks whatever the number of processes. `train_dataloader` and
+    `val_dataloader` are LitData's own streaming loaders (its shuffle, blocks dealt to ranks by their number), for
+    LitGPT's tools and `benchmarks/bench_order.py`'s comparison.
     """
 
     path: Path
@@ -303,7 +306,7 @@ class VocAgnoData(DataModule):
     num_workers: int = 4
     """Loader worker processes."""
     seed: int = 42
-    """Seed of the training data's shuffle."""
+    """Seed of the training data's order: one permutation of the train split per epoch (`order.GlobalOrder`)."""
     other_teachers: list[Path] = field(default_factory=list)
     """Several teachers: the data of each further teacher, prepared from the same input with the same student
     tokenizer and settings (`vocagnolm prepare --teacher T2 --output DIR2`), so that its blocks hold the same student
@@ -417,14 +420,17 @@ class VocAgnoData(DataModule):
             return self.manifests[teacher]["same_vocabulary"]
         return same_vocabulary(load_tokenizer(student_dir), load_tokenizer(teacher_dir))
 
-    def _loader(self, split: str, shuffle: bool) -> StreamingDataLoader:
-        # No file checks here (a stat per chunk, each split's index hashed): call `check_files` once before training,
-        # as the recipe's `check_setup` does.
+    def dataset(self, split: str, shuffle: bool = False) -> BlockDataset:
+        """The split's blocks with every teacher's data and connected loss cache at the same index (`BlockDataset`).
+        No file checks here (a stat per chunk, each split's index hashed): call `check_files` once before training,
+        as the recipe's `check_setup` does."""
         teacher_caches = self.teacher_caches or [None] * len(self.paths)
         others = list(zip(self.paths[1:], teacher_caches[1:]))
-        dataset = BlockDataset(self.path, split, shuffle, self.seed, teacher_caches[0], others)
+        return BlockDataset(self.path, split, shuffle, self.seed, teacher_caches[0], others)
+
+    def _loader(self, split: str, shuffle: bool) -> StreamingDataLoader:
         return StreamingDataLoader(
-            dataset,
+            self.dataset(split, shuffle),
             batch_size=self.batch_size,
             num_workers=self.num_workers,
             collate_fn=functools.partial(

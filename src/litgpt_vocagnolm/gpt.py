@@ -20,7 +20,8 @@ import litgpt.model
 import torch
 from lightning.fabric.strategies import DDPStrategy
 from litgpt.config import Config
-from torch import Tensor
+from litgpt.pretrain import initialize_weights
+from torch import Tensor, nn
 
 from litgpt_vocagnolm.checkpoints import load_weights
 from litgpt_vocagnolm.cross_entropy import linear_cross_entropy
@@ -66,25 +67,44 @@ class GPT(litgpt.model.GPT):
         return self.transformer.ln_f(x)
 
 
-def load_model(checkpoint_dir: Path, fabric: L.Fabric | None = None, dtype: torch.dtype | None = None) -> GPT:
-    """A LitGPT checkpoint directory's model, frozen (`requires_grad=False`, eval mode): the teacher, `vocagnolm
-    evaluate`'s model, the demo's students and teachers.
+def new_model(fabric: L.Fabric, config: Config, tie_embeddings: bool, model_class: type = GPT) -> nn.Module:
+    """A student with fresh weights, as `litgpt pretrain` makes one: built under Fabric's `init_module` (on the meta
+    device under FSDP), initialised by LitGPT's `initialize_weights`, the embedding tied to the head if asked. Not set
+    up: the caller wraps it (activation checkpointing, compile) first. `model_class` is LitGPT's own GPT where a
+    caller times LitGPT's step."""
+    with fabric.init_module(empty_init=True):
+        model = model_class(config)
+    initialize_weights(fabric, model, n_layer=config.n_layer, n_embd=config.n_embd)
+    if tie_embeddings:
+        model.transformer.wte.weight = model.lm_head.weight
+    return model
 
-    With `fabric`, built under its strategy and set up by it: sharded like the student under FSDP, whole on every
-    rank under DDP (which refuses a module without gradients); without, a plain module on the CPU. `dtype` (default:
-    torch's) is the dtype it is built in: a float32 copy of a 7B teacher, cast afterwards, would take 28 GB for a
-    moment (on the meta device under FSDP, where it costs nothing either way).
-    """
-    config = Config.from_file(checkpoint_dir / "model_config.yaml")
+
+def frozen_model(
+    config: Config, fabric: L.Fabric | None = None, dtype: torch.dtype | None = None, empty_init: bool = True
+) -> GPT:
+    """A frozen `GPT` of `config` (`requires_grad=False`, eval mode), not set up: built in `dtype` (default: torch's),
+    under `fabric`'s `init_module` when given, its weights left for a checkpoint to fill (`empty_init`) or drawn
+    at random as `GPT.__init__` draws them (`empty_init=False`: a teacher measured without its checkpoint). A float32 copy of a 7B teacher, cast
+    afterwards, would take 28 GB for a moment (on the meta device under FSDP, where it costs nothing either way)."""
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype or default_dtype)
     try:
-        with fabric.init_module(empty_init=True) if fabric else contextlib.nullcontext():
+        with fabric.init_module(empty_init=empty_init) if fabric else contextlib.nullcontext():
             model = GPT(config)
     finally:
         torch.set_default_dtype(default_dtype)
-    model.requires_grad_(False)
-    model.eval()
+    return model.requires_grad_(False).eval()
+
+
+def load_model(checkpoint_dir: Path, fabric: L.Fabric | None = None, dtype: torch.dtype | None = None) -> GPT:
+    """A LitGPT checkpoint directory's model, frozen (`frozen_model`, in `dtype`): the teacher, `vocagnolm
+    evaluate`'s model, the demo's students and teachers.
+
+    With `fabric`, built under its strategy and set up by it: sharded like the student under FSDP, whole on every
+    rank under DDP (which refuses a module without gradients); without, a plain module on the CPU.
+    """
+    model = frozen_model(Config.from_file(checkpoint_dir / "model_config.yaml"), fabric, dtype)
     if fabric is not None and isinstance(fabric.strategy, DDPStrategy):
         model.to(fabric.device)  # data-parallel scoring: every rank holds the whole model
     elif fabric is not None:

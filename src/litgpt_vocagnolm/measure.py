@@ -39,14 +39,13 @@ import torch
 import torch.nn as nn
 from lightning.fabric.utilities.throughput import get_available_flops
 from litgpt.config import Config
-from litgpt.pretrain import initialize_weights
 from litgpt.utils import chunked_cross_entropy, instantiate_torch_optimizer
 
 from litgpt_vocagnolm.checkpoints import Checkpointer, load_weights
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData, byte_tables
 from litgpt_vocagnolm.distributed import checkpoint_activations, compile_blocks
 from litgpt_vocagnolm.flops import forward_flops, training_flops
-from litgpt_vocagnolm.gpt import GPT, load_model
+from litgpt_vocagnolm.gpt import frozen_model, load_model, new_model
 from litgpt_vocagnolm.recipe import Run, fit
 from litgpt_vocagnolm.score_teacher import compiles_by_default
 from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
@@ -263,11 +262,7 @@ def batches(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int) -> 
 def student_model(fabric: L.Fabric, setting: Setting) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The student and its optimizer, built as `recipe.main` builds them on one device."""
     args, config = setting.args, setting.student
-    with fabric.init_module(empty_init=True):
-        model = GPT(config)
-    initialize_weights(fabric, model, n_layer=config.n_layer, n_embd=config.n_embd)
-    if args.train.tie_embeddings:
-        model.transformer.wte.weight = model.lm_head.weight
+    model = new_model(fabric, config, args.train.tie_embeddings)
     model.max_seq_length = setting.seq_len
     if args.fsdp.activation_checkpointing:
         checkpoint_activations(model)
@@ -286,14 +281,7 @@ def teacher_model(fabric: L.Fabric, config: Config, checkpoint_dir: Path, dtype:
     random weights."""
     if (checkpoint_dir / "lit_model.pth").is_file():
         return load_model(checkpoint_dir, fabric, dtype)
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # built in its dtype: a 7B teacher in float32 first would take 28 GB
-    try:
-        with fabric.init_module():
-            model = GPT(config)
-    finally:
-        torch.set_default_dtype(default_dtype)
-    return fabric.setup_module(model.requires_grad_(False).eval())
+    return fabric.setup_module(frozen_model(config, fabric, dtype, empty_init=False))
 
 
 def warmup_steps(compiled: bool) -> int:
@@ -331,7 +319,7 @@ def recipe_step(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int,
     if args.guidance.compare == "byte":
         tables = byte_tables(args.tokenizer_dir, args.teacher.checkpoint_dirs, device)
     stamped = Stamped(batches(fabric, setting, work, B), at=warmup * A, memory=memory, device=device)
-    state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0}
+    state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0, "position": 0}
     with contextlib.redirect_stdout(io.StringIO()):  # its log lines: the table below says what they would
         fit(fabric, state, stamped, [], run, train, eval, args.guidance, teachers=teachers, vocab_size=vocab_size,
             byte_tables=tables)  # fmt: skip
@@ -373,11 +361,7 @@ def litgpt_step(fabric: L.Fabric, setting: Setting, micro_batch: int) -> Measure
 
     args, device, config = setting.args, fabric.device, setting.student
     memory = PeakMemory(device)
-    with fabric.init_module(empty_init=True):
-        model = LitGPT(config)
-    initialize_weights(fabric, model, n_layer=config.n_layer, n_embd=config.n_embd)
-    if args.train.tie_embeddings:
-        model.transformer.wte.weight = model.lm_head.weight
+    model = new_model(fabric, config, args.train.tie_embeddings, model_class=LitGPT)
     model.max_seq_length = setting.seq_len
     compiled = device.type == "cuda" or args.compile
     model = fabric.setup(torch.compile(model) if compiled else model)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from litgpt_vocagnolm.data import BlockDataset, VocAgnoData, block_tokens, collate_blocks, padded_window
+from litgpt_vocagnolm.data import VocAgnoData, block_tokens, collate_blocks, padded_window
 from litgpt_vocagnolm.errors import InvalidArgument
 
 
@@ -108,12 +108,11 @@ class RankBatches(Sampler[list[int]]):
 
 class Blocks(Dataset):
     """A split's blocks read by index (LitData's `StreamingDataset` is iterable; its own shuffle and per-rank split
-    are not used): item i is block i, with every teacher's data and loss cache connected to `data` (`BlockDataset`)."""
+    are not used): item i is block i, with every teacher's data and loss cache connected to `data`
+    (`VocAgnoData.dataset`)."""
 
     def __init__(self, data: VocAgnoData, split: str) -> None:
-        caches = data.teacher_caches or [None] * len(data.paths)
-        others = list(zip(data.paths[1:], caches[1:]))
-        self.blocks = BlockDataset(data.path, split, False, data.seed, caches[0], others)
+        self.blocks = data.dataset(split)
         # From the manifest: in a process group, LitData's `len` is this rank's share.
         self.num_blocks = data.manifest["splits"][split]["blocks"]
 
@@ -156,7 +155,7 @@ def val_loader(data: VocAgnoData, rank: int, world_size: int) -> DataLoader:
 
 
 def loader(data: VocAgnoData, blocks: Blocks, batches: RankBatches) -> DataLoader:
-    """The loader of `batches`: `data.num_workers` worker processes read their blocks, collated as `VocAgnoData`'s
+    """The loader of `batches`: `num_workers` worker processes (`data`'s) read their blocks, collated as `VocAgnoData`'s
     loaders are (`collate_blocks`, the run's padded windows), into pinned memory on CUDA."""
     collate = functools.partial(
         collate_blocks, block_tokens=block_tokens(data.manifest), num_chunks=data.num_chunks,

@@ -16,7 +16,7 @@ student with float32 parameters, gradients and AdamW state, bf16 frozen teacher,
                                                activation checkpointing, plus one block recomputed
   bf16 weight copies                           autocast casts each float32 matrix to bf16 for its product and keeps
                                                the copy for backward
-  logit tiles                                  `loss.linear_cross_entropy`: a tile of logits in bf16 and float32 and
+  logit tiles                                  `cross_entropy.linear_cross_entropy`: a tile of logits in bf16 and float32 and
                                                the previous tile's float32 ones, and the head's gradient
   teacher activations                          the teacher's forward keeps one block's intermediates at a time
 Per-token activation bytes are measured, not guessed: one block of the model at its real width runs on the CPU at two
@@ -162,7 +162,7 @@ def _block_bytes_per_token(config_json: str, train: bool, lengths: tuple[int, in
     return per_token, measured[0] - per_token * lengths[0]
 
 
-# Bytes per logit of one tile of `loss.linear_cross_entropy`'s forward at its peak: the tile's bf16 product and its
+# Bytes per logit of one tile of `cross_entropy.linear_cross_entropy`'s forward at its peak: the tile's bf16 product and its
 # float32 copy, and the previous tile's float32 logits, alive until the new ones replace them. Measured with
 # `cpu_peak_bytes` on bf16 (512, 256) x (32000, 256) in tiles of 128 and 256 rows: 10.0 forward, 8.0 backward beyond
 # the gradients. With a single tile there is no previous one: 6.
@@ -188,7 +188,7 @@ NETWORK_BYTES_PER_S = 50e9
 
 
 def head_tile_bytes(vocab: int, rows: int) -> float:
-    """Transient bytes of `loss.linear_cross_entropy` over `rows` rows, a tile at a time (`TILE_BYTES_PER_LOGIT`)."""
+    """Transient bytes of `cross_entropy.linear_cross_entropy` over `rows` rows, a tile at a time (`TILE_BYTES_PER_LOGIT`)."""
     tile_rows = max(1, TILE_ELEMENTS // vocab)
     return min(rows, tile_rows) * vocab * (TILE_BYTES_PER_LOGIT if rows > tile_rows else SINGLE_TILE_BYTES_PER_LOGIT)
 
@@ -474,7 +474,7 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     largest = largest_micro_batch(lambda micro_batch: estimate(micro_batch).total, gpu_memory * GB)
     print(f"Largest micro-batch that fits {gpu_memory:g} GB: {largest or 'none'}"
           + ("" if largest else " (turn on --fsdp.activation_checkpointing, or use more GPUs)"))  # fmt: skip
-    # What the tiled head and loss (`loss.linear_cross_entropy`) leave unallocated at this micro-batch.
+    # What the tiled head and loss (`cross_entropy.linear_cross_entropy`) leave unallocated at this micro-batch.
     logits = B * T * student.padded_vocab_size
     whole = f"Whole logits, never allocated: the student's {logits * 4 / GB:.2f} GB (float32)"
     for t in teachers if online else []:

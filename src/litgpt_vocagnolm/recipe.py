@@ -13,7 +13,8 @@ The loss is a weighted sum over every micro-batch and rank of one optimizer step
 each micro-batch backpropagates its unnormalised sum, and the gradients are divided by the all-reduced weight count
 before clipping (so every trained token weighs the same, however selection spreads over micro-batches and ranks).
 
-What surrounds the loop lives apart: the input checks in `checks`, sharding and activation checkpointing in
+What surrounds the loop lives apart: the input checks in `checks`, the order of the training data (one global order,
+resumed from a count of blocks on any number of processes) in `order`, sharding and activation checkpointing in
 `distributed`, checkpoint writing and resuming in `checkpoints`, SIGUSR1's stop and the requeue in `slurm`.
 """
 
@@ -36,7 +37,7 @@ from lightning.fabric.strategies import ModelParallelStrategy
 from litgpt.args import EvalArgs, LogArgs, TrainArgs
 from litgpt.config import Config
 from litgpt.data import DataModule
-from litgpt.pretrain import get_lr, initialize_weights
+from litgpt.pretrain import get_lr
 from litgpt.types import LoggerChoice
 from litgpt.utils import (
     CycleIterator,
@@ -48,9 +49,11 @@ from litgpt.utils import (
 )
 from torch.distributed.tensor import DTensor
 
+from litgpt_vocagnolm import order
 from litgpt_vocagnolm.checkpoints import (
     Checkpointer,
     check_out_dir,
+    data_position,
     find_resume_checkpoint,
     hyperparameters,
     load_weights,
@@ -68,7 +71,7 @@ from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.data import VocAgnoData, byte_tables
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, parallelize
 from litgpt_vocagnolm.errors import check_writable, given_by
-from litgpt_vocagnolm.gpt import GPT, load_model
+from litgpt_vocagnolm.gpt import load_model, new_model
 from litgpt_vocagnolm.loss import TokenBytes, bits_per_byte, selection_generator
 from litgpt_vocagnolm.methods import GuidanceArgs, guided_loss
 from litgpt_vocagnolm.model_configs import register
@@ -249,17 +252,15 @@ def main(
     fabric.seed_everything(run.seed)  # the same seed on every rank: identical initialisation before sharding
     fabric.barrier()
     resume = find_resume_checkpoint(fabric, run.resume, out_dir)  # before any model: `auto` skips unreadable checkpoints
+    position = 0  # the blocks consumed over all ranks: where the data order continues
     if resume:  # a change of the run's shape: refused, or carried out and said (before any model is built)
         run.history = resume_history(resume, run.hparams, fabric.world_size)
         for line in run.history:
             fabric.print(line)
+        position = data_position(resume, train.global_batch_size, fabric.world_size, isinstance(data, VocAgnoData))
 
     t0 = time.perf_counter()
-    with fabric.init_module(empty_init=True):
-        model = GPT(config)
-    initialize_weights(fabric, model, n_layer=config.n_layer, n_embd=config.n_embd)
-    if train.tie_embeddings:
-        model.transformer.wte.weight = model.lm_head.weight
+    model = new_model(fabric, config, train.tie_embeddings)
     if train.max_seq_length:
         model.max_seq_length = train.max_seq_length
     fabric.print(f"Time to instantiate model: {time.perf_counter() - t0:.02f} seconds.")
@@ -295,23 +296,28 @@ def main(
     with fabric.rank_zero_first():
         data.prepare_data()  # LitGPT's data modules download here; VocAgnoData's files were checked by `check_setup`
     data.setup()
-    train_dataloader = data.train_dataloader()
-    stateful = hasattr(train_dataloader, "state_dict")  # LitData's loaders: a resumed run continues mid-epoch
-    train_dataloader, val_dataloader = fabric.setup_dataloaders(train_dataloader, data.val_dataloader())
+    if isinstance(data, VocAgnoData):  # one global order from the seed, continued at `position` on any number of ranks
+        loaders = (order.train_loader(data, position, fabric.global_rank, fabric.world_size),
+                   order.val_loader(data, fabric.global_rank, fabric.world_size))  # fmt: skip
+        train_dataloader, val_dataloader = fabric.setup_dataloaders(*loaders, use_distributed_sampler=False)
+    else:  # a LitGPT data module's own loaders, dealt to ranks by Fabric's sampler or LitData
+        train_dataloader, val_dataloader = fabric.setup_dataloaders(data.train_dataloader(), data.val_dataloader())
+    stateful = hasattr(train_dataloader, "state_dict")  # LitData's: resumed on as many ranks (`data_position`)
 
     if run.initial_checkpoint_dir and not resume:
         load_weights(model, run.initial_checkpoint_dir / "lit_model.pth")
 
     # The teacher is not here: it is frozen, so it is reloaded on resume and never saved.
-    state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0}
-    if stateful:  # Fabric saves and restores the loader's position through its state_dict
+    state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0, "position": position}
+    if stateful:  # the checkpoint keeps every rank's loader state
         state["train_dataloader"] = train_dataloader
     if resume:
-        fabric.print(f"Resuming training from {resume}")
+        fabric.print(f"Resuming training from {resume} after {position:,} blocks")
         run.checkpointer.load(fabric, state, resume)  # resharded for this run's number of processes
         # Saved after an optimizer step: the devices or the micro-batch may have changed how many micro-batches a step
-        # has, not the step, the tokens trained or the schedule.
-        state["iter_num"] = state["step_count"] * train.gradient_accumulation_iters(run.devices, run.num_nodes)
+        # has, not the step, the blocks it trains, the tokens trained or the schedule.
+        state["iter_num"] = state["step_count"] * order.accumulation(train.global_batch_size, train.micro_batch_size,
+                                                                     fabric.world_size)  # fmt: skip
     initial_iter = state["iter_num"]
 
     train_t0 = time.perf_counter()
@@ -359,7 +365,8 @@ def fit(
     of the same optimizer step, after a checkpoint of it."""
     model = state["model"]
     optimizer = state["optimizer"]
-    accumulation = train.gradient_accumulation_iters(run.devices, run.num_nodes)
+    accumulation = order.accumulation(train.global_batch_size, train.micro_batch_size, fabric.world_size)
+    epoch_blocks = train_split_blocks(train_dataloader, train.micro_batch_size * fabric.world_size)
 
     if eval.initial_validation:
         val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
@@ -376,7 +383,10 @@ def fit(
     # The schedule counts optimizer steps, not micro-batches as litgpt.pretrain does, so that step k gets the same
     # learning rate whatever the split of the global batch into devices and accumulation.
     max_steps = max_iters // accumulation
-    warmup_steps = train.warmup_iters(run.devices, run.num_nodes, max_iters, train_dataloader) // accumulation
+    warmup_steps = train.lr_warmup_steps or 0
+    if train.lr_warmup_fraction and epoch_blocks:  # a share of one epoch's steps, as LitGPT counts it
+        warmup_steps = math.ceil(train.lr_warmup_fraction * epoch_blocks / train.global_batch_size)
+    warmup_steps = min(warmup_steps, max_steps)
     if warmup_steps >= max_steps > 0:  # `get_lr` divides by max_steps - warmup_steps: leave one step of decay
         fabric.print(f"Warm-up capped at {max_steps - 1} steps: the run has {max_steps}, the last one for the decay.")
         warmup_steps = max_steps - 1
@@ -400,9 +410,8 @@ def fit(
     fabric.barrier()
     total_t0 = time.perf_counter()
 
-    for batch in train_iterator:
-        if state["iter_num"] >= max_iters:
-            break
+    while state["iter_num"] < max_iters:  # no batch read past the budget: a resumed run starts with the next one
+        batch = next(train_iterator)
         lr = get_lr(optimizer.defaults["lr"], state["step_count"] + 1, warmup_steps, max_steps, train.min_lr)
         for param_group in optimizer.param_groups:
             param_group["lr"] = lr
@@ -443,6 +452,7 @@ def fit(
             optimizer.step()
             optimizer.zero_grad()
             state["step_count"] += 1
+            state["position"] += train.global_batch_size
         step_time += time.perf_counter() - iter_t0
 
         if not is_accumulating and state["iter_num"] % log_iter_interval == 0:
@@ -453,7 +463,7 @@ def fit(
                 "loss": loss,
                 "iter": state["iter_num"],
                 "step": state["step_count"],
-                "epoch": train_iterator.epoch,
+                "epoch": (state["position"] - 1) // epoch_blocks if epoch_blocks else train_iterator.epoch,
                 "iter_time": t1 - iter_t0,
                 "remaining_time": (t1 - total_t0) / (state["iter_num"] - initial_iter) * (max_iters - state["iter_num"]),
                 "tokens": state["iter_num"] * tokens_per_iter,
@@ -517,7 +527,7 @@ def forward_and_loss(
     guided loss (`vocab_size`: the student tokenizer's, for `kld`; `byte_tables`: bytes per token id, the student's
     then each teacher's, for `--guidance.compare byte`). `teachers`: the online teachers, one per teacher side of the
     batch (the batch's own keys, then `more_teachers`); empty with caches or without a teacher. Returns the weighted
-    loss sum, the weight sum and detached metrics (see `loss.guided_loss`)."""
+    loss sum, the weight sum and detached metrics (see `methods.guided_loss`)."""
     if isinstance(batch, torch.Tensor):  # a plain LitGPT data module: (B, T + 1) token blocks, `ce` only
         batch = {"input_ids": batch[:, :-1].long(), "targets": batch[:, 1:].long()}
     sides = [batch, *batch.get("more_teachers", [])]  # each teacher's windows, ranges (and cached losses)
@@ -560,13 +570,22 @@ def forward_and_loss(
 
 @torch.no_grad()
 def validate(fabric: L.Fabric, model: nn.Module, val_dataloader, max_iters: int) -> dict[str, float]:
-    """Student cross-entropy on every held-out token, and bits per byte (comparable across tokenizers)."""
+    """Student cross-entropy on every held-out token, and bits per byte (comparable across tokenizers), over the first
+    `max_iters` micro-batches of each rank: sums of nats, tokens and bytes all-reduced, then divided.
+
+    Every rank runs as many forwards (under FSDP each one gathers every layer from every rank): where the split's
+    micro-batches do not divide evenly over the ranks (`order.val_loader`), a rank short of one runs an empty one,
+    every target ignored, which adds no nats, tokens or bytes."""
     fabric.barrier()
     model.eval()
     sums = torch.zeros(3, device=fabric.device, dtype=torch.float64)  # nats, tokens, bytes
-    for k, batch in enumerate(val_dataloader):
-        if k >= max_iters:
-            break
+    most = fabric.all_reduce(torch.tensor(len(val_dataloader), device=fabric.device), reduce_op="max")
+    batches = iter(val_dataloader)
+    for _ in range(min(max_iters, int(most.item()))):
+        batch = next(batches, None)
+        if batch is None:  # (1, T) of padding, nothing to predict
+            inputs = torch.zeros(1, model.max_seq_length, dtype=torch.long, device=fabric.device)
+            batch = {"input_ids": inputs, "targets": torch.full_like(inputs, IGNORE_INDEX)}
         if isinstance(batch, torch.Tensor):
             batch = {"input_ids": batch[:, :-1].long(), "targets": batch[:, 1:].long()}
         targets = batch["targets"]
@@ -581,6 +600,15 @@ def validate(fabric: L.Fabric, model: nn.Module, val_dataloader, max_iters: int)
     if num_bytes > 0:
         metrics["val_bpb"] = bits_per_byte(nats, int(num_bytes))
     return metrics
+
+
+def train_split_blocks(train_dataloader, blocks_per_round: int) -> int | None:
+    """Blocks in one epoch of the train split: the global order's (`order.train_loader`), or a LitGPT data module's
+    loader's batches per rank times `blocks_per_round` (micro-batch x ranks); None for an iterable without a length."""
+    dataset = getattr(train_dataloader, "dataset", None)
+    if isinstance(dataset, order.Blocks):
+        return len(dataset)
+    return len(train_dataloader) * blocks_per_round if hasattr(train_dataloader, "__len__") else None
 
 
 def check_finite(finite: torch.Tensor, step: int) -> None:
