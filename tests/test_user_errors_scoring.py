@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import MISTRAL, make_checkpoint, tiny_config
 
-from litgpt_vocagnolm.errors import InvalidArgument
+from litgpt_vocagnolm.errors import InvalidArgument, UserError
 from litgpt_vocagnolm.score_teacher import score_teacher
 
 
@@ -20,15 +20,17 @@ from litgpt_vocagnolm.score_teacher import score_teacher
         ({"devices": 0}, "--devices must be 'auto' or a positive number of devices per node, got 0."),
         ({"devices": -2}, "--devices must be 'auto' or a positive number of devices per node, got -2."),
         ({"precision": "fp7"}, "--precision must be bf16-true, 16-true, 32-true, got 'fp7'."),
+        ({"output": "a-file/cache"}, "--output {tmp_path}/a-file/cache: {tmp_path}/a-file is a file, not a folder."),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, tinyllama_mistral_data, mistral_teacher,
                                                               options, message):  # fmt: skip
-    output = tmp_path / "cache"
-    with pytest.raises(InvalidArgument) as error:
+    (tmp_path / "a-file").write_text("mine")
+    output = tmp_path / options.pop("output", "cache")
+    with pytest.raises(UserError) as error:
         score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, **options)
-    assert str(error.value) == message
-    assert not output.exists()  # no .settings.json to refuse the corrected command with
+    assert str(error.value).startswith(message.format(tmp_path=tmp_path))
+    assert not (tmp_path / "cache").exists()  # no .settings.json to refuse the corrected command with
 
 
 def test_a_data_file_is_not_taken_for_an_output_to_prepare(tmp_path, mistral_teacher, gsm8k_sample):

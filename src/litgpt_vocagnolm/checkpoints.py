@@ -47,11 +47,12 @@ class UnreadableCheckpoint(InvalidArgument):
     """A weight file that can't be loaded safely: truncated, corrupt, or holding more than tensors and plain data."""
 
 
-def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = False) -> None:
+def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = False, verify: bool = True) -> None:
     """Fails early, naming what is missing or unreadable, before any model is built: the weights and config, and with
     `tokenizer` the tokenizer files (what `litgpt generate` and `vocagnolm evaluate` need). The weights are opened
     (`read_weights`: memory-mapped, their pickled index read, not the tensor data), so a refused or damaged file fails
-    here rather than after minutes of model building; where checksums.json records them, they must match it."""
+    here rather than after minutes of model building; where checksums.json records them, they must match it (unless
+    `verify` is False: for a caller that runs `verified_weights_sha256` itself, so that the weights are read once)."""
     if not checkpoint_dir.is_dir():
         raise PathMissing(f"{what} {str(checkpoint_dir)!r} is not a directory. Pass a LitGPT checkpoint directory.")
     wanted = [(name,) for name in MODEL_FILES]
@@ -67,7 +68,7 @@ def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = Fals
             " tokenizer files of the model it started from next to lit_model.pth."
         )
     read_weights(checkpoint_dir / "lit_model.pth")
-    if (checkpoint_dir / CHECKSUMS).is_file():  # a training checkpoint's final/ or an exported one: damaged since?
+    if verify and (checkpoint_dir / CHECKSUMS).is_file():  # a run's final/ or an exported checkpoint: damaged since?
         verified_weights_sha256(checkpoint_dir)
     if any((checkpoint_dir / name).is_file() for name in TOKENIZER_FILES):
         config = Config.from_file(checkpoint_dir / "model_config.yaml")
