@@ -19,7 +19,7 @@ from litgpt_vocagnolm.score_teacher import score_teacher
     [
         ({"devices": 0}, "--devices must be 'auto' or a positive number of devices per node, got 0."),
         ({"devices": -2}, "--devices must be 'auto' or a positive number of devices per node, got -2."),
-        ({"precision": "fp7"}, "--precision must be bf16-true, 16-true, 32-true, got 'fp7'."),
+        ({"precision": "fp7"}, "--precision must be one of bf16-true, 16-true, 32-true, got 'fp7'."),
         ({"output": "a-file/cache"}, "--output {tmp_path}/a-file/cache: {tmp_path}/a-file is a file, not a folder."),
     ],
 )

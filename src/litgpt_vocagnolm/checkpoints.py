@@ -483,7 +483,8 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
 
     Arguments:
         checkpoint_dir: The sharded checkpoint: a ``step-*`` (or ``final``) directory the recipe saved.
-        out_dir: Where to write the LitGPT checkpoint directory (created; an existing lit_model.pth is refused).
+        out_dir: Where to write the LitGPT checkpoint directory (created; a file it would write that is there already
+            is refused, naming it).
     """
     check_resume_path(checkpoint_dir, "checkpoint_dir")  # a sharded checkpoint, its index safe to read
     check_writable(out_dir, "--out_dir")

@@ -117,7 +117,7 @@ def check_setup(
     if initial_checkpoint_dir is not None:
         check_checkpoint_dir(initial_checkpoint_dir, what="--initial_checkpoint_dir")
         check_weights_fit(config, initial_checkpoint_dir, "--initial_checkpoint_dir")
-    if getattr(data, "num_workers", 0) < 0:  # torch's DataLoader would refuse it, once the model is built
+    if hasattr(data, "num_workers"):  # torch's DataLoader would refuse a negative count, once the model is built
         at_least("--data.num_workers", data.num_workers, 0)
     if isinstance(resume, Path):
         check_resume_path(resume)  # refused, unreadable or damaged: fail now, naming the file

@@ -60,16 +60,11 @@ from litgpt_vocagnolm.checkpoints import (
     previous_checkpoints,
     resume_history,
 )
-from litgpt_vocagnolm.checks import (
-    check_optimizer,
-    check_run_args,
-    check_setup,
-    resolve_model_config,
-    tokenizer_pair_summary,
-)
+from litgpt_vocagnolm.checks import check_optimizer, check_run_args, check_setup, resolve_model_config
+from litgpt_vocagnolm.checks import tokenizer_pair_summary
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.data import VocAgnoData, byte_tables
-from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, parallelize
+from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, mean_over_ranks, parallelize
 from litgpt_vocagnolm.errors import check_writable, given_by
 from litgpt_vocagnolm.gpt import load_model, new_model
 from litgpt_vocagnolm.loss import TokenBytes, bits_per_byte, selection_generator
@@ -193,7 +188,7 @@ def setup(
     precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
     out_dir = init_out_dir(out_dir)
     check_out_dir(out_dir, resume, overwrite)
-    with given_by("--logger_name", "Install the logger's package, or choose another (csv and tensorboard are here)."):
+    with given_by("--logger_name", "Install the logger's package, or choose another (csv, tensorboard: here)."):
         logger = choose_logger(
             logger_name,
             out_dir,
@@ -618,15 +613,6 @@ def check_finite(finite: torch.Tensor, step: int) -> None:
             f"A gradient norm was not finite between the last log step and step {step}: the weights are no longer"
             " finite. Resume from the last checkpoint with a lower learning rate or another --train.max_norm."
         )
-
-
-def mean_over_ranks(fabric: L.Fabric, metrics: dict[str, torch.Tensor]) -> dict[str, float]:
-    """A step's metrics (each a scalar tensor, the rank's mean over its micro-batches) averaged over the ranks, as the
-    logged `loss` is reduced: one all-reduce of them stacked, on log steps only (every rank has the same names)."""
-    if not metrics:
-        return {}
-    values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=fabric.device) for v in metrics.values()])
-    return dict(zip(metrics, fabric.all_reduce(values, reduce_op="mean").tolist()))
 
 
 def step_summary(log: dict[str, float]) -> str:

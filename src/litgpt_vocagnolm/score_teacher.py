@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from litgpt_vocagnolm.checkpoints import check_checkpoint_dir
-from litgpt_vocagnolm.data import MANIFEST, BlockDataset, VocAgnoData, check_split, padded_window
 from litgpt_vocagnolm.checks import check_teacher_block_size
+from litgpt_vocagnolm.data import MANIFEST, BlockDataset, VocAgnoData, check_split, padded_window
 from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, check_writable
 from litgpt_vocagnolm.files import file_sha256, write_json
 from litgpt_vocagnolm.gpt import load_model

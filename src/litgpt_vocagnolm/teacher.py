@@ -53,7 +53,7 @@ class TeacherArgs:
 def check_precision(precision: str | None, flag: str) -> None:
     """A teacher precision, as option `flag` gave it: one of PRECISIONS, or None for the device's default."""
     if precision not in (None, *PRECISIONS):
-        raise InvalidArgument(f"{flag} must be {', '.join(PRECISIONS)}, got {precision!r}.")
+        raise InvalidArgument(f"{flag} must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
 
 
 def as_list(value: Path | list[Path] | None) -> list[Path]:
