@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
 from litgpt_vocagnolm.distillation import kld_loss, paired_teacher_positions, uld_loss
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.loss import (
     SelectionArgs,
     aggregate_teacher_loss,
@@ -108,7 +109,7 @@ def as_tensors(ls, lt, ranges, valid):
 @settings(max_examples=150, deadline=None)
 @given(
     inputs=guidance_inputs(),
-    top_k=st.sampled_from([0.0, 0.05, 0.1, 0.14, 0.25, 0.28, 0.3, 0.4, 0.5, 0.7, 0.9, 1.0]),
+    top_k=st.sampled_from([0.05, 0.1, 0.14, 0.25, 0.28, 0.3, 0.4, 0.5, 0.7, 0.9, 1.0]),
     aggregation=st.sampled_from(["max", "mean"]),
     unmapped=st.sampled_from(["include", "exclude"]),
     scope=st.sampled_from(["batch", "sequence"]),
@@ -520,8 +521,8 @@ def test_guided_loss_names_missing_inputs():
 def test_guidance_args():
     assert GuidanceArgs().method == "vocagnolm" and GuidanceArgs().top_k == 0.4
     for kwargs, message in [
-        (dict(top_k=-0.1), r"top_k must be in \[0, 1\]"),
-        (dict(top_k=1.5), r"top_k must be in \[0, 1\]"),
+        (dict(top_k=-0.1), r"top_k must be in \(0, 1\]"),
+        (dict(top_k=1.5), r"top_k must be in \(0, 1\]"),
         (dict(method="distill"), "method must be one of"),
         (dict(scope="node"), "scope must be one of"),
         (dict(temperature=0.0), "temperature must be > 0"),
@@ -545,7 +546,9 @@ def test_guidance_args():
         "random": (False, False, False, "token", True, True),
     }
     assert GuidanceArgs(method="chunk").num_chunks_if_chunked == 8 and GuidanceArgs().num_chunks_if_chunked is None
-    GuidanceArgs(top_k=0.0)  # trains no mapped token: the edge of the range, allowed as `teacher_guided_weights` allows it
+    GuidanceArgs(top_k=1.0)  # every mapped token: the edge of the range
+    with pytest.raises(InvalidArgument, match=r"guidance.top_k must be in \(0, 1\]"):
+        GuidanceArgs(top_k=0.0)  # would train no mapped token: only the unmapped ones, silently
     GuidanceArgs(method="uld").check_tokenizers(same_vocabulary=False)
     GuidanceArgs(method="kld").check_tokenizers(same_vocabulary=True)
     with pytest.raises(ValueError, match="needs a teacher with the student's vocabulary.*--guidance.method vocagnolm"):

@@ -3,6 +3,7 @@ enter, paths checked before any work, and folders that keep what the user had in
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ from conftest import BIN, MISTRAL, ROOT, TINYLLAMA
 from litgpt.args import EvalArgs, TrainArgs
 
 from litgpt_vocagnolm.cli import plain_user_errors
+from litgpt_vocagnolm.demo.settings import DemoSizes
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken
 
 PAPER_RECIPE = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b.yaml"  # TinyLlama (block 2048), Qwen2.5-Math-7B (4096)
@@ -48,7 +50,7 @@ def test_recipe_user_error_is_one_line():
     out = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--train.micro_batch_size", "0")
     assert_one_line(out, "litgpt pretrain --recipe vocagnolm", "--train.micro_batch_size must be at least 1, got 0.")
     out = run(str(BIN / "vocagnolm"), "pretrain", "--guidance.top_k", "5")  # a check in an argument dataclass
-    assert_one_line(out, "litgpt pretrain --recipe vocagnolm", "guidance.top_k must be in [0, 1]")
+    assert_one_line(out, "litgpt pretrain --recipe vocagnolm", "guidance.top_k must be in (0, 1]")
 
 
 def test_only_user_errors_lose_their_traceback(capsys):
@@ -70,6 +72,13 @@ def test_only_user_errors_lose_their_traceback(capsys):
         with plain_user_errors("vocagnolm x", debug=False):
             raise InvalidArgument(wrapped)
     assert capsys.readouterr().err == "vocagnolm x: error: chunk-0-0.bin is damaged.\nPrepare again.\n"
+    with pytest.raises(SystemExit) as exit_:  # only a path the user gave can be refused by the file system
+        with plain_user_errors("vocagnolm x", debug=False):
+            raise PermissionError(13, "Permission denied", "/data/out")
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err == (
+        "vocagnolm x: error: [Errno 13] Permission denied: '/data/out'. Give a path this user may write to (and read).\n"
+    )
 
 
 # prepare
@@ -105,6 +114,25 @@ def test_prepare_refuses_a_read_only_output(tmp_path, gsm8k_sample):
         prepare(student=TINYLLAMA, teacher=MISTRAL, input=gsm8k_sample, output=tmp_path / "locked" / "data")
 
 
+def test_prepare_names_a_text_file_named_parquet(tmp_path):
+    from litgpt_vocagnolm.prepare import prepare
+
+    (tmp_path / "notes.parquet").write_text("just text\n")
+    with pytest.raises(InvalidArgument, match=r"--input .*notes.parquet: .*Give Parquet files .*name text files .txt"):
+        prepare(student=TINYLLAMA, teacher=MISTRAL, input=tmp_path / "notes.parquet", output=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_caps_a_teacher_window_beyond_what_a_block_holds(tmp_path, gsm8k_sample, capsys):
+    from litgpt_vocagnolm.prepare import prepare
+
+    prepare(student=TINYLLAMA, teacher=MISTRAL, input=gsm8k_sample, output=tmp_path / "out", max_seq_length=32,
+            teacher_max_length=100_000_000, num_workers=1, text_key="question,answer", val_fraction=0.1)  # fmt: skip
+    longest = 27  # bytes of TinyLlama's longest token: a block of 33 student tokens holds at most 33 x 28 teacher ones
+    assert f"--teacher_max_length 100,000,000 capped at {33 * (longest + 1):,}" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["teacher_max_length"] == 33 * (longest + 1)
+
+
 # training: `litgpt pretrain --recipe vocagnolm`
 
 
@@ -129,6 +157,19 @@ def test_recipe_refuses_numbers_out_of_range(tmp_path, train, eval, devices, num
     with pytest.raises(InvalidArgument, match=f"{flag} must"):
         setup(model_name="pythia-14m", out_dir=tmp_path / "out", train=train, eval=eval, devices=devices,
               num_nodes=num_nodes)  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "optimizer, message",
+    [("Adamx", "--optimizer: module 'torch.optim' has no attribute 'Adamx'. Name a torch.optim class"),
+     ({"class_path": "torch.optim.AdamW", "init_args": {"lr": -1}}, "--optimizer: Invalid learning rate: -1. Name")],
+)  # fmt: skip
+def test_recipe_refuses_an_optimizer_it_cannot_build_before_loading_anything(tmp_path, optimizer, message):
+    from litgpt_vocagnolm.recipe import setup
+
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        setup(model_name="pythia-14m", out_dir=tmp_path / "out", optimizer=optimizer)
     assert not (tmp_path / "out").exists()
 
 
@@ -182,6 +223,31 @@ def test_plan_refuses_what_cannot_run(args, message, capsys):
     assert "fits" not in capsys.readouterr().out
 
 
+# inspect: its output files checked before any work
+
+
+@pytest.mark.parametrize(
+    "option, name, error, message",
+    [("html", "a-folder", PathTaken, "--html {path} is a folder: give a file path"),
+     ("plot", "fig.txt", InvalidArgument, "--plot {path}: the file must end in .png, .pdf, .svg, not .txt."),
+     ("json", "report.yaml", InvalidArgument, "--json {path}: the file must end in .json")],
+)  # fmt: skip
+def test_inspect_refuses_output_files_it_cannot_write(tmp_path, capsys, option, name, error, message):
+    from litgpt_vocagnolm.inspection import inspect
+
+    (tmp_path / "a-folder").mkdir()
+    with pytest.raises(error, match=re.escape(message.format(path=tmp_path / name))):
+        inspect(student=TINYLLAMA, teacher=MISTRAL, **{option: tmp_path / name})
+    assert capsys.readouterr().out == ""  # refused before the report
+
+
+def test_inspect_writes_into_a_folder_it_creates(tmp_path):
+    from litgpt_vocagnolm.inspection import inspect
+
+    inspect(student=TINYLLAMA, teacher=MISTRAL, json=tmp_path / "new" / "figures.json", rows=0)
+    assert json.loads((tmp_path / "new" / "figures.json").read_text())["iou"] > 0
+
+
 # convert_to_litgpt
 
 
@@ -199,12 +265,28 @@ def test_convert_names_an_unknown_config(tmp_path):
         convert_to_litgpt(tmp_path / "my-model")
 
 
+def test_convert_refuses_a_folder_without_hugging_face_weights(tmp_path):
+    from conftest import make_checkpoint, tiny_config
+
+    from litgpt_vocagnolm.model_configs import convert_to_litgpt
+
+    (tmp_path / "llemma_7b").mkdir()
+    (tmp_path / "llemma_7b" / "config.json").write_text("{}")
+    with pytest.raises(PathMissing, match=r"holds no Hugging Face weights \(\*.safetensors or \*.bin; it holds \['config"):
+        convert_to_litgpt(tmp_path / "llemma_7b")
+    litgpt = make_checkpoint(tmp_path / "pythia-14m", tiny_config("pythia-14m", 32000), TINYLLAMA)
+    with pytest.raises(InvalidArgument, match="is a LitGPT checkpoint already"):
+        convert_to_litgpt(litgpt)
+
+
 # demo: deletes only what it wrote
 
 
 @pytest.mark.parametrize(
-    "options, flag", [({"top_k": 1.5}, "--top_k"), ({"workers": 0}, "worker"), ({"noise": -0.1}, "--noise")]
-)
+    "options, flag",
+    [({"top_k": 1.5}, "--top_k"), ({"top_k": 0.0}, "--top_k"), ({"workers": 0}, "worker"), ({"noise": -0.1}, "--noise"),
+     ({"quick": True, "sizes": DemoSizes(student_vocab_size=500)}, "--quick true sets every size")],
+)  # fmt: skip
 def test_demo_refuses_numbers_out_of_range_before_any_work(tmp_path, options, flag):
     from litgpt_vocagnolm.demo import demo
 
@@ -216,7 +298,10 @@ def test_demo_refuses_numbers_out_of_range_before_any_work(tmp_path, options, fl
 @pytest.mark.parametrize(
     "sizes, flag",
     [({"micro_batch_size": 0}, "--sizes.micro_batch_size"), ({"student_tokens": -1}, "--sizes.student_tokens"),
-     ({"documents": 0}, "--sizes.documents"), ({"heldout_share": 0.0}, "--sizes.heldout_share")],
+     ({"documents": 0}, "--sizes.documents"), ({"heldout_share": 0.0}, "--sizes.heldout_share"),
+     ({"student_vocab_size": 10}, "--sizes.student_vocab_size must be at least 359"),
+     ({"second_teacher_vocab_size": 300}, "--sizes.second_teacher_vocab_size must be at least 359"),
+     ({"teacher_vocab_size": 10}, "--sizes.teacher_vocab_size must be at least 257")],
 )  # fmt: skip
 def test_demo_sizes_refuse_numbers_out_of_range(sizes, flag):
     from litgpt_vocagnolm.demo.settings import DemoSizes
@@ -255,3 +340,36 @@ def test_demo_replaces_only_its_own_files(tmp_path):
     (out_dir / "notes.txt").unlink()
     with pytest.raises(PathTaken, match="is a file"):
         claim_out_dir(out_dir / RECORD)
+
+
+def test_a_demo_run_again_keeps_a_file_put_in_its_folders(tmp_path):
+    from litgpt_vocagnolm.demo import claim_out_dir, record_finished
+
+    out_dir = tmp_path / "demo"
+    claim_out_dir(out_dir)
+    (out_dir / "runs" / "ce-seed1").mkdir(parents=True)
+    (out_dir / "runs" / "ce-seed1" / "metrics.csv").write_text("the demo's")
+    record_finished(out_dir)
+    (out_dir / "runs" / "notes.txt").write_text("mine")
+    with pytest.raises(PathTaken, match="holds runs/notes.txt, which `vocagnolm demo` did not write"):
+        claim_out_dir(out_dir)
+    assert (out_dir / "runs" / "notes.txt").read_text() == "mine"
+    (out_dir / "runs" / "notes.txt").unlink()
+    claim_out_dir(out_dir)  # only its own files: replaced
+    assert not (out_dir / "runs").exists()
+
+
+def test_a_demo_budget_beyond_the_corpus_is_a_user_error():
+    from litgpt_vocagnolm.demo.corpus import documents_for
+
+    with pytest.raises(InvalidArgument, match="The corpus holds 6 tokens for this budget of 1,000 .plus 5%.: lower the budget"):
+        documents_for(["one two three", "four"], TINYLLAMA, 1000)
+
+
+def test_bits_per_byte_names_a_tokenizer_without_bos_or_eos():
+    from types import SimpleNamespace
+
+    from litgpt_vocagnolm.evaluate import bits_per_byte_of_documents
+
+    with pytest.raises(InvalidArgument, match="--bpb needs a tokenizer with a BOS or EOS token"):
+        bits_per_byte_of_documents(None, SimpleNamespace(bos_id=None, eos_id=None), ["text"], batch_size=1)

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, check_writable
 from litgpt_vocagnolm.files import file_sha256
 from litgpt_vocagnolm.tokenizer_files import TOKENIZER_FILES, load_tokenizer
 
@@ -47,11 +47,12 @@ class UnreadableCheckpoint(InvalidArgument):
     """A weight file that can't be loaded safely: truncated, corrupt, or holding more than tensors and plain data."""
 
 
-def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = False) -> None:
+def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = False, verify: bool = True) -> None:
     """Fails early, naming what is missing or unreadable, before any model is built: the weights and config, and with
     `tokenizer` the tokenizer files (what `litgpt generate` and `vocagnolm evaluate` need). The weights are opened
     (`read_weights`: memory-mapped, their pickled index read, not the tensor data), so a refused or damaged file fails
-    here rather than after minutes of model building."""
+    here rather than after minutes of model building; where checksums.json records them, they must match it (unless
+    `verify` is False: for a caller that runs `verified_weights_sha256` itself, so that the weights are read once)."""
     if not checkpoint_dir.is_dir():
         raise PathMissing(f"{what} {str(checkpoint_dir)!r} is not a directory. Pass a LitGPT checkpoint directory.")
     wanted = [(name,) for name in MODEL_FILES]
@@ -67,6 +68,8 @@ def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = Fals
             " tokenizer files of the model it started from next to lit_model.pth."
         )
     read_weights(checkpoint_dir / "lit_model.pth")
+    if verify and (checkpoint_dir / CHECKSUMS).is_file():  # a run's final/ or an exported checkpoint: damaged since?
+        verified_weights_sha256(checkpoint_dir)
     if any((checkpoint_dir / name).is_file() for name in TOKENIZER_FILES):
         config = Config.from_file(checkpoint_dir / "model_config.yaml")
         check_vocab_size(config, checkpoint_dir, what, fix="tokenizer and weights do not belong together. Use the"
@@ -147,7 +150,7 @@ def check_out_dir(out_dir: Path, resume: bool | Literal["auto"] | Path, overwrit
     if previous:
         more = f" and {len(previous) - 5} more" if len(previous) > 5 else ""
         names = ", ".join(p.name for p in previous[:5]) + more
-        raise FileExistsError(
+        raise PathTaken(
             f"--out_dir {str(out_dir)!r} holds a previous run's checkpoints ({names}). Continue that run with --resume"
             " auto, choose another --out_dir, or pass --overwrite true to delete them and start afresh."
         )
@@ -212,16 +215,18 @@ def file_checksums(directory: Path, shards_of: int | None = None) -> dict[str, s
     return sums
 
 
-def check_resume_path(path: Path) -> None:
-    """`--resume PATH`, before any process starts: a sharded checkpoint directory (or a file in one) whose index loads.
-    Its checksums are checked once the processes run, each rank a share of the files (`find_resume_checkpoint`)."""
+def check_resume_path(path: Path, flag: str = "--resume") -> None:
+    """`--resume PATH` (or the checkpoint that option `flag` names), before any process starts: a sharded checkpoint
+    directory (or a file in one) whose index loads. Its checksums are checked once the processes run, each rank a share
+    of the files (`find_resume_checkpoint`)."""
     if path.is_file():
         read_weights(path)  # a crafted or damaged weight file: refused, naming it
         path = path.parent
     if not (path / ".metadata").is_file():
+        newest = ", or --resume auto for the newest in --out_dir" if flag == "--resume" else ""
         raise UnreadableCheckpoint(
-            f"--resume {str(path)!r} is not a sharded checkpoint (no .metadata): pass a step-* directory this recipe"
-            " saved, or --resume auto for the newest in --out_dir."
+            f"{flag} {str(path)!r} is not a sharded checkpoint (no .metadata): pass a step-* (or final) directory the"
+            f" recipe saved{newest}."
         )
     SafeReader(path).read_metadata()
 
@@ -478,12 +483,21 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
 
     Arguments:
         checkpoint_dir: The sharded checkpoint: a ``step-*`` (or ``final``) directory the recipe saved.
-        out_dir: Where to write the LitGPT checkpoint directory (created; an existing lit_model.pth is refused).
+        out_dir: Where to write the LitGPT checkpoint directory (created; a file it would write that is there already
+            is refused, naming it).
     """
-    check_resume_path(checkpoint_dir)  # a sharded checkpoint, its index safe to read
+    check_resume_path(checkpoint_dir, "checkpoint_dir")  # a sharded checkpoint, its index safe to read
+    check_writable(out_dir, "--out_dir")
+    # What it writes (the config and tokenizer files that `copy_config_files` finds beside the shards): none replaced.
+    copied = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+    written = [*MODEL_FILES, "hyperparameters.yaml", CHECKSUMS, *(n for n in copied if (checkpoint_dir / n).exists())]
+    taken = [name for name in written if (out_dir / name).exists()]
+    if taken:
+        raise PathTaken(
+            f"--out_dir {out_dir} holds {', '.join(taken)}, which the export would replace: choose another --out_dir,"
+            " or delete them first."
+        )
     verify_checkpoint(checkpoint_dir)  # complete, every file matching its checksum
-    if (out_dir / "lit_model.pth").exists():
-        raise FileExistsError(f"{out_dir / 'lit_model.pth'} exists: choose another out_dir, or delete it first.")
     train_state = json.loads((checkpoint_dir / TRAIN_STATE).read_text())
     counters = {name: train_state[name] for name in ("iter_num", "step_count")}
     export_lit_model(checkpoint_dir, out_dir / "lit_model.pth", extra=counters)
@@ -503,6 +517,7 @@ FIXED_ON_RESUME = {
     "train.max_seq_length": "the blocks and the tokens per step are the run's",
     "guidance.method": "a run trains one method; train another in a new --out_dir",
     "precision": "the weights and AdamW state keep the precision the run started with",
+    "data.init_args.path": "the saved data position is a position in the run's data",
 }
 
 
@@ -522,13 +537,15 @@ def resume_history(checkpoint_dir: Path, hparams: dict, world_size: int) -> list
 
     for key, reason in FIXED_ON_RESUME.items():
         if value(saved, key) != value(hparams, key):
-            raise ValueError(
+            raise InvalidArgument(
                 f"--{key} {value(hparams, key)} differs from the run's {value(saved, key)} ({saved_file}): it can't"
                 f" change on resume, as {reason}. Resume with --{key} {value(saved, key)}."
             )
     saved_world_size = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["world_size"]
     changes = [f"processes {saved_world_size} -> {world_size}"] if saved_world_size != world_size else []
-    for key in ("train.micro_batch_size", "devices", "num_nodes"):
+    # The split of a step over ranks and micro-batches, and the run's length: the learning-rate schedule (its steps,
+    # warm-up and decay) is recomputed from the new length, so the change goes on record.
+    for key in ("train.micro_batch_size", "devices", "num_nodes", "train.max_tokens", "train.max_steps"):
         if value(saved, key) != value(hparams, key):
             changes.append(f"{key} {value(saved, key)} -> {value(hparams, key)}")
     step = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["step_count"]

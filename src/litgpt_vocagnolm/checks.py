@@ -4,14 +4,17 @@ and the line that makes a wrong tokenizer pairing visible at the start of a run.
 from pathlib import Path
 from typing import Literal
 
+import torch
 from litgpt.args import EvalArgs, TrainArgs
 from litgpt.config import Config
 from litgpt.data import DataModule
+from litgpt.utils import instantiate_torch_optimizer
 
 from litgpt_vocagnolm.alignment import vocab_overlap
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, check_resume_path, check_vocab_size
+from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, check_resume_path, check_vocab_size, read_weights
 from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
-from litgpt_vocagnolm.errors import InvalidArgument, at_least
+from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, given_by
+from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.methods import GuidanceArgs, method_names
 from litgpt_vocagnolm.model_configs import config_named
 from litgpt_vocagnolm.teacher import TeacherArgs
@@ -30,8 +33,7 @@ def resolve_model_config(model_name: str | None, model_config: Config | None) ->
 def check_run_args(train: TrainArgs, eval: EvalArgs, devices: int | str, num_nodes: int) -> None:
     """The recipe's numbers in range, before anything is loaded (LitGPT's TrainArgs checks few: a micro-batch of 0
     divides by zero, a negative one reaches LitData)."""
-    if devices != "auto" and (not isinstance(devices, int) or devices < 1):
-        raise InvalidArgument(f"--devices must be 'auto' or a positive number of GPUs per node, got {devices!r}.")
+    check_devices(devices)
     at_least("--num_nodes", num_nodes, 1)
     for name in ("global_batch_size", "micro_batch_size", "log_interval"):
         at_least(f"--train.{name}", getattr(train, name), 1)
@@ -49,8 +51,48 @@ def check_run_args(train: TrainArgs, eval: EvalArgs, devices: int | str, num_nod
     at_least("--eval.max_iters", eval.max_iters, 0)
 
 
-def check_start(initial_checkpoint_dir: Path | None, resume: bool | Literal["auto"] | Path) -> None:
-    """Where the student starts from: an initial checkpoint or a resumed one, each readable, not both."""
+def check_weights_fit(config: Config, checkpoint_dir: Path, flag: str) -> None:
+    """Fails unless the checkpoint's weights have the tensors, by name and shape, of the model `config` builds (built
+    on the meta device: no memory), naming the first that differ; else `load_state_dict` refuses them after the model
+    is built."""
+    with torch.device("meta"):
+        wanted = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
+    weights = read_weights(checkpoint_dir / "lit_model.pth")
+    found = {name: tuple(t.shape) for name, t in weights.get("model", weights).items()}
+    differ = [f"{name}: {found.get(name, 'absent')} there, {wanted.get(name, 'absent')} in this model"
+              for name in sorted(wanted.keys() | found.keys()) if found.get(name) != wanted.get(name)]  # fmt: skip
+    if differ:
+        raise InvalidArgument(
+            f"{flag} {str(checkpoint_dir)!r} holds another architecture than {config.name!r} ({'; '.join(differ[:3])}"
+            f"{f'; {len(differ) - 3} more' if len(differ) > 3 else ''}): give the checkpoint of this model, or the"
+            " --model_name / --model_config it was trained as."
+        )
+
+
+def check_teacher_block_size(manifest: dict, teacher_dir: Path, flag: str, data: Path) -> None:
+    """Fails, before any model is loaded, unless the teacher's block size (read from its model_config.yaml) holds the
+    prepared data's teacher windows (`teacher_max_length` tokens at most): a longer window would be cut, or refused
+    in a loader worker mid-run."""
+    block_size = Config.from_file(teacher_dir / "model_config.yaml").block_size
+    if manifest["teacher_max_length"] > block_size:
+        raise InvalidArgument(
+            f"{flag} {str(teacher_dir)!r} has a block size of {block_size} tokens, shorter than the teacher windows of"
+            f" up to {manifest['teacher_max_length']} tokens in {data}: prepare the data again with --teacher_max_length"
+            f" {block_size} (or a smaller --max_seq_length), or use a teacher with a longer context."
+        )
+
+
+def check_optimizer(optimizer: str | dict) -> None:
+    """Builds the optimizer once over a stand-in parameter, so that an unknown name or a bad argument (a negative
+    learning rate) fails now, naming --optimizer, not in LitGPT's `instantiate_torch_optimizer` once the model is
+    built."""
+    with given_by("--optimizer", "Name a torch.optim class (e.g. AdamW) or give its class_path and init_args."):
+        instantiate_torch_optimizer(optimizer, [torch.nn.Parameter(torch.zeros(1))])
+
+
+def check_start(config: Config, initial_checkpoint_dir: Path | None, resume: bool | Literal["auto"] | Path) -> None:
+    """Where the student starts from: an initial checkpoint of `config`'s architecture or a resumed one, each
+    readable, not both."""
     if initial_checkpoint_dir is not None and resume not in (False, "auto"):
         raise InvalidArgument(
             "Can't provide both --resume and --initial_checkpoint_dir. Choose one, or --resume auto: it starts from"
@@ -58,6 +100,7 @@ def check_start(initial_checkpoint_dir: Path | None, resume: bool | Literal["aut
         )
     if initial_checkpoint_dir is not None:
         check_checkpoint_dir(initial_checkpoint_dir, what="--initial_checkpoint_dir")
+        check_weights_fit(config, initial_checkpoint_dir, "--initial_checkpoint_dir")
     if isinstance(resume, Path):
         check_resume_path(resume)  # refused, unreadable or damaged: fail now, naming the file
 
@@ -80,6 +123,8 @@ def check_setup(
         )
     if isinstance(data, VocAgnoData):
         data.check_files()  # a missing or cut chunk: now, not when the loader reaches it (hours in)
+    if hasattr(data, "num_workers"):  # torch's DataLoader would refuse a negative count, once the model is built
+        at_least("--data.num_workers", data.num_workers, 0)
     if train.max_tokens is None or train.max_norm is None:
         raise InvalidArgument("The recipe needs --train.max_tokens and --train.max_norm.")
     if train.epochs is not None:
@@ -136,8 +181,9 @@ def check_setup(
                 f"--guidance.method {guidance.method} needs a teacher: --teacher.checkpoint_dir DIR (or"
                 " --teacher.cache DIR from `vocagnolm score-teacher`)."
             )
-        for checkpoint_dir in checkpoint_dirs:
+        for checkpoint_dir, path, manifest in zip(checkpoint_dirs, paths, data.manifests):
             check_checkpoint_dir(checkpoint_dir, what="--teacher.checkpoint_dir")
+            check_teacher_block_size(manifest, checkpoint_dir, "--teacher.checkpoint_dir", path)
     same_vocabulary = True
     for k in range(len(paths)):
         teacher_dir = checkpoint_dirs[k] if checkpoint_dirs else None

@@ -79,8 +79,9 @@ def _split_debug(args: list[str]) -> tuple[bool, list[str]]:
 
 @contextmanager
 def plain_user_errors(prog: str, debug: bool) -> Iterator[None]:
-    """A user error (`errors.UserError`: a bad value, a missing or taken path) as one line and exit status 1, its
-    traceback only with `debug`. Every other exception is a bug and keeps its traceback."""
+    """A user error (`errors.UserError`: a bad value, a missing or taken path; or a `PermissionError`, which only a path
+    the user gave can raise) as one line and exit status 1, its traceback only with `debug`. Every other exception is a
+    bug and keeps its traceback."""
     from litgpt_vocagnolm.errors import UserError
 
     try:
@@ -92,6 +93,11 @@ def plain_user_errors(prog: str, debug: bool) -> Iterator[None]:
         # ExceptionWrapper): keep what follows its last line's "InvalidArgument: ".
         message = str(error).rsplit(f"\n{type(error).__name__}: ", 1)[-1]
         print(f"{prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except PermissionError as error:  # the file system refused a path the user gave: theirs to change, not a bug
+        if debug:
+            raise
+        print(f"{prog}: error: {error}. Give a path this user may write to (and read).", file=sys.stderr)
         raise SystemExit(1) from None
 
 

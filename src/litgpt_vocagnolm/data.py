@@ -59,6 +59,11 @@ def padded_window(manifest: dict, teacher_block_size: Optional[int] = None) -> i
 
 def load_manifest(path: Path) -> dict:
     path = Path(path)
+    if path.is_file():
+        raise InvalidArgument(
+            f"{path} is a file, not prepared data: give the folder `vocagnolm prepare --output DIR` wrote (a text file"
+            f" such as this one is what it reads: `vocagnolm prepare ... --input {path} --output DIR`)."
+        )
     if not (path / MANIFEST).is_file():
         unfinished = " An interrupted run left it unfinished: run it again." if (path / PARTIAL).exists() else ""
         raise PathMissing(

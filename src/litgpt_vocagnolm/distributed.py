@@ -1,10 +1,11 @@
 """How both models spread over devices: FSDP2 sharding (`parallelize`, the strategy's `parallelize_fn`), mixed
 precision and activation checkpointing. The training loop sees none of it (cf. torchtitan's parallelize.py beside its
-model)."""
+model), but for the one reduction of its logged metrics over the ranks (`mean_over_ranks`)."""
 
 from dataclasses import dataclass
 from typing import Literal
 
+import lightning as L
 import torch
 import torch.nn as nn
 
@@ -80,3 +81,12 @@ def compile_blocks(model: GPT) -> None:
     graph compiles once. `Module.compile` wraps nothing: the checkpoint keys stay LitGPT's."""
     for block in model.transformer.h:
         block.compile(backend=COMPILE_BACKEND, dynamic=False)
+
+
+def mean_over_ranks(fabric: L.Fabric, metrics: dict[str, torch.Tensor]) -> dict[str, float]:
+    """A step's metrics (each a scalar tensor, the rank's mean over its micro-batches) averaged over the ranks, as the
+    logged `loss` is reduced: one all-reduce of them stacked, on log steps only (every rank has the same names)."""
+    if not metrics:
+        return {}
+    values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=fabric.device) for v in metrics.values()])
+    return dict(zip(metrics, fabric.all_reduce(values, reduce_op="mean").tolist()))

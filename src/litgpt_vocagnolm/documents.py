@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, NamedTuple, Optional, Union
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, given_by
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 FIELD_SEPARATOR = "\n\n"  # joins the fields of `--text_key question,answer`, as paragraphs
 UNITS = 256  # work units to cut the input into, so that many workers stay busy to the end
@@ -189,7 +189,9 @@ def check_input_file(path: Path, keys: list[str], flag: str) -> None:
             names = ", ".join(record) if isinstance(record, dict) else "none"
             raise InvalidArgument(f"{flag} {path}: the first record fails, {why} (its fields: {names}). {hint}")
     elif path.suffix == ".parquet":
-        schema = pq.read_schema(path)
+        fix = "Give Parquet files (as pyarrow or pandas write them); name text files .txt or .jsonl."
+        with given_by(f"{flag} {path}", fix):
+            schema = pq.read_schema(path)
         for key in keys:
             if key not in schema.names:
                 raise InvalidArgument(f"{flag} {path}: no column {key!r} (columns: {', '.join(schema.names)}). {hint}")

@@ -6,7 +6,9 @@ its traceback. Each kind is also the built-in exception a caller of the Python A
 """
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 class UserError(Exception):
@@ -41,3 +43,38 @@ def check_writable(folder: Path, flag: str) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "is not writable" if existing == folder else f"can't be created: {existing} is not writable"
         raise InvalidArgument(f"{flag} {folder} {what} by this user. Give a folder you can write to.")
+
+
+def check_devices(devices: int | str, flag: str = "--devices") -> None:
+    """Refuses a device count Lightning would refuse later, in its own words: "auto" or a positive number."""
+    if devices != "auto" and (not isinstance(devices, int) or devices < 1):
+        raise InvalidArgument(f"{flag} must be 'auto' or a positive number of devices per node, got {devices!r}.")
+
+
+def check_output_file(path: Path, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
+    """Refuses, before any work, an output file that can't be written: a folder where the file is due, a suffix not
+    among `suffixes` (when given), a folder that can't be created or written into; creates its folder. Returns it."""
+    path = Path(path)
+    if path.is_dir():
+        example = path / ("out" + "".join(suffixes[:1]))
+        raise PathTaken(f"{flag} {path} is a folder: give a file path, such as {example}.")
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise InvalidArgument(
+            f"{flag} {path}: the file must end in {', '.join(suffixes)}, not {path.suffix or 'nothing'}."
+        )
+    check_writable(path.parent, flag)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextmanager
+def given_by(flag: str, fix: str) -> Iterator[None]:
+    """What a library (LitGPT, Lightning, torch, pyarrow...) raises for a value the user gave, as one `InvalidArgument`
+    naming the option and the fix: `with given_by("--data.path", "Run `vocagnolm prepare` again."): ...`."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (ValueError, TypeError, OSError, RuntimeError, KeyError, AttributeError, ImportError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise InvalidArgument(f"{flag}: {reason}. {fix}") from error

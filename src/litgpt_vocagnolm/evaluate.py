@@ -117,7 +117,7 @@ def evaluate(
     test_sets = Path(data_dir) if data_dir is not None else DATA_DIR
     out_dir = Path(out_dir) if out_dir is not None else checkpoint_dir / "evaluate"
     # Bad input fails here, before the model loads.
-    check_checkpoint_dir(checkpoint_dir, what="checkpoint_dir", tokenizer=True)
+    check_checkpoint_dir(checkpoint_dir, what="checkpoint_dir", tokenizer=True, verify=False)  # verified below
     selected = parse_tasks(tasks if tasks is not None else ("" if bpb else ",".join(TABLE_1)))
     check_task_files(selected, test_sets)
     if selected:
@@ -528,7 +528,10 @@ def bits_per_byte_of_documents(model, tokenizer, documents: Sequence[str], batch
     consecutive windows of block-size predictions; a window's first tokens see only the context inside it."""
     context = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
     if context is None:
-        raise ValueError("bits per byte needs a BOS or EOS token to predict a document's first token from")
+        raise InvalidArgument(
+            "--bpb needs a tokenizer with a BOS or EOS token to predict a document's first token from; this"
+            " checkpoint's has neither: add them to its tokenizer_config.json, or measure --tasks only."
+        )
     block_size = model.config.block_size
     windows = []  # each: block_size + 1 ids or fewer; its first id is context only
     for text in documents:

@@ -20,7 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from litgpt_vocagnolm.alignment import align, chunk_align, chunk_span_ios_iou, encode, ios_iou
-from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, check_output_file
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 # Written for this project: word problems, LaTeX and the Unicode that math text carries.
@@ -33,6 +33,7 @@ $\\sum_{k=1}^{n} k = \\frac{n(n+1)}{2}$; for n = 100 that is 5050.
 """
 KINDS = ("1:1", "1:many", "many:1", "many:many")
 HTML_GROUPS = 5000  # groups drawn in the HTML page: a 3 MB text has about a million
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # what --plot writes, by the file's suffix
 
 
 def mapping_groups(ranges: np.ndarray) -> np.ndarray:
@@ -346,7 +347,8 @@ def inspect(
         file: A UTF-8 text file to inspect instead.
         html: Also write the report, with the alignment drawn token by token (up to 5,000 groups), to this HTML file.
         plot: Also draw the overlap against the chunk count (the paper's Figure 3) to this image (.png, .pdf, .svg).
-        json: Also write the overlap figures, as fractions, to this JSON file: token-level `iou` and `ios`, and
+            The folder of each output file is created if need be.
+        json: Also write the overlap figures, as fractions, to this JSON file (.json): token-level `iou` and `ios`, and
             `chunks`, one entry per chunk count with `num_chunks`, `chunk_span_iou`, `chunk_span_ios`,
             `per_token_iou` and `per_token_ios`.
         chunks: Chunk counts for the chunk-alignment baseline (the paper's Table 2 and Figure 3).
@@ -356,6 +358,10 @@ def inspect(
         raise InvalidArgument("Pass --text or --file, not both.")
     if any(c < 1 for c in chunks):
         raise InvalidArgument(f"Chunk counts must be at least 1, got {chunks}.")
+    for flag, path, suffixes in (("--html", html, (".html", ".htm")), ("--json", json, (".json",)),
+                                 ("--plot", plot, PLOT_SUFFIXES)):  # fmt: skip
+        if path is not None:
+            check_output_file(path, flag, suffixes)
     if file is not None:
         source, text = str(file), read_text_file(file)
     elif text is not None:

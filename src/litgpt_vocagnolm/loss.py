@@ -46,10 +46,10 @@ class TokenBytes(NamedTuple):
 
 
 def check_top_k(top_k: float, what: str = "top_k") -> None:
-    """The one range check of `top_k`, where it enters (`GuidanceArgs`, `SelectionArgs`): 0 selects none of
-    the mapped tokens, 1 all of them."""
-    if not 0 <= top_k <= 1:
-        raise InvalidArgument(f"{what} must be in [0, 1] (the paper uses 0.4), got {top_k}")
+    """The one range check of `top_k`, where it enters (`GuidanceArgs`, `SelectionArgs`): 1 selects all the mapped
+    tokens; 0, none of them, would train the unmapped tokens alone (or nothing), so it is refused."""
+    if not 0 < top_k <= 1:
+        raise InvalidArgument(f"{what} must be in (0, 1]: above 0, at most 1 (the paper uses 0.4), got {top_k}")
 
 
 @torch.no_grad()
@@ -175,7 +175,7 @@ def select_top_k(
     Args:
         scores: (B, T) float.
         candidate: (B, T) bool: tokens that may be selected.
-        top_k: fraction in [0, 1].
+        top_k: fraction in (0, 1].
         scope: "batch" (the whole tensor), "sequence" (each row) or "global" (every rank's tensor).
         all_gather: for "global": stacks a tensor from every data-parallel rank along a new leading dim
             (`fabric.all_gather`; with one process it may return its input unchanged). All ranks need equal shapes.

@@ -264,7 +264,7 @@ class GuidanceArgs:
 
     method: Method = "vocagnolm"
     top_k: float = 0.4
-    """Fraction of the mapped tokens trained, in [0, 1]: ceil(top_k * mapped) per scope (paper: 0.4)"""
+    """Fraction of the mapped tokens trained, in (0, 1]: ceil(top_k * mapped) per scope (paper: 0.4)"""
     aggregation: Aggregation = "max"
     """How the losses of the teacher tokens mapped to one student token are combined (paper: max)"""
     unmapped: Unmapped = "include"

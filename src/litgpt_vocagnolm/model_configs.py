@@ -123,4 +123,16 @@ def convert_to_litgpt(checkpoint_dir: Path, model_name: str | None = None, dtype
     register()
     inferred = "The folder's name (the default --model_name; else pass --model_name NAME)"
     config_named(model_name or checkpoint_dir.name, "--model_name" if model_name else inferred)
+    weights = [p.name for p in checkpoint_dir.iterdir() if p.suffix in (".bin", ".safetensors")]
+    if not weights and (checkpoint_dir / "lit_model.pth").is_file():
+        raise InvalidArgument(
+            f"checkpoint_dir {str(checkpoint_dir)!r} is a LitGPT checkpoint already (lit_model.pth, no Hugging Face"
+            " weights): use it as it is; `litgpt convert_from_litgpt` goes the other way."
+        )
+    if not weights:
+        present = sorted(p.name for p in checkpoint_dir.iterdir())
+        raise PathMissing(
+            f"checkpoint_dir {str(checkpoint_dir)!r} holds no Hugging Face weights (*.safetensors or *.bin; it holds"
+            f" {present}). Download them: `litgpt download <repo> --convert_checkpoint false`."
+        )
     convert_hf_checkpoint(checkpoint_dir=checkpoint_dir, model_name=model_name, dtype=dtype)

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Literal, Optional, Union
 import numpy as np
 from litdata import optimize
 
-from litgpt_vocagnolm.alignment import encode
+from litgpt_vocagnolm.alignment import encode, token_byte_lengths
 from litgpt_vocagnolm.data import FORMAT, MANIFEST, PARTIAL, SPLITS
 from litgpt_vocagnolm.documents import (
     Stats,
@@ -246,6 +246,17 @@ def block_settings(
     return {"token_ratio": ratio, "teacher_max_length": cap, "dtypes": dtypes._asdict()}
 
 
+def usable_teacher_max_length(teacher_max_length: int, block_tokens: int, student_file: Path) -> int:
+    """`--teacher_max_length`, or, with a note, the most teacher tokens a block's text can hold: block_tokens times one
+    more than the student's longest token in bytes (every teacher token covers a byte or more, but for one special
+    token per student token at most). A larger window is padding that every batch of every run would carry."""
+    most = block_tokens * (int(token_byte_lengths(cached_tokenizer(student_file)).max()) + 1)
+    if teacher_max_length > most:
+        print(f"--teacher_max_length {teacher_max_length:,} capped at {most:,}: the most teacher tokens a block of"
+              f" {block_tokens:,} student tokens can hold.")  # fmt: skip
+    return min(teacher_max_length, most)
+
+
 def prepare(
     *,
     student: Path,
@@ -276,8 +287,9 @@ def prepare(
         max_seq_length: Student tokens per training sequence, at least 1; blocks hold one more (inputs and shifted
             targets).
         teacher_max_length: Teacher tokens per block at most, at least 1; student tokens whose teacher tokens lie
-            beyond are unmapped (counted in the manifest). Default: max_seq_length + 1 times the teacher/student token
-            ratio measured on the input, plus 25%.
+            beyond are unmapped (counted in the manifest). Above what a block's text can hold (max_seq_length + 1
+            times one more than the student's longest token in bytes) it is capped there, with a note. Default:
+            max_seq_length + 1 times the teacher/student token ratio measured on the input, plus 25%.
         num_workers: Worker processes, at least 1. Default: one per CPU.
         text_key: The field holding the text in .jsonl and .parquet records; several, comma-separated (e.g.
             question,answer), are joined with a blank line between them.
@@ -314,6 +326,8 @@ def prepare(
     for path in val_files:
         check_input_file(path, keys, "--val_input")
     student_file, teacher_file = find_tokenizer_file(student), find_tokenizer_file(teacher)
+    if teacher_max_length is not None:
+        teacher_max_length = usable_teacher_max_length(teacher_max_length, max_seq_length + 1, student_file)
     if dry_run:
         student_info, teacher_info = tokenizer_info(student_file), tokenizer_info(teacher_file)
         units, block_tokens = plan_units(files), max_seq_length + 1

@@ -59,12 +59,12 @@ from litgpt_vocagnolm.checkpoints import (
     previous_checkpoints,
     resume_history,
 )
-from litgpt_vocagnolm.checks import check_run_args, check_setup, check_start, resolve_model_config
+from litgpt_vocagnolm.checks import check_optimizer, check_run_args, check_setup, check_start, resolve_model_config
 from litgpt_vocagnolm.checks import tokenizer_pair_summary
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX
 from litgpt_vocagnolm.data import Batch, VocAgnoData, byte_tables
-from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, parallelize
-from litgpt_vocagnolm.errors import check_writable
+from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, mean_over_ranks, parallelize
+from litgpt_vocagnolm.errors import check_writable, given_by
 from litgpt_vocagnolm.gpt import load_model, new_model
 from litgpt_vocagnolm.loss import bits_per_byte, selection_generator
 from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
@@ -178,23 +178,25 @@ def setup(
         print("Available values:\n" + "\n".join(sorted(name_to_config)))
         return
     check_run_args(train, eval, devices, num_nodes)
+    check_optimizer(optimizer)
     check_writable(init_out_dir(out_dir), "--out_dir")  # a read-only one fails now, not at the first checkpoint
     config = resolve_model_config(model_name, model_config)
     devices = parse_devices(devices)
-    check_start(initial_checkpoint_dir, resume)
+    check_start(config, initial_checkpoint_dir, resume)
     check_setup(config, data, train, teacher, guidance, tokenizer_dir=tokenizer_dir, world_size=devices * num_nodes)
 
     precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
     out_dir = init_out_dir(out_dir)
     check_out_dir(out_dir, resume, overwrite)
-    logger = choose_logger(
-        logger_name,
-        out_dir,
-        name=f"vocagnolm-{config.name}",
-        resume=bool(resume),
-        log_interval=train.log_interval,
-        log_args=asdict(log),
-    )
+    with given_by("--logger_name", "Install the logger's package, or choose another (csv, tensorboard: here)."):
+        logger = choose_logger(
+            logger_name,
+            out_dir,
+            name=f"vocagnolm-{config.name}",
+            resume=bool(resume),
+            log_interval=train.log_interval,
+            log_args=asdict(log),
+        )
     if devices * num_nodes > 1:
         # FSDP2 does bf16 itself (`MixedPrecisionPolicy`: bf16 gathers and compute, float32 shards, gradients reduced
         # in float32), as torchtitan does: Fabric's plugin stays at float32, or `bf16-true` would cast the shards (and
@@ -457,13 +459,11 @@ def fit(
                 "learning_rate": lr,
                 "tokens_per_sec": tokens / (t1 - total_t0),
                 "teacher_time_share": teacher_timer.seconds() / max(step_time, 1e-9),
-                **{name: float(value) for name, value in step_metrics.items()},
+                **mean_over_ranks(fabric, step_metrics),
             }
             fabric.print(
-                f"Epoch {log['epoch'] + 1} | iter {log['iter']} step {log['step']} | loss train: {loss:.3f},"
-                f" student CE: {log.get('student_loss', float('nan')):.3f},"
-                f" selected: {log.get('selected_fraction', 1.0):.2f} of mapped {log.get('mapped_fraction', 0.0):.2f}"
-                f" | {format_metrics(val_metrics)} | iter time: {log['iter_time'] * 1000:.2f} ms"
+                f"Epoch {log['epoch'] + 1} | iter {log['iter']} step {log['step']} | loss train: {loss:.3f}"
+                f"{step_summary(log)} | {format_metrics(val_metrics)} | iter time: {log['iter_time'] * 1000:.2f} ms"
                 f" remaining time: {timedelta(seconds=int(log['remaining_time']))!s}"
             )
             fabric.log_dict(log, step=state["iter_num"] - 1)
@@ -547,6 +547,15 @@ def check_finite(finite: torch.Tensor, step: int) -> None:
             f"A gradient norm was not finite between the last log step and step {step}: the weights are no longer"
             " finite. Resume from the last checkpoint with a lower learning rate or another --train.max_norm."
         )
+
+
+def step_summary(log: dict[str, float]) -> str:
+    """The step line's guided-loss figures, those the method reports: the student's cross-entropy and, for the
+    selecting methods, the share of mapped tokens selected (no figure for what a method does not compute)."""
+    text = f", student CE: {log['student_loss']:.3f}" if "student_loss" in log else ""
+    if "selected_fraction" in log and "mapped_fraction" in log:
+        text += f", selected: {log['selected_fraction']:.2f} of mapped {log['mapped_fraction']:.2f}"
+    return text
 
 
 def format_metrics(metrics: dict[str, float]) -> str:

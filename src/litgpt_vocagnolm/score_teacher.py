@@ -15,14 +15,16 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from litgpt_vocagnolm.checkpoints import check_checkpoint_dir
+from litgpt_vocagnolm.checks import check_teacher_block_size
 from litgpt_vocagnolm.data import MANIFEST, BlockDataset, VocAgnoData, check_split, padded_window
-from litgpt_vocagnolm.errors import InvalidArgument
+from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, check_writable
 from litgpt_vocagnolm.files import file_sha256, write_json
 from litgpt_vocagnolm.gpt import load_model
-from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
+from litgpt_vocagnolm.teacher import TeacherArgs, check_precision, teacher_token_loss
 from litgpt_vocagnolm.teacher_cache import (
     CACHE_FORMAT,
     CACHE_MANIFEST,
+    check_cache,
     checksum_file,
     file_record,
     shard_files,
@@ -59,29 +61,36 @@ def score_teacher(
         data: The output directory of `vocagnolm prepare`.
         teacher: The teacher's LitGPT checkpoint directory (the tokenizer the data was prepared with).
         output: The cache directory. Default: DATA/teacher_loss/<teacher directory name>.
-        devices: Devices per node.
+        devices: Devices per node, at least 1 ("auto": every GPU).
         num_nodes: Number of nodes.
         precision: "bf16-true" (default on GPU), "16-true" or "32-true" (default on CPU).
-        batch_size: Blocks per teacher forward pass, at least 1.
+        batch_size: Blocks per teacher forward pass, at least 1; above the blocks one forward can take (those of a
+            shard, of the larger split) it is capped there, with a note.
         blocks_per_shard: Blocks per cache file, at least 1: the unit of resumption.
         num_workers: Loader worker processes per rank (0: read in the main process).
         compile: `torch.compile` the teacher (one static shape: compiled once). Default: on a GPU, where it scores
             a quarter faster (60.7% of an H100's bf16 peak against 48.7% eager, README "At the device's pace"); off
             on a CPU, where compiling takes tens of seconds before the first batch.
     """
+    # Every argument checked before anything is written (a refused run leaves no settings behind).
     for name, value, least in (("batch_size", batch_size, 1), ("blocks_per_shard", blocks_per_shard, 1),
                                ("num_workers", num_workers, 0), ("num_nodes", num_nodes, 1)):  # fmt: skip
-        if value < least:
-            raise InvalidArgument(f"--{name} must be at least {least}, got {value}.")
+        at_least(f"--{name}", value, least)
+    check_devices(devices)
+    check_precision(precision, "--precision")
     data, teacher = Path(data), Path(teacher)
     output = Path(output) if output is not None else data / "teacher_loss" / teacher.name
     check_checkpoint_dir(teacher, what="--teacher")
     prepared = VocAgnoData(path=data)
     prepared.check_tokenizers(None, teacher)  # the teacher's tokenizer must be the one the data was prepared with
+    check_teacher_block_size(prepared.manifest, teacher, "--teacher", data)
+    check_writable(output, "--output")
+    batch_size = usable_batch_size(batch_size, blocks_per_shard, prepared.manifest)
     precision = precision or ("bf16-true" if torch.cuda.is_available() else "32-true")
     settings = cache_settings(teacher, data, precision, blocks_per_shard)
     if (output / CACHE_MANIFEST).is_file():
         check_same_settings(json.loads((output / CACHE_MANIFEST).read_text()), settings, output)
+        check_cache(output, data / MANIFEST, None)  # every shard file there, at its recorded size
         print(f"{output} already holds this teacher's losses on this data: nothing to do.")
         return
     if output.exists() and any(p.name not in ("train", "val", ".settings.json") for p in output.iterdir()):
@@ -160,6 +169,17 @@ def score_teacher(
             print(f"{split}: {c['blocks']:,} blocks, {c['teacher_tokens']:,} teacher tokens,"
                   f" {c['bytes_per_teacher_token']:.3f} bytes per teacher token on disk")  # fmt: skip
         print(f"Wrote {output / CACHE_MANIFEST}. Train with --teacher.cache {output}")
+
+
+def usable_batch_size(batch_size: int, blocks_per_shard: int, manifest: dict) -> int:
+    """`batch_size`, or, with a note, the most blocks one forward can take: a forward never spans two shards, nor more
+    blocks than the larger split holds (the rest of a larger batch would be padding rows, scored for nothing)."""
+    largest_split = max(split["blocks"] for split in manifest["splits"].values())
+    usable = min(blocks_per_shard, largest_split)
+    if batch_size > usable:
+        print(f"--batch_size {batch_size} capped at {usable}: the most blocks a forward can take here (a shard holds"
+              f" {blocks_per_shard}, the larger split {largest_split}).")  # fmt: skip
+    return min(batch_size, usable)
 
 
 def compiles_by_default(device: torch.device) -> bool:

@@ -12,6 +12,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from litgpt_vocagnolm.errors import InvalidArgument
+
+PRECISIONS = ("bf16-true", "16-true", "32-true")  # a teacher only runs forward passes: no mixed precision
+
 
 @dataclass
 class TeacherArgs:
@@ -29,8 +33,7 @@ class TeacherArgs:
     Several teachers: a list, one cache per prepared dataset, in the order of the data."""
 
     def __post_init__(self) -> None:
-        if self.precision not in (None, "bf16-true", "16-true", "32-true"):
-            raise ValueError(f"--teacher.precision must be bf16-true, 16-true or 32-true, got {self.precision!r}")
+        check_precision(self.precision, "--teacher.precision")
 
     @property
     def checkpoint_dirs(self) -> list[Path]:
@@ -45,6 +48,12 @@ class TeacherArgs:
     def dtype(self, device: torch.device) -> torch.dtype:
         precision = self.precision or ("bf16-true" if device.type == "cuda" else "32-true")
         return {"bf16-true": torch.bfloat16, "16-true": torch.float16, "32-true": torch.float32}[precision]
+
+
+def check_precision(precision: str | None, flag: str) -> None:
+    """A teacher precision, as option `flag` gave it: one of PRECISIONS, or None for the device's default."""
+    if precision not in (None, *PRECISIONS):
+        raise InvalidArgument(f"{flag} must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
 
 
 def as_list(value: Path | list[Path] | None) -> list[Path]:

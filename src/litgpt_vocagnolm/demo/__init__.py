@@ -39,7 +39,7 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -74,12 +74,16 @@ RECORD = ".vocagnolm-demo.json"
 
 def claim_out_dir(out_dir: Path) -> None:
     """Makes out_dir the demo's: refuses a folder that holds anything the demo did not write (its record lists what
-    it writes), deletes what an earlier demo wrote there, and records its own files before writing any."""
+    it writes, and once it has finished every file it wrote), deletes what an earlier demo wrote there, and records
+    its own files before writing any."""
     check_writable(out_dir, "--out_dir")  # and not a file
     entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
-    recorded = json.loads((out_dir / RECORD).read_text(encoding="utf-8"))["outputs"] if RECORD in entries else []
-    ours = [name for name in recorded if name in OUTPUTS]  # never a path an edited record points elsewhere with
+    record = json.loads((out_dir / RECORD).read_text(encoding="utf-8")) if RECORD in entries else {}
+    ours = [name for name in record.get("outputs", []) if name in OUTPUTS]  # never a path an edited record names
     others = [name for name in entries if name not in (RECORD, *ours)]
+    if "files" in record:  # a finished demo's: a file put in its folders since (runs/notes.txt) is not its own
+        written = set(record["files"])
+        others += [name for name in written_files(out_dir, ours) if name not in written]
     if others:
         more = f" and {len(others) - 5} more" if len(others) > 5 else ""
         raise PathTaken(
@@ -94,6 +98,19 @@ def claim_out_dir(out_dir: Path) -> None:
             path.unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / RECORD, {"written_by": "vocagnolm demo", "outputs": list(OUTPUTS)})
+
+
+def record_finished(out_dir: Path) -> None:
+    """Adds every file the demo wrote to its record: a rerun then keeps, and refuses to delete, any other file."""
+    write_json(out_dir / RECORD, {"written_by": "vocagnolm demo", "outputs": list(OUTPUTS),
+                                  "files": written_files(out_dir, OUTPUTS)})  # fmt: skip
+
+
+def written_files(out_dir: Path, outputs: Sequence[str]) -> list[str]:
+    """Every file under `out_dir`'s `outputs`, by its path relative to `out_dir`."""
+    paths = [out_dir / name for name in outputs]
+    files = [p for p in paths if p.is_file()] + [f for p in paths if p.is_dir() for f in p.rglob("*") if f.is_file()]
+    return sorted(str(f.relative_to(out_dir)) for f in files)
 
 
 def demo(
@@ -124,15 +141,17 @@ def demo(
         seeds: Student seeds (initialisation and data order). Every method runs with the first.
         seeded_methods: The methods run with every seed, to tell a small difference from seed noise.
         noise: Share of each student document's characters replaced by noise, from 0 (clean text) to below 1.
-        top_k: Share of the mapped tokens trained by the selecting methods (vocagnolm, chunk, random), from 0 to 1;
-            the paper's 0.4.
+        top_k: Share of the mapped tokens trained by the selecting methods (vocagnolm, chunk, random), above 0 and at
+            most 1; the paper's 0.4.
         sizes: Corpus, vocabulary, model and budget sizes. See ``DemoSizes``.
         quick: Tiny sizes instead (``QUICK``): every stage in well under a minute; a smoke test, its numbers mean
-            nothing.
+            nothing. Not with ``--sizes.*``.
         workers: Training runs at a time, each a process of one thread; at least 1.
         data_dir: The shipped corpus (the repository's data/ folder).
     """
     # Settings, checked before any work.
+    if quick and sizes != DemoSizes():
+        raise InvalidArgument("--quick true sets every size (QUICK): drop the --sizes.* options, or --quick.")
     sizes, out_dir, data_dir = (QUICK if quick else sizes), Path(out_dir), Path(data_dir)
     unknown = [m for m in (*methods, *seeded_methods) if m not in STUDENTS]
     if unknown:
@@ -290,6 +309,7 @@ def demo(
     summary = noise_summary(rows, touched[:, 1:].numel())
     (out_dir / "results.md").write_text(f"{table}\n\n{summary}\n", encoding="utf-8")
     plot(out_dir / "bpb.png", results, teacher, noise, top_k)
+    record_finished(out_dir)
     stage(f"Results: held-out bits per byte after {rows[0]['tokens']:,} training tokens")
     print(table)
     stage("What these runs show")

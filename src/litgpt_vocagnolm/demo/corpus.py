@@ -10,6 +10,7 @@ from typing import Iterable
 import numpy as np
 
 from litgpt_vocagnolm.demo.settings import CORPUS
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 NOISE_CHARACTERS = np.array([ord(c) for c in string.ascii_letters + string.digits], dtype=np.uint32)
@@ -74,7 +75,7 @@ def documents_for(texts: Iterable[str], tokenizer_dir: Path, tokens: int) -> lis
             count += len(encoding.ids) + 1  # and a BOS or EOS
             if count >= 1.05 * tokens:
                 return documents
-    raise ValueError(
+    raise InvalidArgument(
         f"The corpus holds {count:,} tokens for this budget of {tokens:,} (plus 5%): lower the budget, or raise"
         " --sizes.documents."
     )

@@ -10,6 +10,9 @@ REPOSITORY = Path(__file__).resolve().parents[3]  # in a clone
 DATA = REPOSITORY / "data"  # the shipped corpora
 # The paper's hardest pair, TinyLlama's and Qwen2.5's tokenizers, to set the demo's pair beside (tests/fixtures).
 PAPER_PAIR = tuple(REPOSITORY / "tests" / "fixtures" / "tokenizers" / name for name in ("tinyllama-1.1b", "qwen2.5"))
+# The smallest vocabularies the demo's tokenizers can be trained to (`tokenizer_training`): the student's family holds
+# 3 special and 256 byte-fallback tokens and an alphabet of up to 100 characters; the teacher's, 256 bytes, 1 special.
+STUDENT_VOCAB_MIN, TEACHER_VOCAB_MIN = 3 + 256 + 100, 256 + 1
 CORPUS = (  # (file, the fields that make one document)
     ("gsm8k/train.jsonl", ("question", "answer")),
     ("stackexchange/math_stackexchange_33votes.jsonl", ("input", "output")),
@@ -26,12 +29,12 @@ class DemoSizes:
     heldout_share: float = 0.01
     """Share of the documents held out (clean) for evaluation, chosen by a hash of their text."""
     student_vocab_size: int = 3000
-    """Student vocabulary, 259 special and byte-fallback tokens included."""
+    """Student vocabulary, 259 special and byte-fallback tokens included: at least 359."""
     teacher_vocab_size: int = 6000
-    """Teacher vocabulary."""
+    """Teacher vocabulary, its 256 bytes and 1 special token included: at least 257."""
     second_teacher_vocab_size: int = 4000
-    """The second teacher's vocabulary (`vocagnolm-2teachers`): of the student's family, its merges learnt from half
-    the teacher's text, so that its ids differ from the student's, as Mistral's from TinyLlama's."""
+    """The second teacher's vocabulary (`vocagnolm-2teachers`), at least 359, of the student's family: its merges
+    learnt from half the teacher's text, so that its ids differ from the student's, as Mistral's from TinyLlama's."""
     max_seq_length: int = 128
     """Student tokens per training sequence."""
     micro_batch_size: int = 16
@@ -64,6 +67,9 @@ class DemoSizes:
             value = getattr(self, field.name)
             if field.name != "heldout_share" and value is not None:
                 at_least(f"--sizes.{field.name}", value, 1)
+        for name in ("student_vocab_size", "second_teacher_vocab_size"):
+            at_least(f"--sizes.{name}", getattr(self, name), STUDENT_VOCAB_MIN)
+        at_least("--sizes.teacher_vocab_size", self.teacher_vocab_size, TEACHER_VOCAB_MIN)
 
 
 QUICK = DemoSizes(

@@ -8,7 +8,8 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from litgpt_vocagnolm.alignment import vocab_overlap
-from litgpt_vocagnolm.demo.settings import PAPER_PAIR
+from litgpt_vocagnolm.demo.settings import PAPER_PAIR, STUDENT_VOCAB_MIN
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 # Qwen2.5's pre-tokenizer: letters, single digits, punctuation runs, whitespace (tests/fixtures/tokenizers/qwen2.5).
@@ -22,8 +23,8 @@ def train_student_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) ->
     the learned alphabet fall back to `<0x..>` byte tokens. Ids: `<unk>` 0, `<s>` 1, `</s>` 2, bytes 3-258 (Llama's
     layout), then the merges. Written with a tokenizer_config.json (BOS per document, as Llama's)."""
     specials, byte_tokens = ["<unk>", "<s>", "</s>"], [f"<0x{b:02X}>" for b in range(256)]
-    if vocab_size < len(specials) + len(byte_tokens) + 100:
-        raise ValueError(f"The student vocabulary needs room for 259 special and byte tokens, not {vocab_size}.")
+    if vocab_size < STUDENT_VOCAB_MIN:
+        raise InvalidArgument(f"The student vocabulary needs at least {STUDENT_VOCAB_MIN} tokens, not {vocab_size}.")
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first"),

@@ -1,0 +1,171 @@
+"""User errors of the recipe (`litgpt pretrain --recipe vocagnolm`) and of `vocagnolm export`: each a `UserError`
+(one line and exit status 1 on the command line) raised before any model is built, never a library's traceback."""
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import MISTRAL, TINYLLAMA, make_checkpoint, tiny_config
+from litgpt.args import TrainArgs
+from test_checkpoints import setup_args
+
+from litgpt_vocagnolm.checkpoints import export
+from litgpt_vocagnolm.data import VocAgnoData
+from litgpt_vocagnolm.errors import InvalidArgument, PathTaken, UserError
+from litgpt_vocagnolm.methods import GuidanceArgs
+from litgpt_vocagnolm.recipe import setup
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tinyllama_mistral_data) -> Path:
+    """A finished one-step run: its out_dir (final/ and step-00000001/)."""
+    tmp_path = tmp_path_factory.mktemp("run")
+    train = TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=2 * 64, max_norm=1.0, max_seq_length=64,
+                      save_interval=1)  # fmt: skip
+    setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train))
+    return tmp_path / "out"
+
+
+def resume(out_dir: Path, data: Path, **overrides) -> None:
+    train = TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=2 * 2 * 64, max_norm=1.0, max_seq_length=64,
+                      save_interval=1)  # fmt: skip
+    setup(**setup_args(out_dir.parent, data, train=train, resume="auto") | overrides)
+
+
+def test_a_fresh_run_into_a_finished_out_dir_is_a_user_error(finished_run, tinyllama_mistral_data):
+    with pytest.raises(PathTaken, match="holds a previous run's checkpoints"):
+        setup(**setup_args(finished_run.parent, tinyllama_mistral_data))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(precision="bf16-true"), "--precision bf16-true differs from the run's None"),
+        (dict(guidance=GuidanceArgs(method="vocagnolm"), teacher=None), "--guidance.method vocagnolm differs from the run's ce"),
+        (dict(train=TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=4 * 64, max_norm=1.0,
+                              max_seq_length=32)), "--train.max_seq_length 32 differs from the run's 64"),
+    ],
+)  # fmt: skip
+def test_a_resume_that_changes_the_run_is_a_user_error(finished_run, tinyllama_mistral_data, overrides, message):
+    from litgpt_vocagnolm.teacher import TeacherArgs
+
+    if "teacher" in overrides:
+        overrides["teacher"] = TeacherArgs(checkpoint_dir=make_checkpoint(
+            finished_run.parent / "teacher", tiny_config("t", 32000), MISTRAL))  # fmt: skip
+    with pytest.raises(InvalidArgument, match=message):
+        resume(finished_run, tinyllama_mistral_data, **overrides)
+
+
+def test_a_resume_on_other_data_is_refused_naming_both(finished_run, tinyllama_mistral_data, tmp_path):
+    import shutil
+
+    other = shutil.copytree(tinyllama_mistral_data, tmp_path / "other")
+    with pytest.raises(InvalidArgument, match=f"--data.init_args.path {other} differs from the run's"):
+        resume(finished_run, other)
+
+
+def test_negative_loader_workers_are_refused_before_any_model(tmp_path, tinyllama_mistral_data):
+    with pytest.raises(InvalidArgument, match="--data.num_workers must be at least 0, got -1"):
+        setup(**setup_args(tmp_path, tinyllama_mistral_data) | {"data": VocAgnoData(tinyllama_mistral_data, num_workers=-1)})
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_initial_checkpoint_of_another_architecture_is_refused_before_any_model(tmp_path, tinyllama_mistral_data):
+    other = make_checkpoint(tmp_path / "wider", tiny_config("student", 32000, n_embd=64, block_size=64), TINYLLAMA)
+    with pytest.raises(InvalidArgument, match=r"--initial_checkpoint_dir .*wider' holds another architecture .*"
+                       r"lm_head.weight: \(32000, 64\) there, \(32000, 32\) in this model"):  # fmt: skip
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, initial_checkpoint_dir=other))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed here")
+def test_a_logger_whose_package_is_missing_is_named(tmp_path, tinyllama_mistral_data):
+    with pytest.raises(InvalidArgument, match="--logger_name: Requirement 'wandb.*not met.*Install the logger's package"):
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, logger_name="wandb"))
+
+
+# export
+
+
+def test_export_names_its_own_arguments(tmp_path, finished_run):
+    with pytest.raises(UserError, match=r"^checkpoint_dir '.*' is not a sharded checkpoint") as error:
+        export(tmp_path / "nothing", tmp_path / "exported")
+    assert "--resume" not in str(error.value)
+    (tmp_path / "a-file").write_text("mine")
+    with pytest.raises(PathTaken, match="a-file is a file, not a folder"):
+        export(finished_run / "step-00000001", tmp_path / "a-file")
+    export(finished_run / "step-00000001", tmp_path / "exported")
+    with pytest.raises(PathTaken, match="exported holds lit_model.pth, model_config.yaml, hyperparameters.yaml,"
+                       " checksums.json, tokenizer.json, tokenizer_config.json, which the export would replace"):
+        export(finished_run / "step-00000001", tmp_path / "exported")
+    assert (tmp_path / "a-file").read_text() == "mine"
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "tokenizer.json").write_text("my tokenizer")
+    with pytest.raises(PathTaken, match="mine holds tokenizer.json, which the export would replace"):
+        export(finished_run / "step-00000001", tmp_path / "mine")
+    assert (tmp_path / "mine" / "tokenizer.json").read_text() == "my tokenizer"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_export_refuses_an_unwritable_out_dir_before_reading_the_checkpoint(tmp_path, finished_run):
+    (tmp_path / "locked").mkdir(mode=0o555)
+    with pytest.raises(InvalidArgument, match="is not writable"):
+        export(finished_run / "step-00000001", tmp_path / "locked" / "exported")
+
+
+def test_a_damaged_final_checkpoint_is_refused_where_it_is_loaded(tmp_path, finished_run, tinyllama_mistral_data):
+    """The final/ of a run records its lit_model.pth in checksums.json: damaged in place, it is refused as an initial
+    checkpoint (and by `evaluate`, tests/test_evaluate.py) before any model is built."""
+    import shutil
+
+    final = shutil.copytree(finished_run / "final", tmp_path / "final")
+    weights = bytearray((final / "lit_model.pth").read_bytes())
+    weights[len(weights) // 2 : len(weights) // 2 + 4096] = b"\xff" * 4096
+    (final / "lit_model.pth").write_bytes(bytes(weights))
+    assert json.loads((final / "checksums.json").read_text())["lit_model.pth"]
+    with pytest.raises(InvalidArgument, match="lit_model.pth does not match its checksum"):
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, initial_checkpoint_dir=final))
+    assert torch.load(final / "lit_model.pth", weights_only=True, mmap=True)  # still readable: only the sum tells
+
+
+def test_a_teacher_shorter_than_the_windows_is_refused_before_any_model(tmp_path, tinyllama_mistral_data):
+    from litgpt_vocagnolm.teacher import TeacherArgs
+
+    short = json.loads((tinyllama_mistral_data / "manifest.json").read_text())["teacher_max_length"] - 1
+    teacher = make_checkpoint(tmp_path / "short", tiny_config("t", 32000, block_size=short), MISTRAL)
+    with pytest.raises(InvalidArgument, match=f"--teacher.checkpoint_dir .* has a block size of {short} tokens"):
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, guidance=GuidanceArgs(),
+                           teacher=TeacherArgs(checkpoint_dir=teacher)))  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+# what the log says
+
+
+@pytest.mark.parametrize("change", ["max_tokens", "max_steps"])
+def test_a_resume_that_changes_the_runs_length_is_logged_and_recorded(tmp_path, finished_run, tinyllama_mistral_data,
+                                                                        capsys, change):  # fmt: skip
+    import shutil
+
+    out_dir = shutil.copytree(finished_run, tmp_path / "out")
+    shutil.rmtree(out_dir / "final")
+    longer = {"max_tokens": 2 * 2 * 64} if change == "max_tokens" else {"max_tokens": 2 * 64 * 10, "max_steps": 2}
+    train = TrainArgs(global_batch_size=2, micro_batch_size=2, max_norm=1.0, max_seq_length=64, save_interval=1,
+                      **longer)  # fmt: skip
+    capsys.readouterr()
+    setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train, resume="auto"))
+    before = {"max_tokens": 128, "max_steps": None}[change]
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("Resumed from step 1 with")]
+    assert f"train.{change} {before} -> {longer[change]}" in line and "; 2 steps." in out  # the new schedule's length
+    assert (out_dir / "final" / "hyperparameters.yaml").read_text().startswith(f"# {line}\n")
+
+
+def test_a_ce_run_logs_no_selection_it_did_not_make(tmp_path, tinyllama_mistral_data, capsys):
+    setup(**setup_args(tmp_path, tinyllama_mistral_data))
+    out = capsys.readouterr().out
+    assert "loss train: " in out and "student CE: " in out
+    assert "selected:" not in out and "of mapped" not in out
