@@ -125,8 +125,10 @@ def test_training_with_the_cache_follows_the_online_teacher(tmp_path, cache, tin
     """Same seed, same data order: the cached run must select the same share and follow the same loss curve.
 
     The cache rounds each teacher loss to float16 (relative error <= 2**-11, about 0.005 at a loss of 10), which can
-    only move a token across the top-k threshold when its excess loss lies within that distance of it; the curves
-    therefore agree to about 1e-3, not bit for bit.
+    only move a token across the top-k threshold when its excess loss lies within that distance of it. A token that
+    crosses changes the step's loss, a mean over the ~100 selected tokens (40% of a step's 4 x 64), by the difference
+    of its cross-entropy and the one it displaces over that count: 0.012 (1.1e-3 relative) for one step here.
+    The teachers' losses agree to 1e-3 and the curves to 2e-3 (two swaps in a step), not bit for bit.
     """
     curves = {}
     for name, teacher in (("online", {"checkpoint_dir": str(mistral_teacher)}), ("cached", {"cache": str(cache)})):
@@ -136,7 +138,7 @@ def test_training_with_the_cache_follows_the_online_teacher(tmp_path, cache, tin
     assert len(curves["online"]) == len(curves["cached"]) == 12
     for online, cached in zip(curves["online"], curves["cached"]):
         assert cached["selected_fraction"] == pytest.approx(online["selected_fraction"], abs=1e-6)
-        assert cached["loss"] == pytest.approx(online["loss"], rel=1e-3)
+        assert cached["loss"] == pytest.approx(online["loss"], rel=2e-3)
         assert cached["teacher_loss"] == pytest.approx(online["teacher_loss"], rel=1e-3)
 
 
