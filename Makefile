@@ -26,7 +26,10 @@ $(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/tran
 	$(PIP) install --quiet --upgrade --no-deps --target $(VENV)/litgpt-extra -r tests/litgpt-extra.txt
 	touch $(STAMP)
 
+# The formatter and the linter check first (pyproject.toml, [tool.ruff]); they change nothing.
 test: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q -m "not slurm"
 
 # Jobs submitted to a real two-node Slurm on this machine, which the script installs (as root) and starts, and stops

@@ -28,11 +28,11 @@ import torch
 from lightning.fabric.strategies import ModelParallelStrategy
 from litgpt.config import Config
 from litgpt.pretrain import initialize_weights
+from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 from litgpt_vocagnolm.checkpoints import Checkpointer, find_resume_checkpoint
 from litgpt_vocagnolm.distributed import FSDPArgs, parallelize
 from litgpt_vocagnolm.gpt import GPT
-from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 MB = 1024**2
 LAYOUTS, PHASES = ("sharded", "gathered"), ("save", "resume")
@@ -51,15 +51,25 @@ def student_config(n_layer: int, n_embd: int) -> Config:
     config = Config.from_name("tiny-llama-1.1b", n_layer=n_layer)
     if n_embd == config.n_embd:
         return config
-    return Config.from_name("tiny-llama-1.1b", n_layer=n_layer, n_embd=n_embd, n_head=n_embd // 64,
-                            n_query_groups=1, intermediate_size=n_embd * 11 // 4)  # fmt: skip
+    return Config.from_name(
+        "tiny-llama-1.1b",
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_embd // 64,
+        n_query_groups=1,
+        intermediate_size=n_embd * 11 // 4,
+    )
 
 
 def run(layout: str, phases: list[str], config: Config, directory: Path) -> None:
     """`phases` of `layout` in turn on two processes (a child run)."""
     parallelize_fn = functools.partial(parallelize, fsdp=FSDPArgs(), num_nodes=1)  # the student sharded over both
-    strategy = ModelParallelStrategy(parallelize_fn=parallelize_fn, data_parallel_size=2, tensor_parallel_size=1,
-                                     save_distributed_checkpoint=layout == "sharded")  # fmt: skip
+    strategy = ModelParallelStrategy(
+        parallelize_fn=parallelize_fn,
+        data_parallel_size=2,
+        tensor_parallel_size=1,
+        save_distributed_checkpoint=layout == "sharded",
+    )
     fabric = L.Fabric(accelerator="cpu", devices=2, strategy=strategy, precision="32-true")
     fabric.launch()
     for phase in phases:
@@ -105,8 +115,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n_layer", type=int, default=2, help="transformer blocks (tiny-llama-1.1b has 22)")
     parser.add_argument("--n_embd", type=int, default=2048, help="width (tiny-llama-1.1b's is 2048)")
-    parser.add_argument("--launch_per", choices=["phase", "layout"], default="phase",
-                        help="fresh processes for each save and resume, or for each layout (see the docstring)")
+    parser.add_argument(
+        "--launch_per",
+        choices=["phase", "layout"],
+        default="phase",
+        help="fresh processes for each save and resume, or for each layout (see the docstring)",
+    )
     parser.add_argument("--layout", choices=LAYOUTS, help=argparse.SUPPRESS)  # a child run
     parser.add_argument("--phases", choices=PHASES, nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--directory", type=Path, help=argparse.SUPPRESS)
@@ -116,15 +130,29 @@ def main() -> None:
         return run(args.layout, args.phases, config, args.directory)
 
     parameters = sum(p.numel() for p in GPT(config).parameters())
-    print(f"tiny-llama-1.1b, width {args.n_embd}, {args.n_layer} of 22 layers: {parameters / 1e6:.0f}M parameters,"
-          f" {parameters * 12 / 1e9:.2f} GB of float32 weights and AdamW state; 2 CPU processes (gloo).")  # fmt: skip
+    print(
+        f"tiny-llama-1.1b, width {args.n_embd}, {args.n_layer} of 22 layers: {parameters / 1e6:.0f}M parameters,"
+        f" {parameters * 12 / 1e9:.2f} GB of float32 weights and AdamW state; 2 CPU processes (gloo)."
+    )
     rows = []
     launches = [[phase] for phase in PHASES] if args.launch_per == "phase" else [PHASES]
     with tempfile.TemporaryDirectory() as tmp:
         for layout in LAYOUTS:
             for phases in launches:
-                command = [sys.executable, __file__, "--n_layer", str(args.n_layer), "--n_embd", str(args.n_embd),
-                           "--layout", layout, "--phases", *phases, "--directory", tmp]  # fmt: skip
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--n_layer",
+                    str(args.n_layer),
+                    "--n_embd",
+                    str(args.n_embd),
+                    "--layout",
+                    layout,
+                    "--phases",
+                    *phases,
+                    "--directory",
+                    tmp,
+                ]
                 subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
             for phase in PHASES:
                 result = json.loads((Path(tmp) / f"{layout}-{phase}.json").read_text())

@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 from litgpt import GPT, Tokenizer
+from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 from litgpt_vocagnolm.evaluate import PREFILL_CHUNK, generate_greedy
 from litgpt_vocagnolm.math_tasks import STOP_STRINGS, TASKS, build_prompt, load_examples, load_prompt, parse_question
 from litgpt_vocagnolm.model_configs import llama_config
-from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 TINYLLAMA = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tokenizers" / "tinyllama-1.1b"
 
@@ -91,16 +91,21 @@ def main() -> None:
 
     tokenizer = Tokenizer(TINYLLAMA)
     task, shots = TASKS["gsm8k"], load_prompt(TASKS["gsm8k"])
-    prompts = [tokenizer.encode(build_prompt(parse_question(example, task), task, shots)).tolist()
-               for example in load_examples(task)[: args.questions]]  # fmt: skip
-    config = llama_config("bench", 32000, args.layers, args.embd, n_head=args.embd // 64,
-                          intermediate_size=4 * args.embd, block_size=2048)  # fmt: skip
+    prompts = [
+        tokenizer.encode(build_prompt(parse_question(example, task), task, shots)).tolist()
+        for example in load_examples(task)[: args.questions]
+    ]
+    config = llama_config(
+        "bench", 32000, args.layers, args.embd, n_head=args.embd // 64, intermediate_size=4 * args.embd, block_size=2048
+    )
     torch.manual_seed(0)
     model = GPT(config).to(device=args.device, dtype=getattr(torch, args.precision)).eval()
     lengths = sorted(map(len, prompts))
-    print(f"{args.layers} layers, width {args.embd}, {args.device} {args.precision}, {args.threads} thread(s);"
-          f" {len(prompts)} GSM8K prompts of {lengths[0]}-{lengths[-1]} tokens, {args.max_new_tokens} new tokens each,"
-          f" batch {args.batch_size}")  # fmt: skip
+    print(
+        f"{args.layers} layers, width {args.embd}, {args.device} {args.precision}, {args.threads} thread(s);"
+        f" {len(prompts)} GSM8K prompts of {lengths[0]}-{lengths[-1]} tokens, {args.max_new_tokens} new tokens each,"
+        f" batch {args.batch_size}"
+    )
 
     def synchronize() -> None:
         if args.device.startswith("cuda"):
@@ -126,8 +131,10 @@ def main() -> None:
             seconds[name].append(time.perf_counter() - start)
     rates = {name: tokens[name] / statistics.median(seconds[name]) for name in runs}
     for name in runs:
-        print(f"{name:9s} {tokens[name]:7d} tokens in {statistics.median(seconds[name]):7.2f} s (median of"
-              f" {args.rounds}): {rates[name]:9.1f} generated tokens/s")  # fmt: skip
+        print(
+            f"{name:9s} {tokens[name]:7d} tokens in {statistics.median(seconds[name]):7.2f} s (median of"
+            f" {args.rounds}): {rates[name]:9.1f} generated tokens/s"
+        )
     print(f"evaluate / bare: {rates['evaluate'] / rates['bare']:.3f}x (goal on CPU: >= 0.9x)")
     if args.profile:
         profile = cProfile.Profile()

@@ -14,10 +14,10 @@ import time
 
 import torch
 from litgpt.utils import chunked_cross_entropy
+from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
 from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
-from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 
 def synthetic_alignment(B: int, T: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,9 +71,16 @@ def report(name: str, timings: dict[str, tuple[float, float]]) -> None:
     )
 
 
-def guided(args: GuidanceArgs, logits: torch.Tensor, targets: torch.Tensor, ranges: torch.Tensor, *,
-           teacher_loss: torch.Tensor | None = None, teacher_logits: torch.Tensor | None = None,
-           vocab_size: int | None = None):  # fmt: skip
+def guided(
+    args: GuidanceArgs,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    ranges: torch.Tensor,
+    *,
+    teacher_loss: torch.Tensor | None = None,
+    teacher_logits: torch.Tensor | None = None,
+    vocab_size: int | None = None,
+):
     """The guided loss (`methods.GuidedLoss`) of one teacher from the student's logits, as
     `micro_batch.forward_and_loss` runs it."""
     ls = per_token_cross_entropy(logits, targets)
@@ -144,8 +151,9 @@ def main() -> None:
     def distill(guidance: GuidanceArgs, teacher_logits: torch.Tensor):
         def run():
             logits.grad = None
-            loss_sum, weight_sum, _ = guided(guidance, logits, targets, pairs, teacher_logits=teacher_logits,
-                                             vocab_size=V)  # fmt: skip
+            loss_sum, weight_sum, _ = guided(
+                guidance, logits, targets, pairs, teacher_logits=teacher_logits, vocab_size=V
+            )
             (loss_sum / weight_sum).backward()
 
         return run

@@ -36,9 +36,25 @@ def main() -> None:
         for micro_batch in args.micro_batches.split(","):
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
-                plan(["--config", args.config, "--devices", "1", "--num_nodes", "1", "--measure", "true",
-                      "--compile", compile, *window, "--train.micro_batch_size", micro_batch,
-                      "--train.global_batch_size", micro_batch])  # fmt: skip
+                plan(
+                    [
+                        "--config",
+                        args.config,
+                        "--devices",
+                        "1",
+                        "--num_nodes",
+                        "1",
+                        "--measure",
+                        "true",
+                        "--compile",
+                        compile,
+                        *window,
+                        "--train.micro_batch_size",
+                        micro_batch,
+                        "--train.global_batch_size",
+                        micro_batch,
+                    ]
+                )
             text = printed.getvalue()
             print(f"== {Path(args.config).name}, micro-batch {micro_batch}, compile {compile}")
             print(text[text.index("Measured here") :].strip())

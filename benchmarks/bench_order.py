@@ -114,9 +114,20 @@ def main() -> None:
     parser.add_argument("--wait_micro_batches", type=int, default=24, help="micro-batches of the waiting consumer")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--step_seconds", type=float, help="the waiting consumer's step (default: the cached step's)")
-    args = parse_args(parser, smoke={"megabytes": 0.05, "max_seq_length": 128, "chunk_bytes": "64KB",
-                                     "micro_batch_size": 2, "workers": [1], "micro_batches": 4,
-                                     "wait_micro_batches": 2, "rounds": 1, "step_seconds": 0.01})  # fmt: skip
+    args = parse_args(
+        parser,
+        smoke={
+            "megabytes": 0.05,
+            "max_seq_length": 128,
+            "chunk_bytes": "64KB",
+            "micro_batch_size": 2,
+            "workers": [1],
+            "micro_batches": 4,
+            "wait_micro_batches": 2,
+            "rounds": 1,
+            "step_seconds": 0.01,
+        },
+    )
 
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # more workers than this machine's CPUs
     step_tokens = PAPER_BLOCKS_PER_STEP * PAPER_SEQUENCE
@@ -130,19 +141,30 @@ def main() -> None:
             megabytes = write_text(FILES, text, args.megabytes)
             prepare.LITDATA_CHUNK_BYTES = args.chunk_bytes
             t0 = time.perf_counter()
-            quietly(prepare.prepare, student=STUDENT, teacher=TEACHER, input=[text], output=path,
-                    max_seq_length=args.max_seq_length, num_workers=2)  # fmt: skip
+            quietly(
+                prepare.prepare,
+                student=STUDENT,
+                teacher=TEACHER,
+                input=[text],
+                output=path,
+                max_seq_length=args.max_seq_length,
+                num_workers=2,
+            )
             print(f"Prepared {megabytes:.2f} MB of data/'s text in {time.perf_counter() - t0:.1f} s.")
         data = VocAgnoData(path)
         data.connect(batch_size=args.micro_batch_size)
         chunks = len(json.loads((path / "train" / "index.json").read_text())["chunks"])
         num_blocks = data.manifest["splits"]["train"]["blocks"]
-        print(f"Train split: {num_blocks:,} blocks of sequence {data.manifest['max_seq_length']} in {chunks} LitData"
-              f" chunks; micro-batch {args.micro_batch_size}; {os.cpu_count()} CPUs.")  # fmt: skip
+        print(
+            f"Train split: {num_blocks:,} blocks of sequence {data.manifest['max_seq_length']} in {chunks} LitData"
+            f" chunks; micro-batch {args.micro_batch_size}; {os.cpu_count()} CPUs."
+        )
         micro_batches = min(args.micro_batches, num_blocks // args.micro_batch_size - 1)  # within LitData's epoch
         wait_batches = min(args.wait_micro_batches, micro_batches)
-        print(f"The paper's step ({PAPER_BLOCKS_PER_STEP} blocks of {PAPER_SEQUENCE} tokens per GPU, compiled, one"
-              " H100, README 'At the device's pace') needs:")  # fmt: skip
+        print(
+            f"The paper's step ({PAPER_BLOCKS_PER_STEP} blocks of {PAPER_SEQUENCE} tokens per GPU, compiled, one"
+            " H100, README 'At the device's pace') needs:"
+        )
         for work, rate in STEP_TOKENS_PER_SECOND.items():
             print(f"  {work} step: {rate:,} tokens/s, {step_seconds[work]:.3f} s per step: {needed[work]:.1f} blocks/s")
         for workers in args.workers:
@@ -155,11 +177,15 @@ def main() -> None:
             best = {kind: max(found) for kind, found in rates.items()}
             waits = {kind: wait_per_step(loader(kind, data), wait_batches, consumer_step) for kind in rates}
             rounds = " ".join(f"{new / old:.2f}" for new, old in zip(rates["new"], rates["litdata"]))
-            print(f"{label}: new {best['new']:,.1f} blocks/s, litdata {best['litdata']:,.1f} blocks/s, best of"
-                  f" {args.rounds} (new / litdata by round: {rounds})")  # fmt: skip
-            print(f"{label}: wait on data per step of {consumer_step:.3f} s: new {1e3 * waits['new'][1]:.2f} ms,"
-                  f" litdata {1e3 * waits['litdata'][1]:.2f} ms; first micro-batch after new {waits['new'][0]:.2f} s,"
-                  f" litdata {waits['litdata'][0]:.2f} s")  # fmt: skip
+            print(
+                f"{label}: new {best['new']:,.1f} blocks/s, litdata {best['litdata']:,.1f} blocks/s, best of"
+                f" {args.rounds} (new / litdata by round: {rounds})"
+            )
+            print(
+                f"{label}: wait on data per step of {consumer_step:.3f} s: new {1e3 * waits['new'][1]:.2f} ms,"
+                f" litdata {1e3 * waits['litdata'][1]:.2f} ms; first micro-batch after new {waits['new'][0]:.2f} s,"
+                f" litdata {waits['litdata'][0]:.2f} s"
+            )
             print(f"new / litdata, {label}: {best['new'] / best['litdata']:.2f}x")
             print(f"wait, new / litdata, {label}: {waits['new'][1] / max(waits['litdata'][1], 1e-9):.2f}x")
             print(f"new / needed by the cached step, {label}: {best['new'] / needed['cached']:.2f}x")

@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
+from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 from litgpt_vocagnolm import documents, packing, prepare
 from litgpt_vocagnolm.alignment import encode, encode_batch
 from litgpt_vocagnolm.tokenizer_files import cached_tokenizer, find_tokenizer_file, load_tokenizer, tokenizer_info
-from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 REPO = Path(__file__).resolve().parent.parent
 FILES = [REPO / "data/gsm8k/train.jsonl", REPO / "data/stackexchange/math_stackexchange_33votes.jsonl"]
@@ -170,13 +170,26 @@ def main() -> None:
     parser.add_argument("--memory_megabytes", type=float, default=1.0, help="base input of the memory comparison")
     parser.add_argument("--chunk_bytes", default="1MB", help="LitData chunk size in the memory comparison")
     parser.add_argument("--long_megabytes", type=float, default=20.0, help="characters (millions) of the long document")
-    parser.add_argument("--formats", nargs="+", choices=["jsonl", "txt"], default=["jsonl", "txt"],
-                        help="the long document as one .jsonl line, as a .txt file, or both")
+    parser.add_argument(
+        "--formats",
+        nargs="+",
+        choices=["jsonl", "txt"],
+        default=["jsonl", "txt"],
+        help="the long document as one .jsonl line, as a .txt file, or both",
+    )
     parser.add_argument("--segment_chars", type=int, nargs="+", default=[300, 2000, documents.SEGMENT_CHARS])
     parser.add_argument("--memory_of", type=Path, nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
-    smoke = {"megabytes": 0.05, "num_workers": 1, "repeats": 1, "scale": 2, "memory_megabytes": 0.02,
-             "long_megabytes": 0.05, "formats": ["txt"], "segment_chars": [300, 2000]}  # fmt: skip
+    smoke = {
+        "megabytes": 0.05,
+        "num_workers": 1,
+        "repeats": 1,
+        "scale": 2,
+        "memory_megabytes": 0.02,
+        "long_megabytes": 0.05,
+        "formats": ["txt"],
+        "segment_chars": [300, 2000],
+    }
     args = parse_args(parser, smoke)
 
     if args.memory_of:  # the child process of `peak_memory`
@@ -226,15 +239,18 @@ def main() -> None:
             print(f"  {name:>8} of text: process {sizes['process']:6.0f} MB, largest worker {sizes['workers']:6.0f} MB")
         growth = {name: large[name] / small[name] for name in small}
         print(
-            f"  peak memory growth with the input: {growth['process']:.2f}x the process's peak, {growth['workers']:.2f}x"
+            f"  peak memory growth with the input: {growth['process']:.2f}x the process's peak,"
+            f" {growth['workers']:.2f}x"
             f" the largest worker's at {args.scale}x the input (target: flat, ~1.0x)"
         )
 
         long_dir = tmp / "long"
         long_dir.mkdir()
         characters = int(args.long_megabytes * 1e6)
-        print(f"Peak resident memory of prepare on one document ({args.num_workers} workers, LitData chunks of"
-              f" {args.chunk_bytes}; target: flat):")  # fmt: skip
+        print(
+            f"Peak resident memory of prepare on one document ({args.num_workers} workers, LitData chunks of"
+            f" {args.chunk_bytes}; target: flat):"
+        )
         short = next(input_texts(args.input))  # a second document: one of the two goes to the val split
         (long_dir / "short.txt").write_text(short, encoding="utf-8")
         for size in (characters // 10, characters):
@@ -246,8 +262,10 @@ def main() -> None:
             for name in args.formats:
                 files = [long_dir / file for file in LONG_DOCUMENT_FILES[name]]
                 sizes = peak_memory(files, long_dir / "out", args.num_workers, args.chunk_bytes)
-                print(f"  peak memory on one document: {size / 1e6:5.1f} M characters, one {name:>5} document,"
-                      f" process {sizes['process']:6.0f} MB, largest worker {sizes['workers']:6.0f} MB")  # fmt: skip
+                print(
+                    f"  peak memory on one document: {size / 1e6:5.1f} M characters, one {name:>5} document,"
+                    f" process {sizes['process']:6.0f} MB, largest worker {sizes['workers']:6.0f} MB"
+                )
                 shutil.rmtree(long_dir / "out")
 
     text = one_document(args.input, args.megabytes and int(args.megabytes * 1e6))
@@ -255,9 +273,11 @@ def main() -> None:
     for tokenizer_dir in [STUDENT, TEACHER, *OTHER_TOKENIZERS]:
         for max_chars in args.segment_chars:
             count, hard, changed, total = cut_changes(text, tokenizer_dir, max_chars)
-            print(f"  tokens changed by segments: {tokenizer_dir.name:<16} segments of {max_chars:>6,} characters,"
-                  f" {count:>6,} segments, {hard:>3} hard cuts, {changed:>3} of {total:,} tokens differ from the whole"
-                  " document's")  # fmt: skip
+            print(
+                f"  tokens changed by segments: {tokenizer_dir.name:<16} segments of {max_chars:>6,} characters,"
+                f" {count:>6,} segments, {hard:>3} hard cuts, {changed:>3} of {total:,} tokens differ from the whole"
+                " document's"
+            )
 
 
 if __name__ == "__main__":

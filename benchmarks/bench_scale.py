@@ -3,7 +3,8 @@
 
 Student `tiny-llama-1.1b`; teachers the Table 1 teachers' LitGPT configs (Qwen2.5-Math-7B by default), random weights,
 sequence 2048, `bf16-mixed` for the student and a bf16 teacher as on a GPU cluster. Each configuration (teacher,
-micro-batch, activation checkpointing) runs these steps, each the recipe's own (`micro_batch.forward_and_loss`, backward,
+micro-batch, activation checkpointing) runs these steps, each the recipe's own (`micro_batch.forward_and_loss`,
+backward,
 gradient scaling, clipping, AdamW), one optimizer step on one device:
   ce       the student alone (naive continual pretraining);
   online   `vocagnolm` with the teacher scoring its window in the same step;
@@ -27,7 +28,7 @@ are taken under the profiler (a few percent of overhead).
     python benchmarks/bench_scale.py                                   # CPU: full width and vocabulary, 4 + 1 layers
     python benchmarks/bench_scale.py --device cuda --micro_batch 1,2,4,8 --teachers all   # the full models on a GPU
     python benchmarks/bench_scale.py --accumulation 1,2 --processes 2 --micro_batch 1 --steps ce,online
-    python benchmarks/bench_scale.py --smoke          # one layer of width 64 each, sequence 16, a 32k-vocabulary teacher
+    python benchmarks/bench_scale.py --smoke          # one layer of width 64 each, sequence 16, 32k-token teacher
 """
 
 import argparse
@@ -42,20 +43,20 @@ import lightning as L
 import torch
 from lightning.fabric.strategies import ModelParallelStrategy
 from litgpt.config import Config
+from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 from torch.profiler import record_function
 
 from litgpt_vocagnolm.alignment import encode
 from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
 from litgpt_vocagnolm.data import Batch, TeacherSide
-from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss
+from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, parallelize
 from litgpt_vocagnolm.gpt import GPT
+from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss
+from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss, loss_inputs
 from litgpt_vocagnolm.model_configs import register
 from litgpt_vocagnolm.plan import StepShape, cpu_peak_bytes, estimate_memory, matmul_parameters
-from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, parallelize
-from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss, loss_inputs
 from litgpt_vocagnolm.teacher import teacher_token_loss
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
-from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZERS = REPO / "tests" / "fixtures" / "tokenizers"
@@ -91,8 +92,17 @@ class Setting:
 def model_config(name: str, n_layer: int | None, n_embd: int | None) -> Config:
     """LitGPT's config `name`, with `n_layer` layers and at width `n_embd` (heads of 64, one key-value group, an MLP 3x
     as wide) where given; its vocabulary in any case."""
-    narrow = dict(n_embd=n_embd, n_head=max(1, n_embd // 64), n_query_groups=1, head_size=min(64, n_embd),
-                  intermediate_size=3 * n_embd) if n_embd else {}  # fmt: skip
+    narrow = (
+        dict(
+            n_embd=n_embd,
+            n_head=max(1, n_embd // 64),
+            n_query_groups=1,
+            head_size=min(64, n_embd),
+            intermediate_size=3 * n_embd,
+        )
+        if n_embd
+        else {}
+    )
     return Config.from_name(name, **({"n_layer": n_layer} if n_layer else {}), **narrow)
 
 
@@ -278,10 +288,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rate_size", type=int, default=2048, help="the matrices that measure a CPU's bf16 rate")
     parser.add_argument("--accumulation", default="1", help="micro-batches per optimizer step, comma-separated: 1,2")
-    parser.add_argument("--processes", type=int, default=1,
-                        help="processes (GPUs, or gloo processes on a CPU): FSDP2 over them, bf16 as the recipe does")
-    smoke = {"device": "cpu", "teachers": "Mistral-7B-ProXMath", "micro_batch": "1", "seq_len": 16, "student_layers": 1,
-             "n_embd": 64, "activation_checkpointing": "off", "rate_size": 128}  # fmt: skip
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="processes (GPUs, or gloo processes on a CPU): FSDP2 over them, bf16 as the recipe does",
+    )
+    smoke = {
+        "device": "cpu",
+        "teachers": "Mistral-7B-ProXMath",
+        "micro_batch": "1",
+        "seq_len": 16,
+        "student_layers": 1,
+        "n_embd": 64,
+        "activation_checkpointing": "off",
+        "rate_size": 128,
+    }
     args = parse_args(parser, smoke)
     cpu = args.device == "cpu"
     if args.threads:
@@ -311,16 +333,20 @@ def main() -> None:
     student_layers = args.student_layers or (4 if cpu else None)
     teacher_layers = args.teacher_layers or (1 if cpu else None)
     student_config = model_config(STUDENT, student_layers, args.n_embd)
-    print(f"torch {torch.__version__}, {device_name}: {peak / 1e12:.2f} TFLOP/s bf16; {torch.get_num_threads()} threads;"
-          f" {fabric.world_size} process(es), FSDP2 over them when more than one")
+    print(
+        f"torch {torch.__version__}, {device_name}: {peak / 1e12:.2f} TFLOP/s bf16; {torch.get_num_threads()} threads;"
+        f" {fabric.world_size} process(es), FSDP2 over them when more than one"
+    )
     print("MFU targets on an H100: " + ", ".join(f"{kind} >= {target:.0%}" for kind, target in MFU_TARGETS.items()))
     print(
         f"student {STUDENT}: {student_config.n_layer} of 22 layers, width {student_config.n_embd}, vocabulary"
         f" {student_config.padded_vocab_size}; sequence {args.seq_len}; precision bf16-mixed, teacher bf16"
     )
     # peak GB: the whole step (optimizer included); fwd+bwd GB: its forward and backward alone, where logits live.
-    header = (f"{'teacher':<20} {'B':>2} {'AC':>3} {'acc':>3} {'step':<22} {'peak GB':>8} {'plan GB':>8} {'plan/peak':>9}"
-              f" {'fwd+bwd GB':>10} {'tokens/s':>9} {'MFU':>6}")  # fmt: skip
+    header = (
+        f"{'teacher':<20} {'B':>2} {'AC':>3} {'acc':>3} {'step':<22} {'peak GB':>8} {'plan GB':>8} {'plan/peak':>9}"
+        f" {'fwd+bwd GB':>10} {'tokens/s':>9} {'MFU':>6}"
+    )
     for name in teachers:
         config_name, tokenizer = TEACHERS[name]
         teacher_config = model_config(config_name, teacher_layers, args.n_embd)
@@ -333,14 +359,17 @@ def main() -> None:
         print(header)
         for checkpoint, accumulation in [(c, a) for c in checkpointing for a in accumulations]:
             for micro_batch in micro_batches:
-                setting = Setting(name, student_config, teacher_config, micro_batch, args.seq_len, window, checkpoint,
-                                  accumulation)  # fmt: skip
+                setting = Setting(
+                    name, student_config, teacher_config, micro_batch, args.seq_len, window, checkpoint, accumulation
+                )
                 times = {}
                 if not checkpoint:  # what the tiling leaves unallocated (as float32: bf16-mixed's module outputs)
                     student_logits = micro_batch * args.seq_len * student_config.padded_vocab_size * 4
                     teacher_logits = micro_batch * window * teacher_config.padded_vocab_size * 4
-                    print(f"{'':<20} {micro_batch:>2} whole float32 logits: student {student_logits / 1e9:.2f} GB,"
-                          f" teacher {teacher_logits / 1e9:.2f} GB")  # fmt: skip
+                    print(
+                        f"{'':<20} {micro_batch:>2} whole float32 logits: student {student_logits / 1e9:.2f} GB,"
+                        f" teacher {teacher_logits / 1e9:.2f} GB"
+                    )
                 for kind in kinds:
                     if kind == "score" and checkpoint:
                         continue  # the teacher keeps no activations: checkpointing changes nothing
@@ -350,10 +379,16 @@ def main() -> None:
                         measured, fwd_bwd, seconds = measure(fabric, setting, kind, whole)
                         # The plan estimates the step as the recipe takes it, not the step before tiling.
                         step = StepShape(
-                            micro_batch, args.seq_len, window, train=kind != "score",
-                            activation_checkpointing=checkpoint, fused_optimizer=not cpu, world_size=fabric.world_size,
-                            accumulation=accumulation if kind != "score" else 1, workspace=False,
-                        )  # fmt: skip
+                            micro_batch,
+                            args.seq_len,
+                            window,
+                            train=kind != "score",
+                            activation_checkpointing=checkpoint,
+                            fused_optimizer=not cpu,
+                            world_size=fabric.world_size,
+                            accumulation=accumulation if kind != "score" else 1,
+                            workspace=False,
+                        )
                         teachers = [teacher_config] if kind in ("online", "score") else []
                         estimate = None if whole else estimate_memory(student_config, teachers, step).total
                         plan = f"{estimate / 1e9:>8.2f} {estimate / measured:>9.2f}" if estimate else f"{'':>8} {'':>9}"
@@ -361,13 +396,16 @@ def main() -> None:
                         label = kind + (" (whole logits)" if whole else "")
                         times[label] = seconds
                         print(
-                            f"{name:<20} {micro_batch:>2} {'on' if checkpoint else 'off':>3} {accumulation:>3} {label:<22}"
+                            f"{name:<20} {micro_batch:>2} {'on' if checkpoint else 'off':>3} {accumulation:>3}"
+                            f" {label:<22}"
                             f" {measured / 1e9:>8.2f} {plan} {fwd_bwd / 1e9:>10.2f} {tokens / seconds:>9,.0f}"
                             f" {flops_per_step(setting, kind) / seconds / peak:>6.1%}"
                         )
                 if "ce" in times and "online" in times:
-                    print(f"{'':<20} {micro_batch:>2} online / ce step time: {times['online'] / times['ce']:.2f}x;"
-                          f" cached / ce: {times.get('cached', float('nan')) / times['ce']:.2f}x")  # fmt: skip
+                    print(
+                        f"{'':<20} {micro_batch:>2} online / ce step time: {times['online'] / times['ce']:.2f}x;"
+                        f" cached / ce: {times.get('cached', float('nan')) / times['ce']:.2f}x"
+                    )
 
 
 if __name__ == "__main__":

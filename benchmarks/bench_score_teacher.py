@@ -2,7 +2,8 @@
 
 One run prepares a small real corpus (GSM8K, TinyLlama student, a teacher tokenizer), makes a tiny teacher checkpoint
 and, in alternating rounds, times
-  score    `score_teacher.score_teacher` into a fresh directory: Fabric, teacher load, reading the prepared blocks, forward,
+  score    `score_teacher.score_teacher` into a fresh directory: Fabric, teacher load, reading the prepared blocks,
+  forward,
            per-token loss, the 16-bit cache files and manifest;
   forward  `model(ids)` under `torch.no_grad()` only, the same teacher weights, over exactly the batches that
            score_teacher forms (every block of both splits, `--batch_size` consecutive blocks of a shard, padded alike
@@ -29,17 +30,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
+from bench_train_step import prepared_pair, quiet  # benchmarks/ is on sys.path when this file runs as a script
 from litgpt.config import Config
+from smoke import parse_args
+from torch import Tensor
 from tqdm import tqdm
 
 import litgpt_vocagnolm.score_teacher as score_module
-from bench_train_step import prepared_pair, quiet  # benchmarks/ is on sys.path when this file runs as a script
 from litgpt_vocagnolm.data import open_split, padded_window
 from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.score_teacher import score_teacher
 from litgpt_vocagnolm.teacher import teacher_token_loss
-from smoke import parse_args
 
 LABELS = {
     "forward": "bare forward (no_grad)",
@@ -99,8 +100,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (see the docstring)")
     parser.add_argument("--num_workers", type=int, default=1, help="score_teacher's loader workers")
     parser.add_argument("--verbose", action="store_true", help="show what prepare and score_teacher print")
-    smoke = {"rounds": 1, "records": 10, "max_seq_length": 64, "batch_size": 2, "teacher_layers": 1,
-             "teacher_embd": 64}  # fmt: skip
+    smoke = {"rounds": 1, "records": 10, "max_seq_length": 64, "batch_size": 2, "teacher_layers": 1, "teacher_embd": 64}
     args = parse_args(parser, smoke)
     torch.set_num_threads(args.threads)
 
@@ -124,9 +124,14 @@ def main() -> None:
             score_module.tqdm = LoopClock
             try:
                 with quiet(not args.verbose):
-                    score_teacher(data=data, teacher=teacher_dir, output=tmp / f"cache-{round_}",
-                                  batch_size=args.batch_size, blocks_per_shard=args.blocks_per_shard,
-                                  num_workers=args.num_workers)  # fmt: skip
+                    score_teacher(
+                        data=data,
+                        teacher=teacher_dir,
+                        output=tmp / f"cache-{round_}",
+                        batch_size=args.batch_size,
+                        blocks_per_shard=args.blocks_per_shard,
+                        num_workers=args.num_workers,
+                    )
             finally:
                 score_module.tqdm = tqdm
 

@@ -4,7 +4,8 @@ One run on CPU with tiny models times the recipe's whole step (`micro_batch.forw
 scaling and clipping `fit` does, AdamW step) for three variants over the same prepared batches:
   ce       the student alone (naive continual pretraining);
   online   `vocagnolm` with a frozen teacher, larger than the student, scoring its own tokens in every step;
-  cached   `vocagnolm` reading the teacher's losses from a cache written by `score_teacher.score_teacher` (the batches carry
+  cached   `vocagnolm` reading the teacher's losses from a cache written by `score_teacher.score_teacher` (the
+  batches carry
            "teacher_loss", as `VocAgnoData` gives them with `teacher_cache` set); no teacher in the step.
 The variants alternate in rounds, so that other load on the machine hits all alike, and the medians count, in wall and
 in CPU time of this process. Printed ratios:
@@ -37,18 +38,18 @@ import lightning as L
 import torch
 from litgpt.config import Config
 from litgpt.utils import estimate_flops, flops_per_param, num_parameters, save_config
+from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
 from litgpt_vocagnolm.data import Batch, block_tokens, collate_blocks, load_manifest, open_split
 from litgpt_vocagnolm.gpt import GPT, load_model
 from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss
-from litgpt_vocagnolm.model_configs import llama_config
 from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss, loss_inputs
-from litgpt_vocagnolm.stopwatch import Stopwatch
+from litgpt_vocagnolm.model_configs import llama_config
 from litgpt_vocagnolm.prepare import prepare
 from litgpt_vocagnolm.score_teacher import score_teacher
+from litgpt_vocagnolm.stopwatch import Stopwatch
 from litgpt_vocagnolm.teacher import teacher_token_loss
-from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "data" / "gsm8k" / "train.jsonl"
@@ -65,8 +66,15 @@ LABELS = {
 
 def tiny_config(name: str, vocab_size: int, n_layer: int, n_embd: int, block_size: int) -> Config:
     """A Llama-shaped model, heads of 64."""
-    return llama_config(name, vocab_size, n_layer, n_embd, n_head=max(1, n_embd // 64),
-                        intermediate_size=4 * n_embd, block_size=block_size)  # fmt: skip
+    return llama_config(
+        name,
+        vocab_size,
+        n_layer,
+        n_embd,
+        n_head=max(1, n_embd // 64),
+        intermediate_size=4 * n_embd,
+        block_size=block_size,
+    )
 
 
 def make_checkpoint(directory: Path, config: Config, tokenizer_dir: Path, seed: int) -> Path:
@@ -113,9 +121,16 @@ def prepared_pair(tmp: Path, args: argparse.Namespace) -> tuple[Path, Path, dict
     teacher_tokenizer = TOKENIZERS / args.teacher_tokenizer
     data = tmp / "data"
     with quiet(not args.verbose):
-        prepare(student=STUDENT_TOKENIZER, teacher=teacher_tokenizer, input=[corpus], output=data,
-                max_seq_length=args.max_seq_length, num_workers=1, text_key="question,answer",
-                val_fraction=0.1)  # fmt: skip
+        prepare(
+            student=STUDENT_TOKENIZER,
+            teacher=teacher_tokenizer,
+            input=[corpus],
+            output=data,
+            max_seq_length=args.max_seq_length,
+            num_workers=1,
+            text_key="question,answer",
+            val_fraction=0.1,
+        )
     manifest = load_manifest(data)
     vocab_size = manifest["teacher"]["vocab_size"]
     config = tiny_config("teacher", vocab_size, args.teacher_layers, args.teacher_embd, manifest["teacher_max_length"])
@@ -176,8 +191,17 @@ def main() -> None:
     parser.add_argument("--teacher_tokenizer", default="mistral-7b-v0.1", help="a folder of tests/fixtures/tokenizers")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (see the docstring)")
     parser.add_argument("--verbose", action="store_true", help="show what prepare prints")
-    smoke = {"rounds": 1, "warmup": 0, "records": 10, "batches": 1, "max_seq_length": 64, "student_layers": 1,
-             "student_embd": 64, "teacher_layers": 1, "teacher_embd": 64}  # fmt: skip
+    smoke = {
+        "rounds": 1,
+        "warmup": 0,
+        "records": 10,
+        "batches": 1,
+        "max_seq_length": 64,
+        "student_layers": 1,
+        "student_embd": 64,
+        "teacher_layers": 1,
+        "teacher_embd": 64,
+    }
     args = parse_args(parser, smoke)
     torch.set_num_threads(args.threads)
 
@@ -203,8 +227,11 @@ def main() -> None:
     base = GPT(student_config)
     variants = {  # name: (guidance, teacher, batches)
         "ce": (GuidanceArgs(method="ce"), None, batches),
-        "online": (GuidanceArgs(), teacher, [b._replace(teachers=[s._replace(loss=None) for s in b.teachers])
-                                             for b in batches]),  # fmt: skip
+        "online": (
+            GuidanceArgs(),
+            teacher,
+            [b._replace(teachers=[s._replace(loss=None) for s in b.teachers]) for b in batches],
+        ),
         "cached": (GuidanceArgs(), None, batches),
     }
     runners = {}

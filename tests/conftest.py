@@ -21,7 +21,9 @@ LLEMMA = TOKENIZERS / "llemma-7b"  # TinyLlama's 32,000 tokens with the same ids
 
 
 def tiny_config(name: str, vocab_size: int, n_layer: int = 1, n_embd: int = 32, block_size: int = 256) -> Config:
-    return llama_config(name, vocab_size, n_layer, n_embd, n_head=2, intermediate_size=2 * n_embd, block_size=block_size)
+    return llama_config(
+        name, vocab_size, n_layer, n_embd, n_head=2, intermediate_size=2 * n_embd, block_size=block_size
+    )
 
 
 def make_checkpoint(directory: Path, config: Config, tokenizer_dir: Path, seed: int = 0) -> Path:
@@ -52,8 +54,16 @@ def gsm8k_sample(tmp_path_factory) -> Path:
 def prepare_pair(output: Path, corpus: Path, student: Path, teacher: Path, max_seq_length: int = 64) -> Path:
     from litgpt_vocagnolm.prepare import prepare
 
-    prepare(student=student, teacher=teacher, input=[corpus], output=output, max_seq_length=max_seq_length,
-            num_workers=1, text_key="question,answer", val_fraction=0.1)  # fmt: skip
+    prepare(
+        student=student,
+        teacher=teacher,
+        input=[corpus],
+        output=output,
+        max_seq_length=max_seq_length,
+        num_workers=1,
+        text_key="question,answer",
+        val_fraction=0.1,
+    )
     return output
 
 
@@ -79,7 +89,9 @@ def llemma_teacher(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def mistral_teacher(tmp_path_factory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "teacher-mistral", tiny_config("t", 32000), MISTRAL, seed=1)
+    return make_checkpoint(
+        tmp_path_factory.mktemp("ckpt") / "teacher-mistral", tiny_config("t", 32000), MISTRAL, seed=1
+    )
 
 
 @pytest.fixture(scope="session")
@@ -91,7 +103,26 @@ def qwen_teacher(tmp_path_factory) -> Path:
 def student_config_yaml(path: Path) -> Path:
     """A 1-layer student for TinyLlama's tokenizer, as a --model_config file."""
     config = tiny_config("student", 32000, block_size=64)
-    path.write_text(json.dumps({k: getattr(config, k) for k in (
-        "name", "block_size", "vocab_size", "padding_multiple", "n_layer", "n_head", "n_embd", "rotary_percentage",
-        "parallel_residual", "bias", "norm_class_name", "mlp_class_name", "intermediate_size")}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                k: getattr(config, k)
+                for k in (
+                    "name",
+                    "block_size",
+                    "vocab_size",
+                    "padding_multiple",
+                    "n_layer",
+                    "n_head",
+                    "n_embd",
+                    "rotary_percentage",
+                    "parallel_residual",
+                    "bias",
+                    "norm_class_name",
+                    "mlp_class_name",
+                    "intermediate_size",
+                )
+            }
+        )
+    )
     return path

@@ -178,8 +178,10 @@ def test_encode_falls_back_where_the_text_changes(tokenizers, name, text):
     np.testing.assert_array_equal(offsets, reference_offsets(tokenizer, text))
 
 
-@pytest.mark.parametrize(("name", "text"), [("qwen2.5", "a <|endoftext|> b"), ("tinyllama-1.1b", "a </s> b <s>"),
-                                           ("mistral-7b-v0.1", "a <s> b")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [("qwen2.5", "a <|endoftext|> b"), ("tinyllama-1.1b", "a </s> b <s>"), ("mistral-7b-v0.1", "a <s> b")],
+)
 def test_special_tokens_written_in_the_text_are_encoded_as_text(tokenizers, name, text):
     tokenizer = tokenizers[name]
     specials = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
@@ -324,10 +326,35 @@ def test_align_batch_equals_align(tokenizers):
 # ---- property tests over arbitrary Unicode -------------------------------------------------------------------------
 
 FRAGMENTS = [
-    "👨‍👩‍👧‍👦", "🏳️‍🌈", "😀", "日本語", "中文", "한국어", "e\u0301", "a\u0308\u0301", "\u00a0", "\u200b", "\u200d",
-    "\ufeff", "\t", "\r\n", "\n", " ", "    ", "1234567890123456789", "3.14", "$x^2$", "▁", "</s>", "<|endoftext|>",
-    "İ", "ﬁ",
-    "q\u0307\u0323", "\u1100\u1161\u11a8", "\u212b", "\u0f73",  # NFC reorders, composes Hangul, maps, expands
+    "👨‍👩‍👧‍👦",
+    "🏳️‍🌈",
+    "😀",
+    "日本語",
+    "中文",
+    "한국어",
+    "e\u0301",
+    "a\u0308\u0301",
+    "\u00a0",
+    "\u200b",
+    "\u200d",
+    "\ufeff",
+    "\t",
+    "\r\n",
+    "\n",
+    " ",
+    "    ",
+    "1234567890123456789",
+    "3.14",
+    "$x^2$",
+    "▁",
+    "</s>",
+    "<|endoftext|>",
+    "İ",
+    "ﬁ",
+    "q\u0307\u0323",
+    "\u1100\u1161\u11a8",
+    "\u212b",
+    "\u0f73",  # NFC reorders, composes Hangul, maps, expands
 ]
 texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=8)), max_size=10).map("".join)
 

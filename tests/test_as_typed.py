@@ -97,13 +97,28 @@ def work(tmp_path_factory) -> SimpleNamespace:
     student_tokenizer = train_student_tokenizer(texts, 512, root / "student-tokenizer")
     teacher = make_checkpoint(root / "teacher", TEACHER, train_teacher_tokenizer(texts, 512, root / "teacher-tok"))
     config = {
-        "model_config": {name: getattr(STUDENT, name) for name in (
-            "name", "block_size", "vocab_size", "padding_multiple", "n_layer", "n_head", "n_embd", "rotary_percentage",
-            "parallel_residual", "bias", "norm_class_name", "mlp_class_name", "intermediate_size")},
+        "model_config": {
+            name: getattr(STUDENT, name)
+            for name in (
+                "name",
+                "block_size",
+                "vocab_size",
+                "padding_multiple",
+                "n_layer",
+                "n_head",
+                "n_embd",
+                "rotary_percentage",
+                "parallel_residual",
+                "bias",
+                "norm_class_name",
+                "mlp_class_name",
+                "intermediate_size",
+            )
+        },
         "tokenizer_dir": "student-tokenizer",
         "data": {"class_path": "litgpt_vocagnolm.data.VocAgnoData", "init_args": {"path": "data"}},
         "train": {"global_batch_size": 2, "micro_batch_size": 1, "max_steps": 2},
-    }  # fmt: skip
+    }
     return SimpleNamespace(root=root, student_tokenizer=student_tokenizer, teacher=teacher, config=config)
 
 
@@ -115,8 +130,19 @@ def write_config(work: SimpleNamespace, name: str, teacher: dict) -> Path:
 
 @pytest.fixture(scope="session")
 def prepared(work) -> subprocess.CompletedProcess:
-    return run("vocagnolm", "prepare", "--student", "student-tokenizer", "--teacher", "teacher", "--input",
-               "corpus.jsonl", "--output", "data", cwd=work.root)  # fmt: skip
+    return run(
+        "vocagnolm",
+        "prepare",
+        "--student",
+        "student-tokenizer",
+        "--teacher",
+        "teacher",
+        "--input",
+        "corpus.jsonl",
+        "--output",
+        "data",
+        cwd=work.root,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -303,11 +329,18 @@ def test_demo(tmp_path, monkeypatch):
 def test_recipe_precisions(work, prepared, tmp_path, precision, teacher_precision):
     from litgpt_vocagnolm.recipe import setup
 
-    setup(model_config=STUDENT, out_dir=tmp_path / "out", precision=precision, tokenizer_dir=work.student_tokenizer,
-          data=VocAgnoData(path=work.root / "data", num_workers=0), devices=1, logger_name="csv",
-          train=TrainArgs(global_batch_size=1, micro_batch_size=1, max_tokens=2048, max_norm=1.0, save_interval=None),
-          eval=EvalArgs(final_validation=False), teacher=TeacherArgs(checkpoint_dir=work.teacher,
-          precision=teacher_precision))  # fmt: skip
+    setup(
+        model_config=STUDENT,
+        out_dir=tmp_path / "out",
+        precision=precision,
+        tokenizer_dir=work.student_tokenizer,
+        data=VocAgnoData(path=work.root / "data", num_workers=0),
+        devices=1,
+        logger_name="csv",
+        train=TrainArgs(global_batch_size=1, micro_batch_size=1, max_tokens=2048, max_norm=1.0, save_interval=None),
+        eval=EvalArgs(final_validation=False),
+        teacher=TeacherArgs(checkpoint_dir=work.teacher, precision=teacher_precision),
+    )
     with open(next((tmp_path / "out").glob("logs/**/metrics.csv")), newline="") as f:
         (row,) = [row for row in csv.DictReader(f) if row["loss"]]
     assert np.isfinite(float(row["loss"]))
@@ -321,8 +354,9 @@ def test_score_teacher_precisions(work, scored, tmp_path, precision, tolerance):
     """The same teacher in half precision scores what the default (float32) did, to the half type's rounding."""
     from litgpt_vocagnolm.score_teacher import score_teacher
 
-    score_teacher(data=work.root / "data", teacher=work.teacher, output=tmp_path / "cache", precision=precision,
-                  num_workers=0)  # fmt: skip
+    score_teacher(
+        data=work.root / "data", teacher=work.teacher, output=tmp_path / "cache", precision=precision, num_workers=0
+    )
     manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
     assert manifest["precision"] == precision
     half = TeacherLossCache(tmp_path / "cache", "train")

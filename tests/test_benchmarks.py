@@ -14,7 +14,6 @@ import re
 import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
@@ -102,8 +101,9 @@ def smoke_runs(request) -> dict[tuple[str, str], Future]:
     for name, device in sorted(wanted):
         command = [sys.executable, str(ROOT / "benchmarks" / name), "--smoke"]
         command += ["--device", "cuda"] if device == "cuda" else []
-        runs[name, device] = pool.submit(subprocess.run, command, cwd=ROOT, env=env, capture_output=True, text=True,
-                                         timeout=600)  # fmt: skip
+        runs[name, device] = pool.submit(
+            subprocess.run, command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        )
     yield runs
     pool.shutdown(cancel_futures=True)
 
@@ -144,8 +144,11 @@ def test_docs_name_benchmarks_and_options_that_exist():
         errors += [f"{doc.name}: no benchmarks/{name}" for name in set(SCRIPT.findall(text)) - names]
         for name, options in COMMAND.findall(text):
             source = (ROOT / "benchmarks" / name).read_text(encoding="utf-8") if name in names else ""
-            errors += [f"{doc.name}: {name} has no --{option}" for option in re.findall(r"(?<![\w-])--(\w+)", options)
-                       if f'"--{option}"' not in source]  # fmt: skip
+            errors += [
+                f"{doc.name}: {name} has no --{option}"
+                for option in re.findall(r"(?<![\w-])--(\w+)", options)
+                if f'"--{option}"' not in source
+            ]
     assert errors == []
 
 

@@ -54,11 +54,23 @@ def crafted_checkpoint(tmp_path) -> tuple[Path, Path]:
 
 
 def setup_args(tmp_path: Path, data: Path, **overrides) -> dict:
-    args = dict(model_config=tiny_config("student", 32000, block_size=64), out_dir=tmp_path / "out", devices=1,
-                data=VocAgnoData(path=data, num_workers=0), tokenizer_dir=TINYLLAMA, logger_name="csv",
-                train=TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=2 * 64, max_norm=1.0,
-                                max_seq_length=64, save_interval=None),
-                guidance=GuidanceArgs(method="ce"))  # fmt: skip
+    args = dict(
+        model_config=tiny_config("student", 32000, block_size=64),
+        out_dir=tmp_path / "out",
+        devices=1,
+        data=VocAgnoData(path=data, num_workers=0),
+        tokenizer_dir=TINYLLAMA,
+        logger_name="csv",
+        train=TrainArgs(
+            global_batch_size=2,
+            micro_batch_size=2,
+            max_tokens=2 * 64,
+            max_norm=1.0,
+            max_seq_length=64,
+            save_interval=None,
+        ),
+        guidance=GuidanceArgs(method="ce"),
+    )
     return args | overrides
 
 

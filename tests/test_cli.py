@@ -24,8 +24,16 @@ def run(*args: str, cwd: Path = ROOT, timeout: int = 300, **kwargs) -> subproces
 def test_recipe_help_shows_teacher_and_guidance_groups(litgpt):
     out = run(*litgpt, "pretrain", "--recipe", "vocagnolm", "--help")
     assert out.returncode == 0, out.stderr
-    for flag in ("--teacher.checkpoint_dir", "--guidance.method", "--guidance.top_k", "--fsdp.activation_checkpointing",
-                 "--train.micro_batch_size", "--data", "--config", "--print_config"):  # fmt: skip
+    for flag in (
+        "--teacher.checkpoint_dir",
+        "--guidance.method",
+        "--guidance.top_k",
+        "--fsdp.activation_checkpointing",
+        "--train.micro_batch_size",
+        "--data",
+        "--config",
+        "--print_config",
+    ):
         assert flag in out.stdout, flag
     assert "usage: litgpt pretrain --recipe vocagnolm" in out.stdout
 
@@ -47,13 +55,31 @@ def test_unknown_recipe_lists_registered_ones(litgpt, args):
 
 
 def test_print_config_and_dotted_overrides_round_trip(tmp_path):
-    out = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--guidance.top_k", "0.25",
-              "--guidance.aggregation", "mean", "--print_config")  # fmt: skip
+    out = run(
+        str(BIN / "litgpt"),
+        "pretrain",
+        "--recipe",
+        "vocagnolm",
+        "--guidance.top_k",
+        "0.25",
+        "--guidance.aggregation",
+        "mean",
+        "--print_config",
+    )
     assert out.returncode == 0, out.stderr
     config = tmp_path / "config.yaml"
     config.write_text(out.stdout)
-    again = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config),
-                "--guidance.unmapped", "exclude", "--print_config")  # fmt: skip
+    again = run(
+        str(BIN / "litgpt"),
+        "pretrain",
+        "--recipe",
+        "vocagnolm",
+        "--config",
+        str(config),
+        "--guidance.unmapped",
+        "exclude",
+        "--print_config",
+    )
     assert again.returncode == 0, again.stderr
     assert "top_k: 0.25" in again.stdout and "aggregation: mean" in again.stdout and "unmapped: exclude" in again.stdout
 
@@ -62,8 +88,19 @@ def test_print_config_and_dotted_overrides_round_trip(tmp_path):
 def test_python_m_litgpt_runs_the_recipe_in_two_processes(tmp_path, tinyllama_mistral_data):
     """Fabric starts the second process as `python -m litgpt.__main__ <the same arguments>`: it must run the recipe."""
     config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"}, devices=2)
-    out = run(*LITGPT["python -m"], "pretrain", "--recipe", "vocagnolm", "--config", str(config),
-              "--train.max_tokens", str(3 * 4 * 64), "--train.save_interval", "null", timeout=600)  # fmt: skip
+    out = run(
+        *LITGPT["python -m"],
+        "pretrain",
+        "--recipe",
+        "vocagnolm",
+        "--config",
+        str(config),
+        "--train.max_tokens",
+        str(3 * 4 * 64),
+        "--train.save_interval",
+        "null",
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     assert "MEMBER: 2/2" in out.stderr  # the child process joined
     assert len(metrics(tmp_path / "out")) == 3
@@ -97,7 +134,9 @@ def test_interpreter_start_imports_neither_torch_nor_litgpt(argv):
 def test_regular_wheel_install_dispatches(tmp_path):
     """A non-editable install: the .pth file must land at the wheel root and work from a fresh environment."""
     wheels = tmp_path / "wheels"
-    built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT))
+    built = run(
+        sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT)
+    )
     assert built.returncode == 0, built.stderr
     (wheel,) = wheels.glob("litgpt_vocagnolm-*.whl")
     assert "litgpt_vocagnolm_recipes.pth" in zipfile.ZipFile(wheel).namelist()

@@ -33,9 +33,13 @@ with torch.no_grad():
 def llama_config_for_transformers(config: Config) -> dict:
     """The arguments of `transformers.LlamaConfig` for a Llama-shaped LitGPT config, from its fields."""
     llama_shaped = (
-        config.mlp_class_name == "LLaMAMLP" and config.norm_class_name == "RMSNorm" and config.rotary_percentage == 1.0
-        and not config.parallel_residual and config.rope_condense_ratio == 1 and config.rope_adjustments is None
-    )  # fmt: skip
+        config.mlp_class_name == "LLaMAMLP"
+        and config.norm_class_name == "RMSNorm"
+        and config.rotary_percentage == 1.0
+        and not config.parallel_residual
+        and config.rope_condense_ratio == 1
+        and config.rope_adjustments is None
+    )
     assert llama_shaped, f"{config.name} is not Llama-shaped"
     return dict(
         vocab_size=config.padded_vocab_size,  # LitGPT's embedding and head have the padded size
@@ -78,21 +82,45 @@ def llama_shapes(config: Config) -> dict[str, tuple[int, ...]]:
 def test_final_checkpoint_converts_and_transformers_gives_litgpts_logits(tmp_path, tinyllama_mistral_data):
     # A student with grouped-query attention (4 query heads, 2 key-value groups), so the conversion splits qkv,
     # saved as the paper's runs save it: sharded by FSDP2 over 2 processes, blocks wrapped for activation checkpointing.
-    config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"}, devices=2,
-                           fsdp={"activation_checkpointing": True})  # fmt: skip
+    config = recipe_config(
+        tmp_path,
+        tinyllama_mistral_data,
+        None,
+        guidance={"method": "ce"},
+        devices=2,
+        fsdp={"activation_checkpointing": True},
+    )
     settings = yaml.safe_load(config.read_text())
     settings["model_config"] |= {"n_layer": 2, "n_head": 4, "n_query_groups": 2}
     config.write_text(yaml.safe_dump(settings))
     trained = subprocess.run(
-        [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config),
-         "--train.max_tokens", str(3 * 4 * 64), "--train.save_interval", "null"],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )  # fmt: skip
+        [
+            str(BIN / "litgpt"),
+            "pretrain",
+            "--recipe",
+            "vocagnolm",
+            "--config",
+            str(config),
+            "--train.max_tokens",
+            str(3 * 4 * 64),
+            "--train.save_interval",
+            "null",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-5000:]
     final, converted = tmp_path / "out" / "final", tmp_path / "hf"
 
-    out = subprocess.run([str(BIN / "litgpt"), "convert_from_litgpt", str(final), str(converted)],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [str(BIN / "litgpt"), "convert_from_litgpt", str(final), str(converted)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
 
     lit_config = Config.from_file(final / "model_config.yaml")
@@ -105,8 +133,10 @@ def test_final_checkpoint_converts_and_transformers_gives_litgpts_logits(tmp_pat
     lit_model.load_state_dict(torch.load(final / "lit_model.pth", weights_only=True)["model"])
 
     tokenizer = Tokenizer(TINYLLAMA)
-    texts = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many in May.",
-             "Solve $x^2 - 5x + 6 = 0$: the roots are 2 and 3."]  # fmt: skip
+    texts = [
+        "Natalia sold clips to 48 of her friends in April, and then she sold half as many in May.",
+        "Solve $x^2 - 5x + 6 = 0$: the roots are 2 and 3.",
+    ]
     ids = [tokenizer.encode(text, bos=True) for text in texts]
     length = min(len(row) for row in ids)
     ids = torch.stack([row[:length] for row in ids])  # (2, T)
@@ -115,11 +145,23 @@ def test_final_checkpoint_converts_and_transformers_gives_litgpts_logits(tmp_pat
     torch.save(ids, tmp_path / "ids.pt")
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRANSFORMERS), os.environ.get("PYTHONPATH", "")])}
     hf = subprocess.run(
-        [sys.executable, "-c", RUN_TRANSFORMERS, json.dumps(llama_config_for_transformers(lit_config)),
-         str(converted / "model.pth"), str(tmp_path / "ids.pt"), str(tmp_path / "logits.pt")],
-        capture_output=True, text=True, timeout=600, env=environment,
-    )  # fmt: skip
-    assert hf.returncode == 0, f"transformers (from {TRANSFORMERS}, made by `make install`) failed:\n{hf.stderr[-3000:]}"
+        [
+            sys.executable,
+            "-c",
+            RUN_TRANSFORMERS,
+            json.dumps(llama_config_for_transformers(lit_config)),
+            str(converted / "model.pth"),
+            str(tmp_path / "ids.pt"),
+            str(tmp_path / "logits.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
+    )
+    assert hf.returncode == 0, (
+        f"transformers (from {TRANSFORMERS}, made by `make install`) failed:\n{hf.stderr[-3000:]}"
+    )
     logits = torch.load(tmp_path / "logits.pt", weights_only=True)
     assert logits.shape == expected.shape == (2, length, lit_config.padded_vocab_size)
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4)

@@ -158,7 +158,7 @@ def brute_token_bytes(text, offsets):
     """UTF-8 bytes of the characters each token ends that no earlier token ended."""
     out, done = [], 0
     for _, end in offsets:
-        out.append(len(text[done:max(done, end)].encode("utf-8")))
+        out.append(len(text[done : max(done, end)].encode("utf-8")))
         done = max(done, end)
     return out
 
@@ -432,8 +432,15 @@ def test_an_input_file_edited_to_the_same_size_is_seen_and_named(tmp_path, capsy
     records = gsm8k(8)
     path = tmp_path / "qa.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    args = dict(student=STUDENT, teacher=TEACHER, input=path, output=tmp_path / "out", num_workers=1,
-                text_key="question,answer", max_seq_length=MAX_SEQ_LENGTH)  # fmt: skip
+    args = dict(
+        student=STUDENT,
+        teacher=TEACHER,
+        input=path,
+        output=tmp_path / "out",
+        num_workers=1,
+        text_key="question,answer",
+        max_seq_length=MAX_SEQ_LENGTH,
+    )
     prepare(**args)
     stamp = path.stat()
     os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))  # touched, not changed: still the same data
@@ -546,9 +553,24 @@ def test_a_dead_worker_stops_the_run_and_the_next_run_finishes(prepared, corpus,
 @pytest.mark.slow
 def test_ctrl_c_exits_130_stops_the_workers_and_the_next_run_finishes(tmp_path):
     output, log = tmp_path / "out", tmp_path / "log"
-    command = [str(BIN / "vocagnolm"), "prepare", "--student", str(STUDENT), "--teacher", str(TEACHER),
-               "--input", str(ROOT / "data/gsm8k/train.jsonl"), "--text_key", "question,answer",
-               "--output", str(output), "--max_seq_length", "64", "--num_workers", "1"]  # fmt: skip
+    command = [
+        str(BIN / "vocagnolm"),
+        "prepare",
+        "--student",
+        str(STUDENT),
+        "--teacher",
+        str(TEACHER),
+        "--input",
+        str(ROOT / "data/gsm8k/train.jsonl"),
+        "--text_key",
+        "question,answer",
+        "--output",
+        str(output),
+        "--max_seq_length",
+        "64",
+        "--num_workers",
+        "1",
+    ]
     with open(log, "w") as f:  # a session of its own: whatever it leaves running is found by its group id
         process = subprocess.Popen(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     finished_units = output / ".partial" / "stats" / "train"
@@ -610,8 +632,16 @@ def test_val_input_and_joined_fields(tmp_path):
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:9]))
     (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[9:]))
     output = tmp_path / "out"
-    prepare(student=STUDENT, teacher=STUDENT, input=tmp_path / "train.jsonl", output=output, max_seq_length=32,
-            num_workers=1, text_key="question, answer", val_input=tmp_path / "val.jsonl")  # fmt: skip
+    prepare(
+        student=STUDENT,
+        teacher=STUDENT,
+        input=tmp_path / "train.jsonl",
+        output=output,
+        max_seq_length=32,
+        num_workers=1,
+        text_key="question, answer",
+        val_input=tmp_path / "val.jsonl",
+    )
     student = load_tokenizer(STUDENT)
     for split, expected in (("train", records[:9]), ("val", records[9:])):
         texts = [student.decode(ids[1:]) for ids, _ in documents_of(list(iter_blocks(output, split)))]
@@ -697,8 +727,15 @@ def test_small_input_keeps_the_document_with_the_smallest_hash_for_validation(tm
     assert min(hashes.values()) >= 0.01 * 2**64  # the hash rule alone leaves the val split empty
     (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     output = tmp_path / "out"
-    prepare(student=STUDENT, teacher=TEACHER, input=tmp_path / "qa.jsonl", output=output, max_seq_length=MAX_SEQ_LENGTH,
-            num_workers=2, text_key="question,answer")  # fmt: skip
+    prepare(
+        student=STUDENT,
+        teacher=TEACHER,
+        input=tmp_path / "qa.jsonl",
+        output=output,
+        max_seq_length=MAX_SEQ_LENGTH,
+        num_workers=2,
+        text_key="question,answer",
+    )
     student = load_tokenizer(STUDENT)
     got = {s: [student.decode(ids[1:]) for ids, _ in documents_of(list(iter_blocks(output, s)))] for s in SPLITS}
     smallest = min(texts, key=hashes.get)
@@ -754,8 +791,8 @@ def test_tokenizer_mismatch_names_both(prepared):
 def test_a_missing_or_cut_chunk_is_found_before_training(prepared, tmp_path):
     from litgpt.args import TrainArgs
 
-    from litgpt_vocagnolm.methods import GuidanceArgs
     from litgpt_vocagnolm.checks import check_setup
+    from litgpt_vocagnolm.methods import GuidanceArgs
     from litgpt_vocagnolm.teacher import TeacherArgs
 
     copy = tmp_path / "copy"
@@ -766,8 +803,12 @@ def test_a_missing_or_cut_chunk_is_found_before_training(prepared, tmp_path):
         "check_files": VocAgnoData(copy).check_files,
         "iter_blocks": lambda: next(iter_blocks(copy, "train")),
         "the recipe, before any model": lambda: check_setup(
-            tiny_config("student", 32000), VocAgnoData(copy), TrainArgs(max_tokens=1000, max_norm=1.0), TeacherArgs(),
-            GuidanceArgs(method="ce")),  # fmt: skip
+            tiny_config("student", 32000),
+            VocAgnoData(copy),
+            TrainArgs(max_tokens=1000, max_norm=1.0),
+            TeacherArgs(),
+            GuidanceArgs(method="ce"),
+        ),
     }
     chunk.write_bytes(data[:-100])  # a copy cut short
     for name, check in checks.items():
@@ -797,12 +838,19 @@ def test_batches_have_the_documented_shapes(prepared, chunks):
         rows = blocks[3 * k : 3 * k + 3]
         B, T, M = len(rows), MAX_SEQ_LENGTH, padded_window(module.manifest)  # one window length per run
         (side,) = batch.teachers  # one teacher
-        shapes = {name: (tuple(value.shape), value.dtype) for name, value in zip(side._fields, side) if value is not None}
+        shapes = {
+            name: (tuple(value.shape), value.dtype) for name, value in zip(side._fields, side) if value is not None
+        }
         assert shapes == {"ids": ((B, M), torch.long), "valid": ((B, M), torch.bool), "ranges": ((B, T, 2), torch.long)}
-        student = {name: (tuple(getattr(batch, name).shape), getattr(batch, name).dtype)
-                   for name in ("input_ids", "targets", "num_bytes")}  # fmt: skip
-        assert student == {"input_ids": ((B, T), torch.long), "targets": ((B, T), torch.long),
-                           "num_bytes": ((B,), torch.long)}  # fmt: skip
+        student = {
+            name: (tuple(getattr(batch, name).shape), getattr(batch, name).dtype)
+            for name in ("input_ids", "targets", "num_bytes")
+        }
+        assert student == {
+            "input_ids": ((B, T), torch.long),
+            "targets": ((B, T), torch.long),
+            "num_bytes": ((B,), torch.long),
+        }
         assert side.loss is None  # no loss cache connected
         for row, block in enumerate(rows):
             n, m = block["num_tokens"], len(block["teacher_ids"])

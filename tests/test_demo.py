@@ -13,11 +13,11 @@ from conftest import ROOT
 from test_recipe import metrics
 
 from litgpt_vocagnolm.alignment import vocab_overlap
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer, same_vocabulary
 from litgpt_vocagnolm.demo import demo
 from litgpt_vocagnolm.demo.corpus import add_noise, read_corpus, split_heldout
 from litgpt_vocagnolm.demo.settings import QUICK, STUDENTS
 from litgpt_vocagnolm.demo.table import compare
+from litgpt_vocagnolm.tokenizer_files import load_tokenizer, same_vocabulary
 
 METHOD_NAMES = list(STUDENTS)
 SEEDED = ("ce", "vocagnolm", "vocagnolm-2teachers", "vocagnolm-2teachers-byte")
@@ -25,7 +25,8 @@ SEEDED = ("ce", "vocagnolm", "vocagnolm-2teachers", "vocagnolm-2teachers-byte")
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> tuple[Path, str]:
-    """One quick demo (every method; 2 seeds for ce, vocagnolm and both two-teacher runs): (out_dir, what it printed)."""
+    """One quick demo (every method; 2 seeds for ce, vocagnolm and both two-teacher runs): (out_dir, what it
+    printed)."""
     import contextlib
     import io
 
@@ -99,7 +100,9 @@ def test_plot_and_markdown_table_are_written_and_printed(quick_run):
     assert re.search(r"Vocabulary overlap \d+\.\d% of the teacher's", printed)
     assert "vocagnolm vs ce, teacher-guided selection vs naive training" in printed
     assert "vocagnolm-2teachers vs vocagnolm, two teachers" in printed
-    share = re.search(r"vocagnolm-2teachers: the second teacher set the reference of (\d+\.\d)% of the selected", printed)
+    share = re.search(
+        r"vocagnolm-2teachers: the second teacher set the reference of (\d+\.\d)% of the selected", printed
+    )
     runs = [metrics(out_dir / "runs" / f"vocagnolm-2teachers-seed{seed}") for seed in (1, 2)]
     logged = np.mean([np.mean([row["reference_share_1"] for row in rows]) for rows in runs])  # per run, then seeds
     assert share and float(share.group(1)) == pytest.approx(100 * logged, abs=0.05)
@@ -171,8 +174,9 @@ def test_noise_in_the_trained_tokens(quick_run):
     assert [text for text, _ in noisy[: len(written)]] == written
 
     teacher2_dir = out_dir / "tokenizers" / "teacher2"
-    (blocks, blocks2), touched = noise_sample(noisy, student_dir, [teacher_dir, teacher2_dir], QUICK,
-                                              2 * QUICK.max_seq_length)  # fmt: skip
+    (blocks, blocks2), touched = noise_sample(
+        noisy, student_dir, [teacher_dir, teacher2_dir], QUICK, 2 * QUICK.max_seq_length
+    )
     block_tokens = QUICK.max_seq_length + 1
     assert touched.shape == (QUICK.noise_batches * QUICK.micro_batch_size, block_tokens)
     for sample, data in ((blocks, "students"), (blocks2, "students-teacher2")):  # each teacher's prepared data
@@ -268,8 +272,20 @@ def test_command_line_takes_sizes_and_lists_of_methods():
     from jsonargparse import CLI, capture_parser
 
     parser = capture_parser(lambda: CLI(demo, args=[]))
-    config = parser.parse_args(["--methods", "[ce, vocagnolm]", "--seeds", "[3]", "--sizes.student_tokens", "4096",
-                                "--quick", "true", "--noise", "0"])  # fmt: skip
+    config = parser.parse_args(
+        [
+            "--methods",
+            "[ce, vocagnolm]",
+            "--seeds",
+            "[3]",
+            "--sizes.student_tokens",
+            "4096",
+            "--quick",
+            "true",
+            "--noise",
+            "0",
+        ]
+    )
     assert config.methods == ("ce", "vocagnolm") and config.seeds == (3,) and config.quick is True
     assert config.sizes.student_tokens == 4096 and config.sizes.teacher_vocab_size == 6000 and config.noise == 0
 

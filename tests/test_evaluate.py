@@ -22,12 +22,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from litgpt_vocagnolm import evaluate as evaluate_module
 from litgpt_vocagnolm.checkpoints import CHECKSUMS, UnreadableCheckpoint, file_checksums
 from litgpt_vocagnolm.errors import InvalidArgument, PathTaken
-from litgpt_vocagnolm.evaluate import (
-    bits_per_byte,
-    bits_per_byte_of_documents,
-    evaluate,
-    load_model,
-)
+from litgpt_vocagnolm.evaluate import bits_per_byte, bits_per_byte_of_documents, evaluate, load_model
 from litgpt_vocagnolm.math_tasks import (
     TABLE_1,
     TASKS,
@@ -53,9 +48,15 @@ def make_checkpoint(
     """A random 1-layer LitGPT checkpoint dir with a real tokenizer; `uniform` zeroes the head: all logits equal."""
     torch.manual_seed(0)
     config = Config(
-        name="tiny", block_size=block_size, n_layer=1, n_head=4, n_query_groups=2, n_embd=32,
-        vocab_size=padded_vocab_size, padded_vocab_size=padded_vocab_size,
-    )  # fmt: skip
+        name="tiny",
+        block_size=block_size,
+        n_layer=1,
+        n_head=4,
+        n_query_groups=2,
+        n_embd=32,
+        vocab_size=padded_vocab_size,
+        padded_vocab_size=padded_vocab_size,
+    )
     model = GPT(config)
     if uniform:
         torch.nn.init.zeros_(model.lm_head.weight)
@@ -138,8 +139,18 @@ def test_gold_answers_score_on_the_real_test_sets(task):
         if not is_correct(prediction, parse_ground_truth(example, TASKS[task])):
             misses.add(example["idx"])
     assert misses == EXPECTED_MISSES.get(task, set())
-    sizes = {"gsm8k": 1319, "minerva_math": 500, "math": 5000, "svamp": 1000, "asdiv": 2215, "mawps": 2065, "tabmwp": 1000, "mathqa": 1000,
-             "mmlu_stem": 3018, "sat_math": 32}  # fmt: skip
+    sizes = {
+        "gsm8k": 1319,
+        "minerva_math": 500,
+        "math": 5000,
+        "svamp": 1000,
+        "asdiv": 2215,
+        "mawps": 2065,
+        "tabmwp": 1000,
+        "mathqa": 1000,
+        "mmlu_stem": 3018,
+        "sat_math": 32,
+    }
     assert len(examples) == sizes[task]
     assert len(EXPECTED_MISSES.get(task, ())) / len(examples) < 0.01
 
@@ -147,7 +158,9 @@ def test_gold_answers_score_on_the_real_test_sets(task):
 def test_math_500_reference_solutions_score_through_boxed():
     # The gold answers above come from MATH-500's answer field; its solutions, read as generations, score too.
     task = TASKS["minerva_math"]
-    assert all(is_correct(extract_answer(e["solution"], task), parse_ground_truth(e, task)) for e in load_examples(task))
+    assert all(
+        is_correct(extract_answer(e["solution"], task), parse_ground_truth(e, task)) for e in load_examples(task)
+    )
 
 
 @pytest.mark.parametrize(
@@ -220,22 +233,37 @@ def test_math_equal(prediction, reference, equal):
 @pytest.mark.parametrize(
     "task, question",
     [
-        ("minerva_math", "Convert the point $(0,3)$ in rectangular coordinates to polar coordinates.  Enter your "
-                         "answer in the form $(r,\\theta),$ where $r > 0$ and $0 \\le \\theta < 2 \\pi.$"),
-        ("svamp", "There are 87 oranges and 290 bananas in Philip's collection. If the bananas are organized into 2 "
-                  "groups and oranges are organized into 93 groups. How big is each group of bananas?"),
+        (
+            "minerva_math",
+            "Convert the point $(0,3)$ in rectangular coordinates to polar coordinates.  Enter your "
+            "answer in the form $(r,\\theta),$ where $r > 0$ and $0 \\le \\theta < 2 \\pi.$",
+        ),
+        (
+            "svamp",
+            "There are 87 oranges and 290 bananas in Philip's collection. If the bananas are organized into 2 "
+            "groups and oranges are organized into 93 groups. How big is each group of bananas?",
+        ),
         ("asdiv", "Seven red apples and two green apples are in the basket. How many apples are in the basket?"),
-        ("mathqa", "If log 8 x + log 8 1 / 6 = 1 / 3 , then the value of x is :\nWhat of the following is the right "
-                   "choice? Explain your answer.\n(A) 12, (B) 16, (C) 18, (D) 24, (E) 26"),
-        ("sat_math", "The graph of the polynomial function $f$, where $y=f(x)$, has $x$-intercepts of $(-6,0)$ and "
-                     "$(6,0)$. Which of the following must be true?\nWhat of the following is the right choice? "
-                     "Explain your answer.\n(A) $f(-6)=0$ (B) $f(6)=-6$ (C) $f(-6)=6$ (D) $f(0)=-6$"),
-        ("tabmwp", "Read the following table regarding \"Coin collections\" and answer a question:\nName | Number of "
-                   "coins\nBraden | 76\nCamilla | 94\nRick | 86\nMary | 84\nHector | 80\nDevin | 83\nEmily | 82\n"
-                   "Avery | 87\nSome friends discussed the sizes of their coin collections. What is the mean of the "
-                   "numbers?"),
+        (
+            "mathqa",
+            "If log 8 x + log 8 1 / 6 = 1 / 3 , then the value of x is :\nWhat of the following is the right "
+            "choice? Explain your answer.\n(A) 12, (B) 16, (C) 18, (D) 24, (E) 26",
+        ),
+        (
+            "sat_math",
+            "The graph of the polynomial function $f$, where $y=f(x)$, has $x$-intercepts of $(-6,0)$ and "
+            "$(6,0)$. Which of the following must be true?\nWhat of the following is the right choice? "
+            "Explain your answer.\n(A) $f(-6)=0$ (B) $f(6)=-6$ (C) $f(-6)=6$ (D) $f(0)=-6$",
+        ),
+        (
+            "tabmwp",
+            'Read the following table regarding "Coin collections" and answer a question:\nName | Number of '
+            "coins\nBraden | 76\nCamilla | 94\nRick | 86\nMary | 84\nHector | 80\nDevin | 83\nEmily | 82\n"
+            "Avery | 87\nSome friends discussed the sizes of their coin collections. What is the mean of the "
+            "numbers?",
+        ),
     ],
-)  # fmt: skip
+)
 def test_first_question_reads_as_in_the_harness(task, question):
     assert parse_question(load_examples(TASKS[task])[0], TASKS[task]) == question
 
@@ -275,8 +303,9 @@ TEXT = (
 
 @pytest.mark.parametrize("tokenizer, padded_vocab_size", [("tinyllama-1.1b", 32000), ("qwen2.5", 151680)])
 def test_bits_per_byte_of_a_uniform_model_is_log2_vocab_times_tokens_per_byte(tmp_path, tokenizer, padded_vocab_size):
-    checkpoint = make_checkpoint(tmp_path / "ckpt", tokenizer, block_size=16, padded_vocab_size=padded_vocab_size,
-                                 uniform=True)  # fmt: skip
+    checkpoint = make_checkpoint(
+        tmp_path / "ckpt", tokenizer, block_size=16, padded_vocab_size=padded_vocab_size, uniform=True
+    )
     (tmp_path / "held_out.jsonl").write_text(json.dumps({"text": TEXT}) + "\n" + json.dumps({"text": TEXT[:40]}))
     # Counted with the tokenizers library, not through LitGPT: every text token is predicted once.
     hf = HFTokenizer.from_file(str(checkpoint / "tokenizer.json"))
@@ -325,7 +354,6 @@ def test_every_table_1_task_runs_end_to_end_and_writes_the_tables(tiny_checkpoin
     assert markdown[0] == "| model | " + " | ".join(COLUMNS) + " | AVG |"
     values = [cell.strip() for cell in markdown[2].strip("|").split("|")]
     assert values[0] == str(tiny_checkpoint)
-    names = HARNESS_DATA_NAMES.split(",")
     assert sorted(p.name for p in out.glob("*.jsonl")) == sorted(row["predictions"] for row in results)
     accuracies = []
     for name, column, result in zip(HARNESS_DATA_NAMES.split(","), COLUMNS, results):
@@ -341,8 +369,14 @@ def test_every_table_1_task_runs_end_to_end_and_writes_the_tables(tiny_checkpoin
 
 
 def test_full_math_test_set_runs_when_asked_in_its_own_column(tiny_checkpoint, tmp_path):
-    evaluate(tiny_checkpoint, tasks="math,gsm8k,minerva_math", limit=2, max_new_tokens=2, out_dir=tmp_path,
-             precision="32-true")  # fmt: skip
+    evaluate(
+        tiny_checkpoint,
+        tasks="math,gsm8k,minerva_math",
+        limit=2,
+        max_new_tokens=2,
+        out_dir=tmp_path,
+        precision="32-true",
+    )
     header = (tmp_path / "results.md").read_text().splitlines()[0]
     assert header == "| model | GSM8K | MATH | MATH-5000 | AVG |"
     (math,) = tmp_path.glob("math.limit-2.*.jsonl")

@@ -10,8 +10,7 @@ from litgpt_vocagnolm.flops import forward_flops, training_flops
 
 
 @pytest.mark.parametrize(
-    ("name", "batch", "seq"),
-    [("tiny-llama-1.1b", 4, 2048), ("Qwen2.5-Math-7B", 2, 1920), ("Qwen2.5-7B", 1, 128)],
+    ("name", "batch", "seq"), [("tiny-llama-1.1b", 4, 2048), ("Qwen2.5-Math-7B", 2, 1920), ("Qwen2.5-7B", 1, 128)]
 )
 def test_flops_match_the_counter_for_the_papers_models(name, batch, seq):
     config = Config.from_name(name)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import QWEN, TINYLLAMA, make_checkpoint, tiny_config
 from tokenizers import Tokenizer as HFTokenizer
 
-from conftest import QWEN, TINYLLAMA, make_checkpoint, tiny_config
 from litgpt_vocagnolm import evaluate as evaluate_module
 from litgpt_vocagnolm.evaluate import (
     Continuation,
@@ -240,8 +240,15 @@ def test_later_runs_keep_earlier_results_and_limited_runs_say_so(small_checkpoin
     out = tmp_path / "out"
 
     def run(tasks, limit=None, max_new_tokens=3, checkpoint=small_checkpoint):
-        evaluate(checkpoint, tasks=tasks, data_dir=small_test_sets, limit=limit, max_new_tokens=max_new_tokens,
-                 out_dir=out, precision="32-true")  # fmt: skip
+        evaluate(
+            checkpoint,
+            tasks=tasks,
+            data_dir=small_test_sets,
+            limit=limit,
+            max_new_tokens=max_new_tokens,
+            out_dir=out,
+            precision="32-true",
+        )
 
     run("gsm8k")
     (gsm8k_file,) = out.glob("gsm8k.*.jsonl")
@@ -274,8 +281,9 @@ def test_later_runs_keep_earlier_results_and_limited_runs_say_so(small_checkpoin
     label = f"{small_checkpoint} (max_new_tokens 3, 32-true, {small_test_sets})"
     assert table_1[2] == f"| {label} | {accuracy['gsm8k']:.1f} | {accuracy['svamp']:.1f} | {average:.1f} |"
 
-    other = make_checkpoint(tmp_path / "other", tiny_config("tiny", 32000, n_layer=2, n_embd=64, block_size=1024),
-                            TINYLLAMA, seed=1)  # fmt: skip
+    other = make_checkpoint(
+        tmp_path / "other", tiny_config("tiny", 32000, n_layer=2, n_embd=64, block_size=1024), TINYLLAMA, seed=1
+    )
     run("svamp", limit=2, checkpoint=other)  # only a limited run of this checkpoint: marked
     lines = (out / "results.md").read_text().splitlines()
     limited = next(line for line in lines if line.startswith(f"| {other} |"))

@@ -19,12 +19,37 @@ GOLDEN = ROOT / "tests" / "assets" / "losses" / "demo-cpu.json"
 def test_demo_cpu_recipe_follows_its_golden_loss_curve(tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     commands = [
-        [str(BIN / "vocagnolm"), "prepare", "--student", str(TINYLLAMA), "--teacher", str(QWEN), "--input",
-         str(ROOT / "data" / "gsm8k" / "train.jsonl"), "--text_key", "question,answer", "--output", str(data),
-         "--max_seq_length", "128"],
-        [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(ROOT / "recipes" / "demo-cpu.yaml"),
-         "--data.path", str(data), "--out_dir", str(out), "--train.log_interval", "1"],
-    ]  # fmt: skip
+        [
+            str(BIN / "vocagnolm"),
+            "prepare",
+            "--student",
+            str(TINYLLAMA),
+            "--teacher",
+            str(QWEN),
+            "--input",
+            str(ROOT / "data" / "gsm8k" / "train.jsonl"),
+            "--text_key",
+            "question,answer",
+            "--output",
+            str(data),
+            "--max_seq_length",
+            "128",
+        ],
+        [
+            str(BIN / "litgpt"),
+            "pretrain",
+            "--recipe",
+            "vocagnolm",
+            "--config",
+            str(ROOT / "recipes" / "demo-cpu.yaml"),
+            "--data.path",
+            str(data),
+            "--out_dir",
+            str(out),
+            "--train.log_interval",
+            "1",
+        ],
+    ]
     for command in commands:
         run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]

@@ -56,10 +56,30 @@ HARNESS_TABLE = [
     ("minerva_math", minerva(r"\begin{pmatrix} -0.333 \\ 0.667 \\ 1.667 \end{pmatrix}"), V13, True),  # to 3 places
     ("minerva_math", minerva(r"\begin{pmatrix} -0.33 \\ 0.67 \\ 1.67 \end{pmatrix}"), V13, False),
     ("minerva_math", minerva(r"\begin{pmatrix} -1/3 \\ 2/3 \\ 4/3 \end{pmatrix}"), V13, False),
-    ("minerva_math", minerva(r"\begin{pmatrix} 1/5 \\ -18/5 \end{pmatrix}"), r"\begin{pmatrix}1/5\\-18/5\end{pmatrix}", True),
-    ("minerva_math", minerva(r"\begin{pmatrix} 0.2 \\ -3.6 \end{pmatrix}"), r"\begin{pmatrix}1/5\\-18/5\end{pmatrix}", True),
-    ("minerva_math", minerva(r"\begin{pmatrix} -1 & 0 \\ 0 & -1 \end{pmatrix}"), r"\begin{pmatrix}-1&0\\0&-1\end{pmatrix}", True),
-    ("minerva_math", minerva(r"\left[ \frac{\pi^2}{8}, \frac{5 \pi^2}{4} \right]"), r"[\frac{\pi^2}{8},\frac{5\pi^2}{4}]", True),
+    (
+        "minerva_math",
+        minerva(r"\begin{pmatrix} 1/5 \\ -18/5 \end{pmatrix}"),
+        r"\begin{pmatrix}1/5\\-18/5\end{pmatrix}",
+        True,
+    ),
+    (
+        "minerva_math",
+        minerva(r"\begin{pmatrix} 0.2 \\ -3.6 \end{pmatrix}"),
+        r"\begin{pmatrix}1/5\\-18/5\end{pmatrix}",
+        True,
+    ),
+    (
+        "minerva_math",
+        minerva(r"\begin{pmatrix} -1 & 0 \\ 0 & -1 \end{pmatrix}"),
+        r"\begin{pmatrix}-1&0\\0&-1\end{pmatrix}",
+        True,
+    ),
+    (
+        "minerva_math",
+        minerva(r"\left[ \frac{\pi^2}{8}, \frac{5 \pi^2}{4} \right]"),
+        r"[\frac{\pi^2}{8},\frac{5\pi^2}{4}]",
+        True,
+    ),
     ("minerva_math", minerva("[(pi**2)/8, 5*pi**2/4]"), r"[\frac{\pi^2}{8},\frac{5\pi^2}{4}]", False),  # LaTeX: 5*i*p
     ("minerva_math", minerva("(pi**2)/(6)"), r"\frac{\pi^2}{6}", True),  # parse_expr: Python syntax
     ("minerva_math", minerva("[5,5*sqrt(2)]"), r"[5,5\sqrt{2}]", True),  # parse_expr: a Python list
@@ -92,9 +112,19 @@ HARNESS_TABLE = [
     ("math", r"So $x = \boxed{0.5}$.", r"\frac{1}{2}", True),
     ("math", r"The area is $\boxed{10\sqrt{2}}$ square units.", r"10\sqrt2", True),
     ("math", r"The answer is $\boxed{x \in [-2,7]}$.", r"x\in[-2,7]", False),  # normalized twice, "x\in" goes
-    ("math", r"The answer is \boxed{\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}}.", r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", True),
+    (
+        "math",
+        r"The answer is \boxed{\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}}.",
+        r"\begin{pmatrix}1&2\\3&4\end{pmatrix}",
+        True,
+    ),
     ("math", r"The answer is \boxed{Matrix([[1, 2], [3, 4]])}.", r"\begin{pmatrix}1&2\\3&4\end{pmatrix}", False),
-    ("math", r"\boxed{\frac{\sqrt{\sqrt{11}+\sqrt{194}}}{2\sqrt{33}+15}}", r"\frac{\sqrt{\sqrt{11}+\sqrt{194}}}{15+2\sqrt{33}}", True),
+    (
+        "math",
+        r"\boxed{\frac{\sqrt{\sqrt{11}+\sqrt{194}}}{2\sqrt{33}+15}}",
+        r"\frac{\sqrt{\sqrt{11}+\sqrt{194}}}{15+2\sqrt{33}}",
+        True,
+    ),
     ("math", r"The answer is \boxed{\frac{1+\sqrt{5}}{2}}.", "2", False),
     ("math", r"The answer is \boxed{}.", "2", False),
     ("math", "Let's think step by step. I could not finish", "2", False),
@@ -134,7 +164,7 @@ HARNESS_TABLE = [
     ("mmlu_stem", "The answer is B, not C.", "C", False),
     ("sat_math", "The answer is (D).", "D", True),
     ("sat_math", "The answer is (C).", "D", False),
-]  # fmt: skip
+]
 
 
 def test_table_covers_every_data_set():

@@ -8,16 +8,8 @@ from jsonargparse import CLI
 
 from litgpt_vocagnolm.alignment import chunk_span_ios_iou, encode
 from litgpt_vocagnolm.errors import UserError
+from litgpt_vocagnolm.inspection import KINDS, SAMPLE, alignment_rows, group_kinds, inspect, mapping_groups, pair_report
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
-from litgpt_vocagnolm.inspection import (
-    KINDS,
-    SAMPLE,
-    alignment_rows,
-    group_kinds,
-    inspect,
-    mapping_groups,
-    pair_report,
-)
 
 TOKENIZERS = Path(__file__).resolve().parent / "fixtures/tokenizers"
 TINYLLAMA, QWEN, MISTRAL = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5", TOKENIZERS / "mistral-7b-v0.1"
@@ -222,8 +214,19 @@ def test_inspect_writes_json_and_plot(capsys, tmp_path, tokenizers):
     CLI(
         inspect,
         args=[
-            "--student", str(TINYLLAMA), "--teacher", str(QWEN), "--file", str(file), "--chunks=[1, 16, 64]",
-            "--json", str(tmp_path / "figure3.json"), "--plot", str(tmp_path / "figure3.png"), "--rows", "0",
+            "--student",
+            str(TINYLLAMA),
+            "--teacher",
+            str(QWEN),
+            "--file",
+            str(file),
+            "--chunks=[1, 16, 64]",
+            "--json",
+            str(tmp_path / "figure3.json"),
+            "--plot",
+            str(tmp_path / "figure3.png"),
+            "--rows",
+            "0",
         ],
     )
     out = capsys.readouterr().out

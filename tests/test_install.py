@@ -57,29 +57,88 @@ def test_litgpt_pretrain_trains_a_tiny_model(tmp_path):
     for k in range(2):  # TextFiles keeps the first file for validation
         answers = [json.loads(line)["answer"] for line in lines[k * 100 : (k + 1) * 100]]
         (texts / f"{k}.txt").write_text("\n".join(answers))
-    run("litgpt", "pretrain", "pythia-14m", "--tokenizer_dir", str(TINYLLAMA), "--data", "TextFiles",
-        "--data.train_data_path", str(texts), "--train.max_tokens", str(4 * 2 * 128), "--train.max_seq_length", "128",
-        "--train.global_batch_size", "2", "--train.micro_batch_size", "2", "--eval.max_iters", "1",
-        "--data.num_workers", "0", "--out_dir", str(tmp_path / "out"), "--logger_name", "csv",
-        "--precision", "32-true")  # fmt: skip
+    run(
+        "litgpt",
+        "pretrain",
+        "pythia-14m",
+        "--tokenizer_dir",
+        str(TINYLLAMA),
+        "--data",
+        "TextFiles",
+        "--data.train_data_path",
+        str(texts),
+        "--train.max_tokens",
+        str(4 * 2 * 128),
+        "--train.max_seq_length",
+        "128",
+        "--train.global_batch_size",
+        "2",
+        "--train.micro_batch_size",
+        "2",
+        "--eval.max_iters",
+        "1",
+        "--data.num_workers",
+        "0",
+        "--out_dir",
+        str(tmp_path / "out"),
+        "--logger_name",
+        "csv",
+        "--precision",
+        "32-true",
+    )
     assert (tmp_path / "out" / "final" / "lit_model.pth").is_file()
 
 
 def test_prepare_with_several_workers_then_a_resumed_recipe_run(tmp_path, qwen_teacher):
     data = tmp_path / "data"
-    out = run("vocagnolm", "prepare", "--student", str(TINYLLAMA), "--teacher", str(QWEN), "--input",
-              str(ROOT / "data" / "gsm8k" / "train.jsonl"), "--text_key", "question,answer", "--output", str(data),
-              "--max_seq_length", "64")  # fmt: skip
+    out = run(
+        "vocagnolm",
+        "prepare",
+        "--student",
+        str(TINYLLAMA),
+        "--teacher",
+        str(QWEN),
+        "--input",
+        str(ROOT / "data" / "gsm8k" / "train.jsonl"),
+        "--text_key",
+        "question,answer",
+        "--output",
+        str(data),
+        "--max_seq_length",
+        "64",
+    )
     workers = min(os.cpu_count() or 1, 4)  # one per CPU (the default), for the 4 work units of 4.2 MB
     assert out.stdout.count(f"Starting {workers} workers with 4 items") == 2  # val, then train
     manifest = json.loads((data / "manifest.json").read_text())
     assert sum(manifest["splits"][split]["documents"] for split in ("train", "val")) == 7473  # every record
 
     config = recipe_config(tmp_path, data, qwen_teacher)
-    run("litgpt", "pretrain", "--recipe", "vocagnolm", "--config", str(config), "--train.max_tokens", str(4 * 4 * 64),
-        "--train.save_interval", "2")  # fmt: skip
-    out = run("litgpt", "pretrain", "--recipe", "vocagnolm", "--config", str(config), "--train.max_tokens",
-              str(6 * 4 * 64), "--train.save_interval", "2", "--resume", "auto")  # fmt: skip
+    run(
+        "litgpt",
+        "pretrain",
+        "--recipe",
+        "vocagnolm",
+        "--config",
+        str(config),
+        "--train.max_tokens",
+        str(4 * 4 * 64),
+        "--train.save_interval",
+        "2",
+    )
+    out = run(
+        "litgpt",
+        "pretrain",
+        "--recipe",
+        "vocagnolm",
+        "--config",
+        str(config),
+        "--train.max_tokens",
+        str(6 * 4 * 64),
+        "--train.save_interval",
+        "2",
+        "--resume",
+        "auto",
+    )
     assert re.search(r"Resuming training from \S*step-00000004", out.stdout), out.stdout[-2000:]
     final = torch.load(tmp_path / "out" / "final" / "lit_model.pth", weights_only=True)
     assert (final["step_count"], final["iter_num"]) == (6, 12)  # 6 steps of 2 micro-batches

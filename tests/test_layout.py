@@ -27,7 +27,11 @@ def imports_of_each_module() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom) and node.module == "litgpt_vocagnolm":
                 found |= {alias.name for alias in node.names}
             elif isinstance(node, ast.Import):
-                found |= {a.name.removeprefix("litgpt_vocagnolm.") for a in node.names if a.name.startswith("litgpt_vocagnolm.")}
+                found |= {
+                    a.name.removeprefix("litgpt_vocagnolm.")
+                    for a in node.names
+                    if a.name.startswith("litgpt_vocagnolm.")
+                }
         graph[module_name(path)] = (found & modules) - {module_name(path)}
     return graph
 
@@ -78,8 +82,14 @@ def test_only_the_method_table_lists_method_names():
 def test_no_function_takes_more_than_eight_parameters():
     """Outside the console entry points (their signature is the command line), parameters are grouped, as LitGPT
     groups TrainArgs and EvalArgs; keyword-only options count as any other parameter."""
-    entry_points = {("recipe", "setup"), ("demo", "demo"), ("prepare", "prepare"), ("score_teacher", "score_teacher"),
-                    ("evaluate", "evaluate"), ("inspection", "inspect")}  # fmt: skip
+    entry_points = {
+        ("recipe", "setup"),
+        ("demo", "demo"),
+        ("prepare", "prepare"),
+        ("score_teacher", "score_teacher"),
+        ("evaluate", "evaluate"),
+        ("inspection", "inspect"),
+    }
     found = []
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -93,7 +103,6 @@ def test_no_function_takes_more_than_eight_parameters():
             if count > 8:
                 found.append(f"{module_name(path)}.{node.name}: {count}")
     assert found == []
-
 
 
 def test_nothing_cites_a_file_outside_the_repository():
@@ -142,6 +151,8 @@ def test_every_dotted_reference_in_the_package_points_where_the_name_lives():
             names = names_defined(trees[".".join(parts[: cuts[0]])].body)
             rest = parts[cuts[0] :]
             node = names.get(rest[0], "missing") if rest[0] in names else "missing"
-            if node == "missing" or (isinstance(node, ast.ClassDef) and rest[1:] and rest[1] not in names_defined(node.body)):
+            if node == "missing" or (
+                isinstance(node, ast.ClassDef) and rest[1:] and rest[1] not in names_defined(node.body)
+            ):
                 found.append(f"{module_name(path)}: `{span}`")
     assert found == []

@@ -17,6 +17,8 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from conftest import TINYLLAMA, make_checkpoint, tiny_config
 from litgpt.args import EvalArgs, TrainArgs
+from test_loss_distributed import free_port
+from test_recipe import metrics
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from litgpt_vocagnolm.data import VocAgnoData
@@ -24,8 +26,6 @@ from litgpt_vocagnolm.distributed import FSDPArgs
 from litgpt_vocagnolm.plan import StepShape, collective_bytes, estimate_memory, parameters, traffic_per_step
 from litgpt_vocagnolm.recipe import setup
 from litgpt_vocagnolm.teacher import TeacherArgs
-from test_loss_distributed import free_port
-from test_recipe import metrics
 
 STEPS = 3
 
@@ -38,9 +38,17 @@ def run_args(tmp_path: Path, data: Path, teacher_dir: Path, student: Path, world
         precision="32-true",
         initial_checkpoint_dir=student,
         data=VocAgnoData(path=data, num_workers=0),
-        train=TrainArgs(save_interval=None, log_interval=1, global_batch_size=world, micro_batch_size=1,
-                        lr_warmup_steps=1, max_tokens=STEPS * world * 64, max_seq_length=64, max_norm=1.0,
-                        min_lr=1e-3),  # fmt: skip
+        train=TrainArgs(
+            save_interval=None,
+            log_interval=1,
+            global_batch_size=world,
+            micro_batch_size=1,
+            lr_warmup_steps=1,
+            max_tokens=STEPS * world * 64,
+            max_seq_length=64,
+            max_norm=1.0,
+            min_lr=1e-3,
+        ),
         eval=EvalArgs(interval=100, max_iters=1, final_validation=False),
         optimizer={"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-2}},
         tokenizer_dir=TINYLLAMA,
@@ -56,14 +64,17 @@ def worker(rank: int, port: int, devices: int, runs: list[dict], record: Path | 
     """One process of a `len(runs)`-run job: `setup(**run)` for each, as local rank `rank % devices` of node
     `rank // devices`. With `record`: the dtype of every linear layer's weight as its forward sees it (FSDP2 has
     gathered it then) and of the optimizer's state and parameters after each step, into `record/rank-R.json`."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(rank // devices),
-                      LOCAL_RANK=str(rank % devices))  # fmt: skip
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(rank // devices), LOCAL_RANK=str(rank % devices)
+    )
     seen = {"student weights": set(), "teacher weights": set(), "parameters": set(), "AdamW state": set()}
     if record is not None:
 
         def forward_pre_hook(module: nn.Module, args) -> None:
             if isinstance(module, nn.Linear):
-                seen["student weights" if module.weight.requires_grad else "teacher weights"].add(str(module.weight.dtype))
+                seen["student weights" if module.weight.requires_grad else "teacher weights"].add(
+                    str(module.weight.dtype)
+                )
 
         def step_post_hook(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
             for group in optimizer.param_groups:
@@ -90,7 +101,9 @@ def student(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_each_layout_on_two_nodes_of_two_matches_one_process(tmp_path, tinyllama_mistral_data, mistral_teacher, student):
+def test_each_layout_on_two_nodes_of_two_matches_one_process(
+    tmp_path, tinyllama_mistral_data, mistral_teacher, student
+):
     """Teacher whole on every rank, sharded within a node, sharded over all; student fully sharded or hybrid: four
     processes as two nodes of two train to the losses of one process accumulating four micro-batches. Each teacher
     placement and each student sharding runs (the two are set up apart, `distributed.parallelize`), the paper
@@ -99,15 +112,25 @@ def test_each_layout_on_two_nodes_of_two_matches_one_process(tmp_path, tinyllama
     setup(**reference)
     layouts = [("replicate", "hybrid"), ("node", "full"), ("all", "hybrid")]
     runs = [
-        run_args(tmp_path / f"{t}-{s}", tinyllama_mistral_data, mistral_teacher, student, world=4, devices=2,
-                 num_nodes=2, fsdp=FSDPArgs(teacher=t, student=s))  # fmt: skip
+        run_args(
+            tmp_path / f"{t}-{s}",
+            tinyllama_mistral_data,
+            mistral_teacher,
+            student,
+            world=4,
+            devices=2,
+            num_nodes=2,
+            fsdp=FSDPArgs(teacher=t, student=s),
+        )
         for t, s in layouts
     ]
     mp.spawn(worker, args=(free_port(), 2, runs, None), nprocs=4, join=True)
     expected = losses(tmp_path / "one" / "out")
     assert len(expected) == STEPS and expected[-1] < expected[0]  # it trains
     for (t, s), run in zip(layouts, runs):
-        torch.testing.assert_close(losses(run["out_dir"]), expected, rtol=1e-4, atol=1e-4, msg=f"teacher {t}, student {s}")
+        torch.testing.assert_close(
+            losses(run["out_dir"]), expected, rtol=1e-4, atol=1e-4, msg=f"teacher {t}, student {s}"
+        )
 
 
 @pytest.mark.slow
@@ -124,8 +147,12 @@ def test_bf16_gathers_bf16_keeps_float32_shards_and_matches_one_process(
     mp.spawn(worker, args=(free_port(), 2, [run], tmp_path), nprocs=2, join=True)
     for rank in range(2):
         seen = json.loads((tmp_path / f"rank-{rank}.json").read_text())
-        assert seen == {"student weights": ["torch.bfloat16"], "teacher weights": ["torch.bfloat16"],
-                        "parameters": ["torch.float32"], "AdamW state": ["torch.float32"]}  # fmt: skip
+        assert seen == {
+            "student weights": ["torch.bfloat16"],
+            "teacher weights": ["torch.bfloat16"],
+            "parameters": ["torch.float32"],
+            "AdamW state": ["torch.float32"],
+        }
     torch.testing.assert_close(losses(run["out_dir"]), losses(tmp_path / "one" / "out"), rtol=2e-2, atol=2e-2)
 
 

@@ -53,13 +53,16 @@ def reference_aggregate(lt: list, ranges: list, aggregation: str) -> tuple[list,
 
 
 def reference_weights(ls, lt, ranges, valid, top_k, aggregation, unmapped, scope) -> list:
-    """docs/design.md, "Teacher-guided loss", in plain Python; ties go to the earlier (b, i). "global" here is the whole list (a batch)."""
+    """docs/design.md, "Teacher-guided loss", in plain Python; ties go to the earlier (b, i). "global" here is the
+    whole list (a batch)."""
     agg, mapped = reference_aggregate(lt, ranges, aggregation)
     B, T = len(ls), len(ls[0])
     weights = [[0.0] * T for _ in range(B)]
-    groups = [[(b, i) for b in range(B) for i in range(T)]] if scope != "sequence" else [
-        [(b, i) for i in range(T)] for b in range(B)
-    ]
+    groups = (
+        [[(b, i) for b in range(B) for i in range(T)]]
+        if scope != "sequence"
+        else [[(b, i) for i in range(T)] for b in range(B)]
+    )
     for group in groups:
         candidates = [(b, i) for b, i in group if valid[b][i] and mapped[b][i]]
         # float32 arithmetic as the implementation does it: the difference of two float32 is exact in float64
@@ -202,8 +205,15 @@ def test_aggregate_teacher_loss_rejects_ranges_outside_the_row():
 @pytest.mark.parametrize(
     ("top_k", "n", "expected"),
     [
-        (0.7, 10, 7), (0.07, 100, 7), (0.14, 50, 7), (0.55, 100, 55),  # top_k * n is x.000000000000001 in floats
-        (0.4, 5, 2), (0.4, 6, 3), (0.001, 3, 1), (1.0, 9, 9), (0.0, 9, 0),
+        (0.7, 10, 7),
+        (0.07, 100, 7),
+        (0.14, 50, 7),
+        (0.55, 100, 55),  # top_k * n is x.000000000000001 in floats
+        (0.4, 5, 2),
+        (0.4, 6, 3),
+        (0.001, 3, 1),
+        (1.0, 9, 9),
+        (0.0, 9, 0),
     ],
 )
 def test_selected_count_is_ceil_top_k_times_mapped(top_k, n, expected):
@@ -270,13 +280,17 @@ def test_per_token_cross_entropy_rejects_bad_shapes():
         per_token_cross_entropy(torch.randn(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
 
 
-def guided_loss_of_logits(args, logits, targets, teacher_loss=None, ranges=None, teacher_logits=None, generator=None,
-                          **run):
-    """`GuidedLoss` as `micro_batch.forward_and_loss` calls it, for one teacher (its loss and ranges, each a list of one):
+def guided_loss_of_logits(
+    args, logits, targets, teacher_loss=None, ranges=None, teacher_logits=None, generator=None, **run
+):
+    """`GuidedLoss` as `micro_batch.forward_and_loss` calls it, for one teacher (its loss and ranges, each a list
+    of one):
     the student's per-token cross-entropy first. `run`: the other arguments of `GuidedLoss` (rank, all_gather...)."""
     ls = per_token_cross_entropy(logits, targets)
     teacher_losses = None if teacher_loss is None else [teacher_loss]
-    inputs = LossInputs(teacher_losses, None if ranges is None else [ranges], logits, teacher_logits, generator=generator)
+    inputs = LossInputs(
+        teacher_losses, None if ranges is None else [ranges], logits, teacher_logits, generator=generator
+    )
     return GuidedLoss(args, **run)(ls, targets != -100, inputs)
 
 
@@ -319,7 +333,9 @@ def test_guided_loss_is_the_weighted_ce_sum_and_gradients_reach_only_the_student
 
 def test_guided_loss_metrics():
     logits, targets, lt, ranges = make_batch(B=3, T=40, M=45)
-    loss_sum, weight_sum, metrics = guided_loss_of_logits(GuidanceArgs(), logits, targets, teacher_loss=lt, ranges=ranges)
+    loss_sum, weight_sum, metrics = guided_loss_of_logits(
+        GuidanceArgs(), logits, targets, teacher_loss=lt, ranges=ranges
+    )
     valid = targets != -100
     ls = F.cross_entropy(logits.detach().transpose(1, 2), targets, reduction="none")
     agg, mapped = aggregate_teacher_loss(lt, ranges)
@@ -372,7 +388,9 @@ def test_guided_loss_without_mapped_or_valid_tokens_is_finite(method, unmapped, 
 
 def test_bf16_inputs():
     logits, targets, lt, ranges = make_batch(dtype=torch.bfloat16)
-    loss_sum, weight_sum, _ = guided_loss_of_logits(GuidanceArgs(), logits, targets, teacher_loss=lt.bfloat16(), ranges=ranges)
+    loss_sum, weight_sum, _ = guided_loss_of_logits(
+        GuidanceArgs(), logits, targets, teacher_loss=lt.bfloat16(), ranges=ranges
+    )
     assert loss_sum.dtype == torch.float32 and torch.isfinite(loss_sum)
     loss_sum.backward()
     assert logits.grad.dtype == torch.bfloat16 and torch.isfinite(logits.grad.float()).all()
@@ -388,8 +406,12 @@ def test_vocagnolm_equals_rho1_with_one_to_one_ranges():
     lt[:, 0] = NAN  # the first token of a teacher window has no loss
     one_to_one = torch.stack([torch.arange(30), torch.arange(1, 31)], -1).expand(2, 30, 2)
     for aggregation in ("max", "mean"):
-        ours = guided_loss_of_logits(GuidanceArgs(aggregation=aggregation), logits, targets, teacher_loss=lt, ranges=one_to_one)
-        rho1 = guided_loss_of_logits(GuidanceArgs(method="rho1", aggregation=aggregation), logits, targets, teacher_loss=lt)
+        ours = guided_loss_of_logits(
+            GuidanceArgs(aggregation=aggregation), logits, targets, teacher_loss=lt, ranges=one_to_one
+        )
+        rho1 = guided_loss_of_logits(
+            GuidanceArgs(method="rho1", aggregation=aggregation), logits, targets, teacher_loss=lt
+        )
         assert torch.equal(ours[0], rho1[0]) and torch.equal(ours[1], rho1[1])
         assert ours[2].keys() == rho1[2].keys()
     with pytest.raises(ValueError, match="pairs token i with teacher token i"):
@@ -532,10 +554,16 @@ def test_guidance_args():
         with pytest.raises(ValueError, match=message):
             GuidanceArgs(**kwargs)
     flags = {
-        name: (method.teacher_loss, method.teacher_logits, method.same_vocabulary, method.alignment, method.selects,
-               method.several_teachers)
+        name: (
+            method.teacher_loss,
+            method.teacher_logits,
+            method.same_vocabulary,
+            method.alignment,
+            method.selects,
+            method.several_teachers,
+        )
         for name, method in METHODS.items()
-    }  # fmt: skip
+    }
     assert flags == {  # the paper's methods, as Table 1-2 describe them
         "vocagnolm": (True, False, False, "token", True, True),
         "ce": (False, False, False, None, False, False),
@@ -577,12 +605,19 @@ def test_the_readme_example_of_a_new_method():
 
     def top_k_by_student_loss(guided: "GuidedLoss", ls, valid, inputs: LossInputs) -> MethodLoss:
         """The top-k valid tokens by the student's own loss."""
-        selected = select_top_k(ls.detach(), valid, guided.args.top_k, scope=guided.args.scope,
-                                all_gather=guided.all_gather, rank=guided.rank)  # fmt: skip
+        selected = select_top_k(
+            ls.detach(),
+            valid,
+            guided.args.top_k,
+            scope=guided.args.scope,
+            all_gather=guided.all_gather,
+            rank=guided.rank,
+        )
         return MethodLoss(ls, selected.float(), {"selected_fraction": selected.sum() / valid.sum().clamp(min=1)})
 
-    method = GuidanceMethod("hardest", "the top-k tokens by the student's own loss, no teacher", top_k_by_student_loss,
-                            selects=True)  # fmt: skip
+    method = GuidanceMethod(
+        "hardest", "the top-k tokens by the student's own loss, no teacher", top_k_by_student_loss, selects=True
+    )
     assert not method.needs_prepared_data  # plain LitGPT data will do
     ls = torch.tensor([[0.5, 3.0, 1.0, 2.0], [4.0, 0.1, 0.2, 9.0]])
     valid = torch.tensor([[True, True, True, True], [True, True, True, False]])

@@ -6,10 +6,10 @@ import socket
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_loss import guided_loss_of_logits, one_teacher_weights
 
 from litgpt_vocagnolm.loss import aggregate_teacher_loss, random_selection, selection_generator
 from litgpt_vocagnolm.methods import GuidanceArgs
-from test_loss import guided_loss_of_logits, one_teacher_weights
 
 WORLD = 2
 SETTINGS = [(top_k, aggregation) for top_k in (0.1, 0.4, 1.0) for aggregation in ("max", "mean")]
@@ -64,15 +64,26 @@ def worker(rank: int, port: int, out_dir: str) -> None:
             )
             args = GuidanceArgs(top_k=top_k, aggregation=aggregation, scope="global")
             loss_sum, weight_sum, _ = guided_loss_of_logits(
-                args, x["logits"], x["targets"], teacher_loss=x["lt"], ranges=x["ranges"],
-                all_gather=all_gather, rank=rank,
+                args,
+                x["logits"],
+                x["targets"],
+                teacher_loss=x["lt"],
+                ranges=x["ranges"],
+                all_gather=all_gather,
+                rank=rank,
             )
             results[f"loss {top_k} {aggregation}"] = torch.stack([loss_sum, weight_sum])
         args = GuidanceArgs(method="random", unmapped="exclude", scope="global")
         generator = torch.Generator().manual_seed(rank)
         _, weight_sum, _ = guided_loss_of_logits(
-            args, x["logits"], x["targets"], teacher_loss=x["lt"], ranges=x["ranges"],
-            all_gather=all_gather, rank=rank, generator=generator,
+            args,
+            x["logits"],
+            x["targets"],
+            teacher_loss=x["lt"],
+            ranges=x["ranges"],
+            all_gather=all_gather,
+            rank=rank,
+            generator=generator,
         )
         results["random weight sum"] = weight_sum
         torch.save(results, f"{out_dir}/rank{rank}.pt")
@@ -86,8 +97,14 @@ def test_global_scope_across_two_processes_equals_the_concatenated_batch(tmp_pat
     whole = {name: torch.cat([shard(rank)[name] for rank in range(WORLD)]) for name in shard(0)}
     for top_k, aggregation in SETTINGS:
         expected = one_teacher_weights(
-            whole["ls"], whole["lt"], whole["ranges"], whole["valid"],
-            top_k=top_k, aggregation=aggregation, unmapped="exclude", scope="batch",
+            whole["ls"],
+            whole["lt"],
+            whole["ranges"],
+            whole["valid"],
+            top_k=top_k,
+            aggregation=aggregation,
+            unmapped="exclude",
+            scope="batch",
         )
         got = torch.cat([results[f"weights {top_k} {aggregation}"] for results in per_rank])
         assert torch.equal(got, expected)
@@ -95,13 +112,17 @@ def test_global_scope_across_two_processes_equals_the_concatenated_batch(tmp_pat
         assert got.sum() == math.ceil(top_k * candidates)
         # each rank alone would select a different set: the cross-rank ranking matters
         if top_k < 1:
-            alone = torch.cat([
-                one_teacher_weights(
-                    *(shard(rank)[name] for name in ("ls", "lt", "ranges", "valid")),
-                    top_k=top_k, aggregation=aggregation, unmapped="exclude",
-                )
-                for rank in range(WORLD)
-            ])
+            alone = torch.cat(
+                [
+                    one_teacher_weights(
+                        *(shard(rank)[name] for name in ("ls", "lt", "ranges", "valid")),
+                        top_k=top_k,
+                        aggregation=aggregation,
+                        unmapped="exclude",
+                    )
+                    for rank in range(WORLD)
+                ]
+            )
             assert not torch.equal(alone, expected)
 
         args = GuidanceArgs(top_k=top_k, aggregation=aggregation, scope="batch")
@@ -126,13 +147,20 @@ def random_worker(rank: int, port: int, out_dir: str) -> None:
             for iter_num in (1, 2):
                 cross_rank = dict(all_gather=all_gather, rank=rank)
                 generator = selection_generator(7, rank, iter_num, torch.device("cpu"))
-                selected = random_selection(valid, mapped, 0.4, "include", generator, scope=scope, **cross_rank).selected
+                selected = random_selection(
+                    valid, mapped, 0.4, "include", generator, scope=scope, **cross_rank
+                ).selected
                 counts = []
                 for method in ("random", "vocagnolm"):
                     generator = selection_generator(7, rank, iter_num, torch.device("cpu"))
                     _, weight_sum, _ = guided_loss_of_logits(
-                        GuidanceArgs(method=method, scope=scope), x["logits"], x["targets"], teacher_loss=x["lt"],
-                        ranges=x["ranges"], generator=generator, **cross_rank,
+                        GuidanceArgs(method=method, scope=scope),
+                        x["logits"],
+                        x["targets"],
+                        teacher_loss=x["lt"],
+                        ranges=x["ranges"],
+                        generator=generator,
+                        **cross_rank,
                     )
                     counts.append(weight_sum)
                 results[scope, iter_num] = (selected, *counts)

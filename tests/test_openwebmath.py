@@ -11,8 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import QWEN, ROOT, TINYLLAMA
+
 from litgpt_vocagnolm.alignment import encode
 from litgpt_vocagnolm.data import load_manifest
 from litgpt_vocagnolm.dry_run import PAPER_TOKENS, Packing, measure_prepare, text_bytes

@@ -108,8 +108,10 @@ def test_the_loader_reads_the_order_with_any_number_of_workers(tinyllama_mistral
     blocks the order names, in its order, read back independently with `iter_blocks`."""
     data = VocAgnoData(tinyllama_mistral_data, num_workers=num_workers, seed=3)
     data.connect(batch_size=3, max_seq_length=64)
-    stored = {split: [block["student_ids"] for block in iter_blocks(tinyllama_mistral_data, split)] for split in
-              ("train", "val")}  # fmt: skip
+    stored = {
+        split: [block["student_ids"] for block in iter_blocks(tinyllama_mistral_data, split)]
+        for split in ("train", "val")
+    }
     num_blocks = len(stored["train"])
     position = num_blocks - 5
     order = GlobalOrder(num_blocks, 3)

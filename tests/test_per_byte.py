@@ -54,8 +54,11 @@ def brute_force_per_byte(losses, ranges, token_bytes: TokenBytes, aggregation: s
             rates = {}
             for k, (lt, r, size) in enumerate(zip(losses, ranges, token_bytes.teachers)):
                 span = range(int(r[b, t, 0]), int(r[b, t, 1]))
-                values = [lt[b, j].item() / size[b, j].item() for j in span
-                          if not math.isnan(lt[b, j].item()) and size[b, j] > 0]  # fmt: skip
+                values = [
+                    lt[b, j].item() / size[b, j].item()
+                    for j in span
+                    if not math.isnan(lt[b, j].item()) and size[b, j] > 0
+                ]
                 if values:
                     rates[k] = max(values) if aggregation == "max" else sum(values) / len(values)
             if rates:
@@ -124,8 +127,14 @@ def test_byte_is_refused_where_no_teacher_loss_ranks_and_needs_the_bytes():
 def test_setup_wants_each_teachers_tokenizer_for_byte(tinyllama_qwen_data):
     train = TrainArgs(max_tokens=1000, max_norm=1.0, global_batch_size=2, micro_batch_size=2)
     with pytest.raises(ValueError, match="--guidance.compare byte counts the bytes of each teacher token"):
-        check_setup(tiny_config("student", 32000), VocAgnoData(tinyllama_qwen_data), train, TeacherArgs(),
-                    GuidanceArgs(compare="byte"), tokenizer_dir=TINYLLAMA)  # fmt: skip
+        check_setup(
+            tiny_config("student", 32000),
+            VocAgnoData(tinyllama_qwen_data),
+            train,
+            TeacherArgs(),
+            GuidanceArgs(compare="byte"),
+            tokenizer_dir=TINYLLAMA,
+        )
 
 
 def piece_bytes(tokenizer: Tokenizer, token_id: int, byte_level: bool) -> int:

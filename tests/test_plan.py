@@ -13,7 +13,6 @@ from litgpt_vocagnolm.distributed import FSDPArgs
 from litgpt_vocagnolm.model_configs import llama_config
 from litgpt_vocagnolm.plan import StepShape, estimate_memory, matmul_parameters, parameters
 
-
 PAPER_RECIPE = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b-instruct.yaml"
 WORKS = "online|cached|student only|scoring|LitGPT's step"
 ROW = re.compile(rf"^  ({WORKS}) +(\d+) +(\S+) +(\S+) +(\S+) +(\S+) +(\S+) +(\S+)$")  # work, micro-batch, 3 x 2
@@ -54,8 +53,15 @@ def test_estimate_is_within_15_percent_of_the_measured_peak(activation_checkpoin
     for kind in ("ce", "online", "cached", "score"):
         setting = bench.Setting("t", student, teacher, 4, 512, 600, activation_checkpointing)
         measured, _, _ = bench.measure(fabric, setting, kind, whole_logits=False)
-        step = StepShape(4, 512, 600, train=kind != "score", activation_checkpointing=activation_checkpointing,
-                         fused_optimizer=False, workspace=False)  # fmt: skip
+        step = StepShape(
+            4,
+            512,
+            600,
+            train=kind != "score",
+            activation_checkpointing=activation_checkpointing,
+            fused_optimizer=False,
+            workspace=False,
+        )
         estimate = estimate_memory(student, [teacher] if kind in ("online", "score") else [], step)
         assert 0.85 <= estimate.total / measured <= 1.15, (kind, estimate, measured)
 
@@ -63,8 +69,13 @@ def test_estimate_is_within_15_percent_of_the_measured_peak(activation_checkpoin
 @pytest.mark.slow
 def test_plan_command_on_the_paper_recipe():
     recipe = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b-instruct.yaml"
-    out = subprocess.run([str(BIN / "vocagnolm"), "plan", "--config", str(recipe), "--window", "1900"],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [str(BIN / "vocagnolm"), "plan", "--config", str(recipe), "--window", "1900"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     for component in ("student parameters", "AdamW state", "teacher parameters", "student activations", "total"):
         assert component in out.stdout, component
@@ -77,8 +88,16 @@ def test_plan_command_on_the_paper_recipe():
     student, teacher = Config.from_name("tiny-llama-1.1b"), Config.from_name("Qwen2.5-Math-7B-Instruct")
 
     def total(micro_batch: int) -> float:  # the recipe's layout and its 1024 / (32 x 8) = 4 micro-batches per step
-        step = StepShape(micro_batch, 2048, 1900, world_size=32, num_nodes=4, accumulation=4, compiled=True,
-                         layout=FSDPArgs(teacher="replicate", student="hybrid"))  # fmt: skip
+        step = StepShape(
+            micro_batch,
+            2048,
+            1900,
+            world_size=32,
+            num_nodes=4,
+            accumulation=4,
+            compiled=True,
+            layout=FSDPArgs(teacher="replicate", student="hybrid"),
+        )
         return estimate_memory(student, [teacher], step).total
 
     assert total(largest) <= 80e9 < total(largest + 1)  # the largest, by the same estimate (the recipe compiles)
@@ -99,8 +118,9 @@ def test_plan_counts_no_teacher_for_a_method_that_loads_none(capsys):
     assert "teacher online" in printed["vocagnolm"] and "teacher parameters" in printed["vocagnolm"]
 
 
-@pytest.mark.parametrize("micro_batch, compiled_gb, eager_gb", [(1, 34.42, 36.21), (4, 44.46, 51.66),
-                                                               (8, 57.49, 71.89)])  # fmt: skip
+@pytest.mark.parametrize(
+    "micro_batch, compiled_gb, eager_gb", [(1, 34.42, 36.21), (4, 44.46, 51.66), (8, 57.49, 71.89)]
+)
 def test_estimate_gives_the_peaks_measured_on_an_h100_compiled_and_eager(micro_batch, compiled_gb, eager_gb):
     """The online step's peaks on one H100 (README, "At the device's pace": TinyLlama-1.1B with Qwen2.5-Math-7B,
     sequence 2048, window 2560, one GPU), compiled and eager: the estimate is within a few percent of each, above."""
@@ -140,8 +160,13 @@ def test_plan_measure_on_the_tiny_recipe_prints_measured_beside_planned():
     """`vocagnolm plan --config recipes/demo-cpu.yaml --measure true` as typed, on this CPU: the recipe's step (`ce`:
     the student only) at its micro-batch and at half of it, LitGPT's step, a checkpoint's save and load, each beside
     the plan, then the budget's projection and the ratio to LitGPT's step."""
-    out = subprocess.run([str(BIN / "vocagnolm"), "plan", "--config", "recipes/demo-cpu.yaml", "--measure", "true"],
-                         capture_output=True, text=True, timeout=900, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [str(BIN / "vocagnolm"), "plan", "--config", "recipes/demo-cpu.yaml", "--measure", "true"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     printed = out.stdout[out.stdout.index("Measured here") :]
     header = next(line.split() for line in printed.splitlines() if line.split()[:2] == ["work", "micro-batch"])
@@ -170,16 +195,37 @@ def test_plan_measure_on_the_tiny_recipe_prints_measured_beside_planned():
     assert ratio > 0 and abs(ratio - speed / litgpt_speed) <= 0.01 + 0.01 * ratio
 
 
-def test_plan_measure_with_a_teacher_runs_online_cached_and_scoring(tmp_path, tinyllama_mistral_data, mistral_teacher,
-                                                                     capsys):
+def test_plan_measure_with_a_teacher_runs_online_cached_and_scoring(
+    tmp_path, tinyllama_mistral_data, mistral_teacher, capsys
+):
     """The tiny recipe guided by a tiny teacher checkpoint, on prepared data: the online step (the recipe's), the
     cached one and scoring are measured too, and the cached step is the one set against LitGPT's."""
     from litgpt_vocagnolm.plan import plan
 
-    plan(["--config", str(ROOT / "recipes" / "demo-cpu.yaml"), "--measure", "true", "--guidance.method", "vocagnolm",
-          "--teacher.checkpoint_dir", str(mistral_teacher), "--data.path", str(tinyllama_mistral_data),
-          "--train.max_seq_length", "64", "--train.micro_batch_size", "2", "--train.global_batch_size", "4",
-          "--tokenizer_dir", str(TINYLLAMA), "--out_dir", str(tmp_path / "out")])  # fmt: skip
+    plan(
+        [
+            "--config",
+            str(ROOT / "recipes" / "demo-cpu.yaml"),
+            "--measure",
+            "true",
+            "--guidance.method",
+            "vocagnolm",
+            "--teacher.checkpoint_dir",
+            str(mistral_teacher),
+            "--data.path",
+            str(tinyllama_mistral_data),
+            "--train.max_seq_length",
+            "64",
+            "--train.micro_batch_size",
+            "2",
+            "--train.global_batch_size",
+            "4",
+            "--tokenizer_dir",
+            str(TINYLLAMA),
+            "--out_dir",
+            str(tmp_path / "out"),
+        ]
+    )
     printed = capsys.readouterr().out
     assert f"batches from {tinyllama_mistral_data}" in printed
     rows = measured_rows(printed)

@@ -13,23 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import (
-    BIN,
-    LLEMMA,
-    MISTRAL,
-    QWEN,
-    ROOT,
-    TINYLLAMA,
-    make_checkpoint,
-    student_config_yaml,
-    tiny_config,
-)
+from conftest import BIN, LLEMMA, MISTRAL, QWEN, ROOT, TINYLLAMA, make_checkpoint, student_config_yaml, tiny_config
 from jsonargparse import CLI, capture_parser
+from test_loss_distributed import free_port
 
 from litgpt_vocagnolm.methods import GuidanceArgs
 from litgpt_vocagnolm.recipe import setup
 from litgpt_vocagnolm.teacher import TeacherArgs
-from test_loss_distributed import free_port
 
 TESTS = Path(__file__).resolve().parent
 
@@ -41,10 +31,21 @@ def recipe_config(tmp_path: Path, data_path: Path, teacher_dir: Path | None, **o
         "out_dir": str(tmp_path / "out"),
         "precision": "32-true",
         "tokenizer_dir": str(TINYLLAMA),
-        "data": {"class_path": "litgpt_vocagnolm.data.VocAgnoData", "init_args": {"path": str(data_path), "num_workers": 0}},
-        "train": {"save_interval": 4, "log_interval": 1, "global_batch_size": 4, "micro_batch_size": 2,
-                  "lr_warmup_steps": 1, "max_tokens": 12 * 4 * 64, "max_seq_length": 64, "max_norm": 1.0,
-                  "min_lr": 1e-3},  # fmt: skip
+        "data": {
+            "class_path": "litgpt_vocagnolm.data.VocAgnoData",
+            "init_args": {"path": str(data_path), "num_workers": 0},
+        },
+        "train": {
+            "save_interval": 4,
+            "log_interval": 1,
+            "global_batch_size": 4,
+            "micro_batch_size": 2,
+            "lr_warmup_steps": 1,
+            "max_tokens": 12 * 4 * 64,
+            "max_seq_length": 64,
+            "max_norm": 1.0,
+            "min_lr": 1e-3,
+        },
         "eval": {"interval": 100, "max_iters": 2, "final_validation": True},
         "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-2}},
         "devices": 1,
@@ -60,7 +61,9 @@ def recipe_config(tmp_path: Path, data_path: Path, teacher_dir: Path | None, **o
     return path
 
 
-def litgpt_pretrain(config: Path, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def litgpt_pretrain(
+    config: Path, *args: str, env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config), *args]
     out = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
@@ -102,15 +105,34 @@ def test_guided_training_end_to_end_with_qwen_teacher(tmp_path, tinyllama_qwen_d
         assert 0.4 <= row["selected_fraction"] <= 0.4 + 2 / (row["mapped_fraction"] * 2 * 64)
         assert 0.9 < row["mapped_fraction"] <= 1.0
     final = tmp_path / "out" / "final"
-    assert {"lit_model.pth", "model_config.yaml", "hyperparameters.yaml", "tokenizer.json"} <= {p.name for p in final.iterdir()}
+    assert {"lit_model.pth", "model_config.yaml", "hyperparameters.yaml", "tokenizer.json"} <= {
+        p.name for p in final.iterdir()
+    }
     saved = yaml.safe_load((final / "hyperparameters.yaml").read_text())
     assert saved["guidance"]["method"] == "vocagnolm" and saved["teacher"]["checkpoint_dir"] == str(qwen_teacher)
-    assert sorted(p.name for p in (tmp_path / "out").glob("step-*")) == ["step-00000004", "step-00000008", "step-00000012"]
+    assert sorted(p.name for p in (tmp_path / "out").glob("step-*")) == [
+        "step-00000004",
+        "step-00000008",
+        "step-00000012",
+    ]
 
     # LitGPT's own tools take the checkpoint.
-    generate = subprocess.run([str(BIN / "litgpt"), "generate", str(final), "--prompt", "Natalia sold",
-                               "--max_new_tokens", "5", "--precision", "32-true"],
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    generate = subprocess.run(
+        [
+            str(BIN / "litgpt"),
+            "generate",
+            str(final),
+            "--prompt",
+            "Natalia sold",
+            "--max_new_tokens",
+            "5",
+            "--precision",
+            "32-true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert generate.returncode == 0, generate.stderr[-3000:]
     assert "Natalia sold" in generate.stdout
 
@@ -140,11 +162,19 @@ def test_two_process_fsdp_matches_one_process(tmp_path, tinyllama_mistral_data, 
         run_dir = tmp_path / f"devices-{devices}"
         run_dir.mkdir()
         config = recipe_config(
-            run_dir, tinyllama_mistral_data, mistral_teacher,
-            devices=devices, initial_checkpoint_dir=str(student),
-        )  # fmt: skip
-        litgpt_pretrain(config, "--train.micro_batch_size", "1", "--train.global_batch_size", "2",
-                        "--train.max_tokens", str(6 * 2 * 64), "--train.save_interval", "null")  # fmt: skip
+            run_dir, tinyllama_mistral_data, mistral_teacher, devices=devices, initial_checkpoint_dir=str(student)
+        )
+        litgpt_pretrain(
+            config,
+            "--train.micro_batch_size",
+            "1",
+            "--train.global_batch_size",
+            "2",
+            "--train.max_tokens",
+            str(6 * 2 * 64),
+            "--train.save_interval",
+            "null",
+        )
         # The step metrics are reduced over the ranks as the loss is: 2 ranks' micro-batches = 1 rank's 2.
         curves[devices] = [[row[name] for name in ("loss", "student_loss")] for row in metrics(run_dir / "out")]
         assert (run_dir / "out" / "final" / "lit_model.pth").is_file()
@@ -192,15 +222,25 @@ def test_kill_and_resume_past_a_damaged_checkpoint_equals_uninterrupted_run(
         torch.testing.assert_close(resumed["model"][name], tensor, rtol=0, atol=1e-6, msg=name)
 
 
-SLURM_JOB = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "vocagnolm", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
-             "SLURM_NODELIST": "localhost"}  # fmt: skip
+SLURM_JOB = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "vocagnolm",
+    "SLURM_NNODES": "1",
+    "SLURM_NODEID": "0",
+    "SLURM_NODELIST": "localhost",
+}
 
 
 def slurm_task(rank: int, tasks: int, bin_dir: Path, port: int) -> dict[str, str]:
     """The environment srun gives task `rank` of a one-node job, with a stub `scontrol` (see `stub_scontrol`) first on
     PATH."""
-    slurm = {"SLURM_NTASKS": str(tasks), "SLURM_NTASKS_PER_NODE": str(tasks), "SLURM_PROCID": str(rank),
-             "SLURM_LOCALID": str(rank), "MASTER_PORT": str(port)}  # fmt: skip
+    slurm = {
+        "SLURM_NTASKS": str(tasks),
+        "SLURM_NTASKS_PER_NODE": str(tasks),
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(rank),
+        "MASTER_PORT": str(port),
+    }
     path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
     python_path = os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])
     return {**os.environ, **SLURM_JOB, **slurm, "PATH": path, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
@@ -220,8 +260,15 @@ def start_and_signal(command: list[str], envs: list[dict], signalled: int) -> li
     started, sends SIGUSR1 to every process of task `signalled`'s group (its loader workers too, as Slurm signals every
     process of a step). Returns each task's (exit status, output)."""
     processes = [
-        subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)  # fmt: skip
+        subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         for env in envs
     ]
     lines = []
@@ -243,8 +290,10 @@ def test_sigusr1_saves_requeues_exits_and_resume_finishes_as_uninterrupted(
     does."""
     steps = 12
     args = ["--train.save_interval", "null", "--train.max_tokens", str(steps * 4 * 64)]
-    data = {"class_path": "litgpt_vocagnolm.data.VocAgnoData",
-            "init_args": {"path": str(tinyllama_mistral_data), "num_workers": 1}}  # fmt: skip
+    data = {
+        "class_path": "litgpt_vocagnolm.data.VocAgnoData",
+        "init_args": {"path": str(tinyllama_mistral_data), "num_workers": 1},
+    }
     configs = {}
     for run in ("whole", "job"):
         (tmp_path / run).mkdir()
@@ -269,7 +318,11 @@ def test_sigusr1_saves_requeues_exits_and_resume_finishes_as_uninterrupted(
     assert calls.read_text() == "requeue 4242\n"  # it finished: no requeue
     resumed = torch.load(job / "final" / "lit_model.pth", weights_only=True)
     reference = torch.load(tmp_path / "whole" / "out" / "final" / "lit_model.pth", weights_only=True)
-    assert (resumed["step_count"], resumed["iter_num"]) == (reference["step_count"], reference["iter_num"]) == (steps, 2 * steps)
+    assert (
+        (resumed["step_count"], resumed["iter_num"])
+        == (reference["step_count"], reference["iter_num"])
+        == (steps, 2 * steps)
+    )
     for name, tensor in reference["model"].items():
         torch.testing.assert_close(resumed["model"][name], tensor, rtol=0, atol=1e-6, msg=name)
 
@@ -281,9 +334,22 @@ def test_sigusr1_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, tiny
     calls = stub_scontrol(tmp_path / "bin")
     port = free_port()
     config = recipe_config(tmp_path, tinyllama_mistral_data, mistral_teacher, devices=2)
-    command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config),
-               "--train.micro_batch_size", "1", "--train.global_batch_size", "2", "--train.save_interval", "null",
-               "--train.max_tokens", str(24 * 2 * 64)]  # fmt: skip
+    command = [
+        str(BIN / "litgpt"),
+        "pretrain",
+        "--recipe",
+        "vocagnolm",
+        "--config",
+        str(config),
+        "--train.micro_batch_size",
+        "1",
+        "--train.global_batch_size",
+        "2",
+        "--train.save_interval",
+        "null",
+        "--train.max_tokens",
+        str(24 * 2 * 64),
+    ]
     envs = [slurm_task(rank, 2, tmp_path / "bin", port) for rank in range(2)]
     (status_0, out_0), (status_1, out_1) = start_and_signal(command, envs, signalled=1)
     assert status_0 == status_1 == os.EX_TEMPFAIL, out_0[-3000:] + out_1[-3000:]
@@ -302,8 +368,15 @@ def _setup_error(tmp_path, data, teacher, **kwargs) -> str:
 
     from litgpt_vocagnolm.data import VocAgnoData
 
-    args = dict(model_name="pythia-14m", out_dir=tmp_path / "out", data=VocAgnoData(path=data), tokenizer_dir=TINYLLAMA,
-                train=TrainArgs(max_tokens=1000, max_norm=1.0), teacher=TeacherArgs(checkpoint_dir=teacher), devices=1)  # fmt: skip
+    args = dict(
+        model_name="pythia-14m",
+        out_dir=tmp_path / "out",
+        data=VocAgnoData(path=data),
+        tokenizer_dir=TINYLLAMA,
+        train=TrainArgs(max_tokens=1000, max_norm=1.0),
+        teacher=TeacherArgs(checkpoint_dir=teacher),
+        devices=1,
+    )
     args.update(kwargs)
     with pytest.raises((ValueError, FileNotFoundError)) as error:
         setup(**args)
@@ -336,14 +409,20 @@ def test_bad_configuration_fails_before_any_model(tmp_path, tinyllama_mistral_da
 def test_same_vocabulary_methods_pass_the_checks_with_llemma(tinyllama_llemma_data, llemma_teacher):
     from litgpt.args import TrainArgs
 
-    from litgpt_vocagnolm.data import VocAgnoData
     from litgpt_vocagnolm.checks import check_setup
+    from litgpt_vocagnolm.data import VocAgnoData
 
     train = TrainArgs(max_tokens=1000, max_norm=1.0)
     for method in ("rho1", "kld"):
         data = VocAgnoData(path=tinyllama_llemma_data)
-        check_setup(tiny_config("student", 32000), data, train, TeacherArgs(checkpoint_dir=llemma_teacher),
-                    GuidanceArgs(method=method), tokenizer_dir=TINYLLAMA)  # fmt: skip
+        check_setup(
+            tiny_config("student", 32000),
+            data,
+            train,
+            TeacherArgs(checkpoint_dir=llemma_teacher),
+            GuidanceArgs(method=method),
+            tokenizer_dir=TINYLLAMA,
+        )
 
 
 def test_teacher_vocabulary_larger_than_padded_size_fails(tmp_path, tinyllama_qwen_data):
@@ -355,8 +434,13 @@ def test_teacher_vocabulary_larger_than_padded_size_fails(tmp_path, tinyllama_qw
 
 def test_student_vocabulary_smaller_than_its_tokenizer_fails(tmp_path, tinyllama_mistral_data, mistral_teacher):
     for method in ("vocagnolm", "ce"):  # TinyLlama's tokenizer has 32,000 tokens
-        message = _setup_error(tmp_path, tinyllama_mistral_data, mistral_teacher, guidance=GuidanceArgs(method=method),
-                               model_config=tiny_config("student", 16000))  # fmt: skip
+        message = _setup_error(
+            tmp_path,
+            tinyllama_mistral_data,
+            mistral_teacher,
+            guidance=GuidanceArgs(method=method),
+            model_config=tiny_config("student", 16000),
+        )
         assert "--tokenizer_dir" in message and "32000 tokens but the model only 16000 (padded_vocab_size" in message
 
 
@@ -391,12 +475,29 @@ def test_a_run_shorter_than_its_warm_up_trains_and_ends(tmp_path, tinyllama_mist
     from litgpt_vocagnolm.data import VocAgnoData
 
     lr, min_lr = 1e-2, 1e-3
-    setup(model_config=tiny_config("student", 32000, block_size=64), out_dir=tmp_path / "out", precision="32-true",
-          data=VocAgnoData(path=tinyllama_mistral_data, num_workers=0), tokenizer_dir=TINYLLAMA, devices=1,
-          train=TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=steps * 2 * 64, max_seq_length=64,
-                          lr_warmup_steps=100, max_norm=1.0, min_lr=min_lr, save_interval=None, log_interval=1),
-          eval=EvalArgs(interval=100, max_iters=1), logger_name="csv", guidance=GuidanceArgs(method="ce"),
-          optimizer={"class_path": "torch.optim.AdamW", "init_args": {"lr": lr}})  # fmt: skip
+    setup(
+        model_config=tiny_config("student", 32000, block_size=64),
+        out_dir=tmp_path / "out",
+        precision="32-true",
+        data=VocAgnoData(path=tinyllama_mistral_data, num_workers=0),
+        tokenizer_dir=TINYLLAMA,
+        devices=1,
+        train=TrainArgs(
+            global_batch_size=2,
+            micro_batch_size=2,
+            max_tokens=steps * 2 * 64,
+            max_seq_length=64,
+            lr_warmup_steps=100,
+            max_norm=1.0,
+            min_lr=min_lr,
+            save_interval=None,
+            log_interval=1,
+        ),
+        eval=EvalArgs(interval=100, max_iters=1),
+        logger_name="csv",
+        guidance=GuidanceArgs(method="ce"),
+        optimizer={"class_path": "torch.optim.AdamW", "init_args": {"lr": lr}},
+    )
     assert f"Warm-up capped at {steps - 1} steps: the run has {steps}" in capsys.readouterr().out
     expected = {1: [min_lr], 3: [lr / 2, lr, min_lr]}[steps]
     assert [row["learning_rate"] for row in metrics(tmp_path / "out")] == pytest.approx(expected)
@@ -415,16 +516,29 @@ def test_slurm_environment_is_detected(monkeypatch):
     for name in ("MASTER_ADDR", "MASTER_PORT"):  # Fabric sets them from SLURM_*: undone after the test (set first, so
         monkeypatch.setenv(name, "")  # that monkeypatch records them), or a later multi-process test would look for
         monkeypatch.delenv(name)  # its main process on "gpu07"
-    slurm = {"SLURM_NTASKS": "32", "SLURM_NTASKS_PER_NODE": "8", "SLURM_NNODES": "4", "SLURM_PROCID": "11",
-             "SLURM_LOCALID": "3", "SLURM_NODEID": "1", "SLURM_NODELIST": "gpu[07-10]", "SLURM_JOB_ID": "1234",
-             "SLURM_JOB_NAME": "vocagnolm"}  # fmt: skip
+    slurm = {
+        "SLURM_NTASKS": "32",
+        "SLURM_NTASKS_PER_NODE": "8",
+        "SLURM_NNODES": "4",
+        "SLURM_PROCID": "11",
+        "SLURM_LOCALID": "3",
+        "SLURM_NODEID": "1",
+        "SLURM_NODELIST": "gpu[07-10]",
+        "SLURM_JOB_ID": "1234",
+        "SLURM_JOB_NAME": "vocagnolm",
+    }
     for name, value in slurm.items():
         monkeypatch.setenv(name, value)
     strategy = ModelParallelStrategy(parallelize_fn=lambda m, mesh: m, data_parallel_size=32, tensor_parallel_size=1)
     fabric = L.Fabric(accelerator="cpu", devices=8, num_nodes=4, strategy=strategy)
     environment = fabric._connector.cluster_environment
     assert isinstance(environment, SLURMEnvironment)
-    assert (environment.world_size(), environment.global_rank(), environment.local_rank(), environment.node_rank()) == (32, 11, 3, 1)
+    assert (environment.world_size(), environment.global_rank(), environment.local_rank(), environment.node_rank()) == (
+        32,
+        11,
+        3,
+        1,
+    )
     assert environment.main_address == "gpu07"
 
     sbatch = (ROOT / "recipes" / "slurm" / "vocagnolm.sbatch").read_text()
@@ -437,13 +551,19 @@ def test_slurm_environment_is_detected(monkeypatch):
 @pytest.mark.parametrize(
     "script, args, srun",
     [
-        ("vocagnolm.sbatch", ["recipes/x.yaml", "--train.max_tokens", "1e9"],
-         "litgpt pretrain --recipe vocagnolm --config recipes/x.yaml --devices 8 --num_nodes 4 --resume auto"
-         " --train.max_tokens 1e9"),
-        ("score-teacher.sbatch", ["data/x", "checkpoints/y"],
-         "vocagnolm score-teacher --data data/x --teacher checkpoints/y --devices 8 --num_nodes 4"),
+        (
+            "vocagnolm.sbatch",
+            ["recipes/x.yaml", "--train.max_tokens", "1e9"],
+            "litgpt pretrain --recipe vocagnolm --config recipes/x.yaml --devices 8 --num_nodes 4 --resume auto"
+            " --train.max_tokens 1e9",
+        ),
+        (
+            "score-teacher.sbatch",
+            ["data/x", "checkpoints/y"],
+            "vocagnolm score-teacher --data data/x --teacher checkpoints/y --devices 8 --num_nodes 4",
+        ),
     ],
-)  # fmt: skip
+)
 def test_sbatch_scripts_make_their_log_directory_then_submit_themselves(tmp_path, script, args, srun):
     """Slurm opens `--output=logs/...` before the script runs: run with bash, a script makes logs/ and submits itself;
     as the job (here 4 nodes x 8 tasks), it runs srun with the allocation's shape. Requeued runs append to the log."""
@@ -466,8 +586,9 @@ def test_sbatch_scripts_make_their_log_directory_then_submit_themselves(tmp_path
     work.mkdir()
     job = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "4", "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_NODELIST": "gpu[07-10]"}
     for job_env in ({}, job):
-        run = subprocess.run(["bash", str(path), *args], cwd=work, env={**env, **job_env}, capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
+        run = subprocess.run(
+            ["bash", str(path), *args], cwd=work, env={**env, **job_env}, capture_output=True, text=True, timeout=60
+        )
         assert run.returncode == 0, run.stderr
     assert (work / "logs").is_dir()
     assert (tmp_path / "calls").read_text().splitlines() == [f"sbatch {path} {' '.join(args)}", f"srun {srun}"]

@@ -19,12 +19,14 @@ def cache_bytes(cache: Path) -> dict[str, bytes]:
     return {str(p.relative_to(cache)): p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()}
 
 
-def test_two_processes_score_every_block_once_and_write_the_same_cache(tmp_path, tinyllama_mistral_data,
-                                                                       mistral_teacher):  # fmt: skip
+def test_two_processes_score_every_block_once_and_write_the_same_cache(
+    tmp_path, tinyllama_mistral_data, mistral_teacher
+):
     one, two = tmp_path / "one", tmp_path / "two"
     score(tinyllama_mistral_data, mistral_teacher, one, "--blocks_per_shard", "16")
-    score(tinyllama_mistral_data, mistral_teacher, two, "--blocks_per_shard", "16", "--devices", "2",
-          "--num_workers", "1")  # fmt: skip
+    score(
+        tinyllama_mistral_data, mistral_teacher, two, "--blocks_per_shard", "16", "--devices", "2", "--num_workers", "1"
+    )
     assert cache_bytes(one) == cache_bytes(two)
     manifest = json.loads((two / "manifest.json").read_text())
     data_manifest = json.loads((tinyllama_mistral_data / "manifest.json").read_text())
@@ -46,11 +48,13 @@ def test_sizes_out_of_range_are_refused(tmp_path, tinyllama_mistral_data, mistra
     assert not (tmp_path / "c").exists()
 
 
-def test_another_teacher_precision_or_shard_size_is_refused_naming_both(tmp_path, tinyllama_mistral_data,
-                                                                       mistral_teacher):  # fmt: skip
+def test_another_teacher_precision_or_shard_size_is_refused_naming_both(
+    tmp_path, tinyllama_mistral_data, mistral_teacher
+):
     output = tmp_path / "cache"
-    score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64,
-                  num_workers=0)  # fmt: skip
+    score_teacher(
+        data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64, num_workers=0
+    )
     # The same teacher by another (absolute) path, and a copy of it elsewhere: the same teacher.
     copy = Path(shutil.copytree(mistral_teacher, tmp_path / "copy"))
     for same in (mistral_teacher.resolve(), copy):
@@ -67,8 +71,13 @@ def test_another_teacher_precision_or_shard_size_is_refused_naming_both(tmp_path
     with pytest.raises(ValueError, match=f"teacher.weights_sha256: {recorded} in the cache, [0-9a-f]{{64}} now"):
         score_teacher(data=tinyllama_mistral_data, teacher=copy, output=output, blocks_per_shard=64)
     with pytest.raises(ValueError, match="precision: 32-true in the cache, 16-true now"):
-        score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64,
-                      precision="16-true")  # fmt: skip
+        score_teacher(
+            data=tinyllama_mistral_data,
+            teacher=mistral_teacher,
+            output=output,
+            blocks_per_shard=64,
+            precision="16-true",
+        )
     with pytest.raises(ValueError, match="blocks_per_shard: 64 in the cache, 32 now"):
         score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=32)
     with pytest.raises(ValueError, match="scored in 32-true, --teacher.precision is 16-true"):
@@ -83,8 +92,9 @@ def test_another_teacher_precision_or_shard_size_is_refused_naming_both(tmp_path
         score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64)
 
 
-def test_the_teacher_is_compiled_by_default_on_cuda_only(tmp_path, tinyllama_mistral_data, mistral_teacher,
-                                                          monkeypatch):
+def test_the_teacher_is_compiled_by_default_on_cuda_only(
+    tmp_path, tinyllama_mistral_data, mistral_teacher, monkeypatch
+):
     """Without --compile the teacher is compiled where the device is CUDA and runs eager on a CPU: the command's
     default follows `compiles_by_default` for the device it runs on, and --compile overrides it. (Each run stops at
     its first forward: whether it compiled is decided by then.)"""

@@ -11,9 +11,9 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from conftest import BIN, MISTRAL, ROOT, TINYLLAMA, make_checkpoint, prepare_pair, tiny_config
 from litgpt.args import TrainArgs
 from litgpt.model import GPT
-from conftest import BIN, MISTRAL, ROOT, TINYLLAMA, make_checkpoint, prepare_pair, tiny_config
 from test_checkpoints import setup_args
 from test_recipe import litgpt_pretrain, metrics, recipe_config
 from traced_data import trained
@@ -29,15 +29,33 @@ from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.recipe import setup
 from litgpt_vocagnolm.score_teacher import score_teacher
 
-STUDENT_KEYS = ("name", "block_size", "vocab_size", "padding_multiple", "n_layer", "n_head", "n_embd",
-                "rotary_percentage", "parallel_residual", "bias", "norm_class_name", "mlp_class_name",
-                "intermediate_size")  # what a --model_config file holds
+STUDENT_KEYS = (
+    "name",
+    "block_size",
+    "vocab_size",
+    "padding_multiple",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "rotary_percentage",
+    "parallel_residual",
+    "bias",
+    "norm_class_name",
+    "mlp_class_name",
+    "intermediate_size",
+)  # what a --model_config file holds
 
 
 def train(tmp_path: Path, data: Path, steps: int, **overrides) -> Path:
     """A tiny one-process run of `steps` optimizer steps (2 x 64 tokens each), a checkpoint after every step."""
-    train_args = TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=steps * 2 * 64, max_norm=1.0,
-                           max_seq_length=64, save_interval=1)  # fmt: skip
+    train_args = TrainArgs(
+        global_batch_size=2,
+        micro_batch_size=2,
+        max_tokens=steps * 2 * 64,
+        max_norm=1.0,
+        max_seq_length=64,
+        save_interval=1,
+    )
     setup(**setup_args(tmp_path, data, train=train_args, **overrides))
     return tmp_path / "out"
 
@@ -46,8 +64,11 @@ def test_a_fresh_run_into_a_used_out_dir_is_refused_unless_overwrite(tmp_path, t
     out_dir = train(tmp_path, tinyllama_mistral_data, steps=2)
     assert sorted(p.name for p in out_dir.glob("*") if p.name != "logs") == ["final", "step-00000001", "step-00000002"]
     final = (out_dir / "final" / "lit_model.pth").read_bytes()
-    with pytest.raises(FileExistsError, match=r"holds a previous run's checkpoints \(final, step-00000001, step-0000"
-                       r"0002\)\. Continue that run with --resume auto.*or pass --overwrite true"):  # fmt: skip
+    with pytest.raises(
+        FileExistsError,
+        match=r"holds a previous run's checkpoints \(final, step-00000001, step-0000"
+        r"0002\)\. Continue that run with --resume auto.*or pass --overwrite true",
+    ):
         train(tmp_path, tinyllama_mistral_data, steps=1)
     assert (out_dir / "final" / "lit_model.pth").read_bytes() == final  # nothing touched
     train(tmp_path, tinyllama_mistral_data, steps=1, overwrite=True)
@@ -109,17 +130,30 @@ def test_export_of_a_step_is_a_litgpt_checkpoint(tmp_path, tinyllama_mistral_dat
 def test_a_run_resumed_on_as_many_processes_ends_bit_for_bit_as_the_uninterrupted_one(tmp_path, tinyllama_mistral_data):
     """Saved on 2 processes (FSDP2 over gloo, each rank its shard), resumed from step 2 on 2: the step count, the token
     budget and the schedule stay the run's, the end is bit for bit the uninterrupted run's, and the final lit_model.pth
-    loads in LitGPT. (Another number of processes: `test_every_block_once_and_the_same_losses_on_1_2_3_and_4_processes`.)"""
+    loads in LitGPT. (Another number of processes:
+    `test_every_block_once_and_the_same_losses_on_1_2_3_and_4_processes`.)"""
     before = after = 2
     config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"}, devices=before)
-    args = ["--train.micro_batch_size", "1", "--train.global_batch_size", "2", "--train.save_interval", "2",
-            "--train.max_tokens", str(6 * 2 * 64)]  # fmt: skip
+    args = [
+        "--train.micro_batch_size",
+        "1",
+        "--train.global_batch_size",
+        "2",
+        "--train.save_interval",
+        "2",
+        "--train.max_tokens",
+        str(6 * 2 * 64),
+    ]
     litgpt_pretrain(config, *args, "--out_dir", str(tmp_path / "whole"))
     assert len(list((tmp_path / "whole" / "step-00000002").glob("__*_0.distcp"))) == before  # one shard per rank
-    shutil.copytree(tmp_path / "whole", tmp_path / "resumed", ignore=shutil.ignore_patterns("step-00000004",
-                    "step-00000006", "final", "logs"))  # fmt: skip
-    out = litgpt_pretrain(config, *args, "--out_dir", str(tmp_path / "resumed"), "--devices", str(after),
-                          "--resume", "auto").stdout  # fmt: skip
+    shutil.copytree(
+        tmp_path / "whole",
+        tmp_path / "resumed",
+        ignore=shutil.ignore_patterns("step-00000004", "step-00000006", "final", "logs"),
+    )
+    out = litgpt_pretrain(
+        config, *args, "--out_dir", str(tmp_path / "resumed"), "--devices", str(after), "--resume", "auto"
+    ).stdout
     assert f"Resuming training from {tmp_path / 'resumed' / 'step-00000002'} after 4 blocks" in out
     final = torch.load(tmp_path / "resumed" / "final" / "lit_model.pth", weights_only=True)
     assert (final["step_count"], final["iter_num"]) == (6, 6 * 2 // after)  # the run's 6 steps of 2 blocks
@@ -133,10 +167,14 @@ def test_a_run_resumed_on_as_many_processes_ends_bit_for_bit_as_the_uninterrupte
 
 def test_a_resume_that_changes_the_global_batch_is_refused_before_any_model(tmp_path, tinyllama_mistral_data):
     train(tmp_path, tinyllama_mistral_data, steps=1)
-    train_args = TrainArgs(global_batch_size=4, micro_batch_size=2, max_tokens=2 * 4 * 64, max_norm=1.0,
-                           max_seq_length=64, save_interval=1)  # fmt: skip
-    with pytest.raises(ValueError, match=r"--train.global_batch_size 4 differs from the run's 2 .*Resume with"
-                       r" --train.global_batch_size 2"):  # fmt: skip
+    train_args = TrainArgs(
+        global_batch_size=4, micro_batch_size=2, max_tokens=2 * 4 * 64, max_norm=1.0, max_seq_length=64, save_interval=1
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"--train.global_batch_size 4 differs from the run's 2 .*Resume with"
+        r" --train.global_batch_size 2",
+    ):
         setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train_args, resume="auto"))
 
 
@@ -144,8 +182,9 @@ def test_a_resume_with_another_micro_batch_keeps_the_runs_steps_and_says_so(tmp_
     train(tmp_path, tinyllama_mistral_data, steps=3)
     for step in ("step-00000003", "final"):
         shutil.rmtree(tmp_path / "out" / step)
-    train_args = TrainArgs(global_batch_size=2, micro_batch_size=1, max_tokens=3 * 2 * 64, max_norm=1.0,
-                           max_seq_length=64, save_interval=1)  # fmt: skip
+    train_args = TrainArgs(
+        global_batch_size=2, micro_batch_size=1, max_tokens=3 * 2 * 64, max_norm=1.0, max_seq_length=64, save_interval=1
+    )
     capsys.readouterr()
     setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train_args, resume="auto"))
     out = capsys.readouterr().out
@@ -179,17 +218,41 @@ def test_every_block_once_and_the_same_losses_on_1_2_3_and_4_processes(tmp_path,
     config = tiny_config("student", 32000, n_layer=2, n_embd=64, block_size=128)
     student = make_checkpoint(tmp_path / "student", config, TINYLLAMA, seed=3)
     config = recipe_config(
-        tmp_path, data, mistral_teacher, teacher={"checkpoint_dir": str(mistral_teacher), "cache": str(cache)},
-        model_config={k: getattr(config, k) for k in STUDENT_KEYS}, initial_checkpoint_dir=str(student),
+        tmp_path,
+        data,
+        mistral_teacher,
+        teacher={"checkpoint_dir": str(mistral_teacher), "cache": str(cache)},
+        model_config={k: getattr(config, k) for k in STUDENT_KEYS},
+        initial_checkpoint_dir=str(student),
         data={"class_path": "traced_data.TracedData", "init_args": {"path": str(data), "num_workers": 0}},
-    )  # fmt: skip
-    args = ["--train.micro_batch_size", "1", "--train.global_batch_size", "12", "--train.max_seq_length", "128",
-            "--train.save_interval", "2", "--train.max_tokens", str(5 * 12 * 128)]  # fmt: skip
+    )
+    args = [
+        "--train.micro_batch_size",
+        "1",
+        "--train.global_batch_size",
+        "12",
+        "--train.max_seq_length",
+        "128",
+        "--train.save_interval",
+        "2",
+        "--train.max_tokens",
+        str(5 * 12 * 128),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
 
     def run(name: str, processes: int, *more: str) -> tuple[list[list[int]], list[float], str]:
-        out = litgpt_pretrain(config, *args, *more, "--devices", str(processes), "--out_dir", str(tmp_path / name),
-                              "--data.trace", str(tmp_path / f"{name}-trace"), env=env).stdout  # fmt: skip
+        out = litgpt_pretrain(
+            config,
+            *args,
+            *more,
+            "--devices",
+            str(processes),
+            "--out_dir",
+            str(tmp_path / name),
+            "--data.trace",
+            str(tmp_path / f"{name}-trace"),
+            env=env,
+        ).stdout
         steps = trained(tmp_path / f"{name}-trace", processes, accumulation=12 // processes)
         return steps, [row["loss"] for row in metrics(tmp_path / name)], out
 
@@ -211,8 +274,11 @@ def test_every_block_once_and_the_same_losses_on_1_2_3_and_4_processes(tmp_path,
 
     for before, after in ((2, 1), (1, 2), (2, 3)):
         name = f"resumed-{before}-{after}"
-        shutil.copytree(tmp_path / f"whole-{before}", tmp_path / name,
-                        ignore=shutil.ignore_patterns("step-00000004", "final", "logs"))  # fmt: skip
+        shutil.copytree(
+            tmp_path / f"whole-{before}",
+            tmp_path / name,
+            ignore=shutil.ignore_patterns("step-00000004", "final", "logs"),
+        )
         resumed_steps, resumed_losses, out = run(name, after, "--resume", "auto")
         assert f"Resuming training from {tmp_path / name / 'step-00000002'} after 24 blocks" in out
         assert f"Resumed from step 2 with processes {before} -> {after}" in out
@@ -225,7 +291,9 @@ def test_every_block_once_and_the_same_losses_on_1_2_3_and_4_processes(tmp_path,
 
 def test_the_data_position_is_the_saved_count_and_per_rank_loader_states_are_not_moved(tmp_path):
     def saved(**train_state) -> Path:
-        (tmp_path / TRAIN_STATE).write_text(json.dumps({"iter_num": 6, "step_count": 3, "world_size": 2, **train_state}))
+        (tmp_path / TRAIN_STATE).write_text(
+            json.dumps({"iter_num": 6, "step_count": 3, "world_size": 2, **train_state})
+        )
         return tmp_path
 
     # The global order: the count saved, on any number of processes.

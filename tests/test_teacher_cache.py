@@ -20,10 +20,20 @@ from litgpt_vocagnolm.data import iter_blocks
 from litgpt_vocagnolm.teacher_cache import TeacherLossCache, check_cache
 
 
-
 def score(data: Path, teacher: Path, output: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [str(BIN / "vocagnolm"), "score-teacher", "--data", str(data), "--teacher", str(teacher),
-               "--output", str(output), "--batch_size", "4", *args]  # fmt: skip
+    command = [
+        str(BIN / "vocagnolm"),
+        "score-teacher",
+        "--data",
+        str(data),
+        "--teacher",
+        str(teacher),
+        "--output",
+        str(output),
+        "--batch_size",
+        "4",
+        *args,
+    ]
     out = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out
@@ -65,8 +75,20 @@ def test_rerun_is_a_no_op_and_a_killed_run_resumes(tmp_path, cache, tinyllama_mi
     assert "nothing to do" in again.stdout
 
     output = tmp_path / "killed"
-    command = [str(BIN / "vocagnolm"), "score-teacher", "--data", str(tinyllama_mistral_data), "--teacher",
-               str(mistral_teacher), "--output", str(output), "--blocks_per_shard", "64", "--batch_size", "4"]  # fmt: skip
+    command = [
+        str(BIN / "vocagnolm"),
+        "score-teacher",
+        "--data",
+        str(tinyllama_mistral_data),
+        "--teacher",
+        str(mistral_teacher),
+        "--output",
+        str(output),
+        "--blocks_per_shard",
+        "64",
+        "--batch_size",
+        "4",
+    ]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = output / "train" / "000000.losses.npy"
     deadline = time.time() + 300

@@ -13,8 +13,8 @@ from litgpt.args import TrainArgs
 from test_recipe import litgpt_pretrain, metrics, recipe_config
 from test_teacher_cache import score
 
-from litgpt_vocagnolm.data import BlockDataset, VocAgnoData
 from litgpt_vocagnolm.checks import check_setup
+from litgpt_vocagnolm.data import BlockDataset, VocAgnoData
 from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.loss import SelectionArgs, aggregate_teacher_loss, teacher_guided_weights, teacher_reference
 from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
@@ -80,8 +80,13 @@ def test_reference_matches_a_token_by_token_loop(case, aggregation, combine):
 
 
 @settings(max_examples=100, deadline=None)
-@given(teachers_and_tokens(max_teachers=1), st.sampled_from(["max", "mean"]), st.sampled_from(["min", "mean"]),
-       st.sampled_from([0.2, 0.4, 1.0]), st.sampled_from(["include", "exclude"]))  # fmt: skip
+@given(
+    teachers_and_tokens(max_teachers=1),
+    st.sampled_from(["max", "mean"]),
+    st.sampled_from(["min", "mean"]),
+    st.sampled_from([0.2, 0.4, 1.0]),
+    st.sampled_from(["include", "exclude"]),
+)
 def test_one_teacher_gives_exactly_the_single_teacher_weights(case, aggregation, combine, top_k, unmapped):
     """One teacher, bare, as a list of one, or twice under either combination: the weights of a loop that ranks the
     valid mapped tokens by `ls - aggregate` (the single-teacher rule of docs/design.md, ties to the earlier token)."""
@@ -136,8 +141,14 @@ def test_distillation_takes_one_teacher():
     ls, valid = torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool)
     ranges = [torch.zeros(1, 2, 2, dtype=torch.long)] * 2
     with pytest.raises(ValueError, match="takes one teacher"):
-        guided_loss(GuidanceArgs(method="uld"), ls, valid, ranges=ranges, logits=torch.zeros(1, 2, 4),
-                    teacher_logits=torch.zeros(1, 2, 4))  # fmt: skip
+        guided_loss(
+            GuidanceArgs(method="uld"),
+            ls,
+            valid,
+            ranges=ranges,
+            logits=torch.zeros(1, 2, 4),
+            teacher_logits=torch.zeros(1, 2, 4),
+        )
     with pytest.raises(ValueError, match="combine must be one of"):
         GuidanceArgs(combine="max")
 
@@ -188,25 +199,43 @@ def test_a_block_with_other_student_tokens_fails_when_read(tmp_path, tinyllama_q
     assert found is not None and "holds other student tokens" in found and str(edited) in found
 
 
-def test_setup_wants_one_cache_or_model_per_teacher(tmp_path, tinyllama_qwen_data, tinyllama_mistral_data, mistral_teacher):
+def test_setup_wants_one_cache_or_model_per_teacher(
+    tmp_path, tinyllama_qwen_data, tinyllama_mistral_data, mistral_teacher
+):
     data = VocAgnoData(tinyllama_qwen_data, other_teachers=[tinyllama_mistral_data])
     train = TrainArgs(max_tokens=1000, max_norm=1.0, global_batch_size=2, micro_batch_size=2)
     config = tiny_config("student", 32000)
     with pytest.raises(ValueError, match=r"1 --teacher.checkpoint_dir for the data of 2 teachers"):
-        check_setup(config, data, train, TeacherArgs(checkpoint_dir=mistral_teacher), GuidanceArgs(),
-                    tokenizer_dir=TINYLLAMA)  # fmt: skip
+        check_setup(
+            config, data, train, TeacherArgs(checkpoint_dir=mistral_teacher), GuidanceArgs(), tokenizer_dir=TINYLLAMA
+        )
     with pytest.raises(ValueError, match="several teachers guide vocagnolm, rho1, chunk and random"):
-        check_setup(config, data, train, TeacherArgs(checkpoint_dir=[mistral_teacher] * 2), GuidanceArgs(method="uld"),
-                    tokenizer_dir=TINYLLAMA)  # fmt: skip
+        check_setup(
+            config,
+            data,
+            train,
+            TeacherArgs(checkpoint_dir=[mistral_teacher] * 2),
+            GuidanceArgs(method="uld"),
+            tokenizer_dir=TINYLLAMA,
+        )
     with pytest.raises(ValueError, match="The teacher tokenizer is not the one"):  # Mistral's for the Qwen data
-        check_setup(config, data, train, TeacherArgs(checkpoint_dir=[mistral_teacher, mistral_teacher]), GuidanceArgs(),
-                    tokenizer_dir=TINYLLAMA)  # fmt: skip
+        check_setup(
+            config,
+            data,
+            train,
+            TeacherArgs(checkpoint_dir=[mistral_teacher, mistral_teacher]),
+            GuidanceArgs(),
+            tokenizer_dir=TINYLLAMA,
+        )
 
 
-def test_online_teachers_score_their_own_windows(tinyllama_qwen_data, tinyllama_mistral_data, qwen_teacher, mistral_teacher):
+def test_online_teachers_score_their_own_windows(
+    tinyllama_qwen_data, tinyllama_mistral_data, qwen_teacher, mistral_teacher
+):
     """forward_and_loss with two online teachers is guided_loss on each teacher's own per-token losses."""
-    from litgpt_vocagnolm.checkpoints import load_weights
     from litgpt.config import Config
+
+    from litgpt_vocagnolm.checkpoints import load_weights
 
     data = VocAgnoData(tinyllama_qwen_data, num_workers=0, other_teachers=[tinyllama_mistral_data])
     data.connect(batch_size=2, max_seq_length=64)
@@ -244,11 +273,18 @@ def two_caches(tmp_path_factory, tinyllama_qwen_data, tinyllama_mistral_data, qw
 def test_training_with_two_caches(tmp_path, tinyllama_qwen_data, tinyllama_mistral_data, two_caches):
     """`litgpt pretrain` with both teachers' caches: a run that logs each teacher's share of the references; with
     the first cache alone, as a one-element list, the very curve of today's `--teacher.cache DIR`."""
-    data = {"class_path": "litgpt_vocagnolm.data.VocAgnoData", "init_args": {
-        "path": str(tinyllama_qwen_data), "num_workers": 0, "other_teachers": [str(tinyllama_mistral_data)]}}  # fmt: skip
+    data = {
+        "class_path": "litgpt_vocagnolm.data.VocAgnoData",
+        "init_args": {
+            "path": str(tinyllama_qwen_data),
+            "num_workers": 0,
+            "other_teachers": [str(tinyllama_mistral_data)],
+        },
+    }
     (tmp_path / "two").mkdir()
-    config = recipe_config(tmp_path / "two", tinyllama_qwen_data, None, data=data,
-                           teacher={"cache": [str(c) for c in two_caches]})  # fmt: skip
+    config = recipe_config(
+        tmp_path / "two", tinyllama_qwen_data, None, data=data, teacher={"cache": [str(c) for c in two_caches]}
+    )
     litgpt_pretrain(config, "--guidance.combine", "min")
     rows = metrics(tmp_path / "two" / "out")
     assert len(rows) == 12 and all(math.isfinite(row["loss"]) for row in rows)

@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 from conftest import BIN, MISTRAL, ROOT, TINYLLAMA
@@ -36,8 +35,20 @@ def assert_one_line(out: subprocess.CompletedProcess, prog: str, message: str) -
 
 @pytest.mark.slow  # console scripts in subprocesses
 def test_user_error_is_one_line_and_debug_shows_its_traceback(tmp_path):
-    args = (str(BIN / "vocagnolm"), "prepare", "--student", str(TINYLLAMA), "--teacher", str(MISTRAL), "--input",
-            str(tmp_path / "none.jsonl"), "--output", str(tmp_path / "out"), "--num_workers", "0")  # fmt: skip
+    args = (
+        str(BIN / "vocagnolm"),
+        "prepare",
+        "--student",
+        str(TINYLLAMA),
+        "--teacher",
+        str(MISTRAL),
+        "--input",
+        str(tmp_path / "none.jsonl"),
+        "--output",
+        str(tmp_path / "out"),
+        "--num_workers",
+        "0",
+    )
     assert_one_line(run(*args), "vocagnolm prepare", "--num_workers must be at least 1, got 0.")
     for out in (run(*args, "--debug"), run(*args, env={"VOCAGNOLM_DEBUG": "1"})):
         assert out.returncode == 1 and "Traceback" in out.stderr, out.stderr[-3000:]
@@ -77,7 +88,8 @@ def test_only_user_errors_lose_their_traceback(capsys):
             raise PermissionError(13, "Permission denied", "/data/out")
     assert exit_.value.code == 1
     assert capsys.readouterr().err == (
-        "vocagnolm x: error: [Errno 13] Permission denied: '/data/out'. Give a path this user may write to (and read).\n"
+        "vocagnolm x: error: [Errno 13] Permission denied: '/data/out'. Give a path this user may write to (and"
+        " read).\n"
     )
 
 
@@ -86,15 +98,26 @@ def test_only_user_errors_lose_their_traceback(capsys):
 
 @pytest.mark.parametrize(
     "option, value",
-    [("num_workers", 0), ("num_workers", -2), ("max_seq_length", 0), ("teacher_max_length", -1),
-     ("val_fraction", 0.0), ("val_fraction", 1.5)],  # fmt: skip
+    [
+        ("num_workers", 0),
+        ("num_workers", -2),
+        ("max_seq_length", 0),
+        ("teacher_max_length", -1),
+        ("val_fraction", 0.0),
+        ("val_fraction", 1.5),
+    ],
 )
 def test_prepare_refuses_numbers_out_of_range(tmp_path, option, value):
     from litgpt_vocagnolm.prepare import prepare
 
     with pytest.raises(InvalidArgument, match=f"--{option} must"):
-        prepare(student=TINYLLAMA, teacher=MISTRAL, input=tmp_path / "none.jsonl", output=tmp_path / "out",
-                **{option: value})  # fmt: skip
+        prepare(
+            student=TINYLLAMA,
+            teacher=MISTRAL,
+            input=tmp_path / "none.jsonl",
+            output=tmp_path / "out",
+            **{option: value},
+        )
 
 
 def test_prepare_refuses_an_output_it_cannot_create(tmp_path, gsm8k_sample):
@@ -126,8 +149,17 @@ def test_prepare_names_a_text_file_named_parquet(tmp_path):
 def test_prepare_caps_a_teacher_window_beyond_what_a_block_holds(tmp_path, gsm8k_sample, capsys):
     from litgpt_vocagnolm.prepare import prepare
 
-    prepare(student=TINYLLAMA, teacher=MISTRAL, input=gsm8k_sample, output=tmp_path / "out", max_seq_length=32,
-            teacher_max_length=100_000_000, num_workers=1, text_key="question,answer", val_fraction=0.1)  # fmt: skip
+    prepare(
+        student=TINYLLAMA,
+        teacher=MISTRAL,
+        input=gsm8k_sample,
+        output=tmp_path / "out",
+        max_seq_length=32,
+        teacher_max_length=100_000_000,
+        num_workers=1,
+        text_key="question,answer",
+        val_fraction=0.1,
+    )
     longest = 27  # bytes of TinyLlama's longest token: a block of 33 student tokens holds at most 33 x 28 teacher ones
     assert f"--teacher_max_length 100,000,000 capped at {33 * (longest + 1):,}" in capsys.readouterr().out
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["teacher_max_length"] == 33 * (longest + 1)
@@ -155,16 +187,24 @@ def test_recipe_refuses_numbers_out_of_range(tmp_path, train, eval, devices, num
     from litgpt_vocagnolm.recipe import setup
 
     with pytest.raises(InvalidArgument, match=f"{flag} must"):
-        setup(model_name="pythia-14m", out_dir=tmp_path / "out", train=train, eval=eval, devices=devices,
-              num_nodes=num_nodes)  # fmt: skip
+        setup(
+            model_name="pythia-14m",
+            out_dir=tmp_path / "out",
+            train=train,
+            eval=eval,
+            devices=devices,
+            num_nodes=num_nodes,
+        )
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
     "optimizer, message",
-    [("Adamx", "--optimizer: module 'torch.optim' has no attribute 'Adamx'. Name a torch.optim class"),
-     ({"class_path": "torch.optim.AdamW", "init_args": {"lr": -1}}, "--optimizer: Invalid learning rate: -1. Name")],
-)  # fmt: skip
+    [
+        ("Adamx", "--optimizer: module 'torch.optim' has no attribute 'Adamx'. Name a torch.optim class"),
+        ({"class_path": "torch.optim.AdamW", "init_args": {"lr": -1}}, "--optimizer: Invalid learning rate: -1. Name"),
+    ],
+)
 def test_recipe_refuses_an_optimizer_it_cannot_build_before_loading_anything(tmp_path, optimizer, message):
     from litgpt_vocagnolm.recipe import setup
 
@@ -228,10 +268,12 @@ def test_plan_refuses_what_cannot_run(args, message, capsys):
 
 @pytest.mark.parametrize(
     "option, name, error, message",
-    [("html", "a-folder", PathTaken, "--html {path} is a folder: give a file path"),
-     ("plot", "fig.txt", InvalidArgument, "--plot {path}: the file must end in .png, .pdf, .svg, not .txt."),
-     ("json", "report.yaml", InvalidArgument, "--json {path}: the file must end in .json")],
-)  # fmt: skip
+    [
+        ("html", "a-folder", PathTaken, "--html {path} is a folder: give a file path"),
+        ("plot", "fig.txt", InvalidArgument, "--plot {path}: the file must end in .png, .pdf, .svg, not .txt."),
+        ("json", "report.yaml", InvalidArgument, "--json {path}: the file must end in .json"),
+    ],
+)
 def test_inspect_refuses_output_files_it_cannot_write(tmp_path, capsys, option, name, error, message):
     from litgpt_vocagnolm.inspection import inspect
 
@@ -261,7 +303,10 @@ def test_convert_names_an_unknown_config(tmp_path):
     from litgpt_vocagnolm.model_configs import convert_to_litgpt
 
     (tmp_path / "my-model").mkdir()
-    with pytest.raises(InvalidArgument, match=r"The folder's name .*else pass --model_name NAME\): 'my-model' is not a LitGPT config name"):
+    with pytest.raises(
+        InvalidArgument,
+        match=r"The folder's name .*else pass --model_name NAME\): 'my-model' is not a LitGPT config name",
+    ):
         convert_to_litgpt(tmp_path / "my-model")
 
 
@@ -272,7 +317,9 @@ def test_convert_refuses_a_folder_without_hugging_face_weights(tmp_path):
 
     (tmp_path / "llemma_7b").mkdir()
     (tmp_path / "llemma_7b" / "config.json").write_text("{}")
-    with pytest.raises(PathMissing, match=r"holds no Hugging Face weights \(\*.safetensors or \*.bin; it holds \['config"):
+    with pytest.raises(
+        PathMissing, match=r"holds no Hugging Face weights \(\*.safetensors or \*.bin; it holds \['config"
+    ):
         convert_to_litgpt(tmp_path / "llemma_7b")
     litgpt = make_checkpoint(tmp_path / "pythia-14m", tiny_config("pythia-14m", 32000), TINYLLAMA)
     with pytest.raises(InvalidArgument, match="is a LitGPT checkpoint already"):
@@ -284,9 +331,14 @@ def test_convert_refuses_a_folder_without_hugging_face_weights(tmp_path):
 
 @pytest.mark.parametrize(
     "options, flag",
-    [({"top_k": 1.5}, "--top_k"), ({"top_k": 0.0}, "--top_k"), ({"workers": 0}, "worker"), ({"noise": -0.1}, "--noise"),
-     ({"quick": True, "sizes": DemoSizes(student_vocab_size=500)}, "--quick true sets every size")],
-)  # fmt: skip
+    [
+        ({"top_k": 1.5}, "--top_k"),
+        ({"top_k": 0.0}, "--top_k"),
+        ({"workers": 0}, "worker"),
+        ({"noise": -0.1}, "--noise"),
+        ({"quick": True, "sizes": DemoSizes(student_vocab_size=500)}, "--quick true sets every size"),
+    ],
+)
 def test_demo_refuses_numbers_out_of_range_before_any_work(tmp_path, options, flag):
     from litgpt_vocagnolm.demo import demo
 
@@ -297,12 +349,16 @@ def test_demo_refuses_numbers_out_of_range_before_any_work(tmp_path, options, fl
 
 @pytest.mark.parametrize(
     "sizes, flag",
-    [({"micro_batch_size": 0}, "--sizes.micro_batch_size"), ({"student_tokens": -1}, "--sizes.student_tokens"),
-     ({"documents": 0}, "--sizes.documents"), ({"heldout_share": 0.0}, "--sizes.heldout_share"),
-     ({"student_vocab_size": 10}, "--sizes.student_vocab_size must be at least 359"),
-     ({"second_teacher_vocab_size": 300}, "--sizes.second_teacher_vocab_size must be at least 359"),
-     ({"teacher_vocab_size": 10}, "--sizes.teacher_vocab_size must be at least 257")],
-)  # fmt: skip
+    [
+        ({"micro_batch_size": 0}, "--sizes.micro_batch_size"),
+        ({"student_tokens": -1}, "--sizes.student_tokens"),
+        ({"documents": 0}, "--sizes.documents"),
+        ({"heldout_share": 0.0}, "--sizes.heldout_share"),
+        ({"student_vocab_size": 10}, "--sizes.student_vocab_size must be at least 359"),
+        ({"second_teacher_vocab_size": 300}, "--sizes.second_teacher_vocab_size must be at least 359"),
+        ({"teacher_vocab_size": 10}, "--sizes.teacher_vocab_size must be at least 257"),
+    ],
+)
 def test_demo_sizes_refuse_numbers_out_of_range(sizes, flag):
     from litgpt_vocagnolm.demo.settings import DemoSizes
 
@@ -362,7 +418,9 @@ def test_a_demo_run_again_keeps_a_file_put_in_its_folders(tmp_path):
 def test_a_demo_budget_beyond_the_corpus_is_a_user_error():
     from litgpt_vocagnolm.demo.corpus import documents_for
 
-    with pytest.raises(InvalidArgument, match="The corpus holds 6 tokens for this budget of 1,000 .plus 5%.: lower the budget"):
+    with pytest.raises(
+        InvalidArgument, match="The corpus holds 6 tokens for this budget of 1,000 .plus 5%.: lower the budget"
+    ):
         documents_for(["one two three", "four"], TINYLLAMA, 1000)
 
 

@@ -23,8 +23,9 @@ from litgpt_vocagnolm.score_teacher import score_teacher
         ({"output": "a-file/cache"}, "--output {tmp_path}/a-file/cache: {tmp_path}/a-file is a file, not a folder."),
     ],
 )
-def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, tinyllama_mistral_data, mistral_teacher,
-                                                              options, message):  # fmt: skip
+def test_bad_arguments_are_refused_before_anything_is_written(
+    tmp_path, tinyllama_mistral_data, mistral_teacher, options, message
+):
     (tmp_path / "a-file").write_text("mine")
     output = tmp_path / options.pop("output", "cache")
     with pytest.raises(UserError) as error:
@@ -44,8 +45,10 @@ def test_a_teacher_shorter_than_the_windows_is_refused_before_loading_it(tmp_pat
     manifest = json.loads((tinyllama_mistral_data / "manifest.json").read_text())
     short = manifest["teacher_max_length"] - 1
     teacher = make_checkpoint(tmp_path / "short", tiny_config("t", 32000, block_size=short), MISTRAL)
-    with pytest.raises(InvalidArgument, match=f"has a block size of {short} tokens, shorter than the teacher windows of"
-                       f" up to {short + 1} tokens"):  # fmt: skip
+    with pytest.raises(
+        InvalidArgument,
+        match=f"has a block size of {short} tokens, shorter than the teacher windows of up to {short + 1} tokens",
+    ):
         score_teacher(data=tinyllama_mistral_data, teacher=teacher, output=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
 
@@ -55,8 +58,14 @@ def scored(tmp_path_factory, tinyllama_mistral_data, mistral_teacher) -> tuple[P
     """A cache scored with a --batch_size far above the data's 200-odd blocks, and what the command printed."""
     output, printed = tmp_path_factory.mktemp("scored") / "cache", io.StringIO()
     with contextlib.redirect_stdout(printed):
-        score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, num_workers=0,
-                      batch_size=100_000, blocks_per_shard=64)  # fmt: skip
+        score_teacher(
+            data=tinyllama_mistral_data,
+            teacher=mistral_teacher,
+            output=output,
+            num_workers=0,
+            batch_size=100_000,
+            blocks_per_shard=64,
+        )
     return output, printed.getvalue()
 
 
@@ -64,8 +73,9 @@ def test_a_batch_larger_than_the_data_is_capped_with_a_note(scored):
     assert "--batch_size 100000 capped at 64: the most blocks a forward can take here (a shard holds 64" in scored[1]
 
 
-def test_a_truncated_shard_is_not_taken_for_a_finished_cache(tmp_path, scored, tinyllama_mistral_data,
-                                                             mistral_teacher, capsys):  # fmt: skip
+def test_a_truncated_shard_is_not_taken_for_a_finished_cache(
+    tmp_path, scored, tinyllama_mistral_data, mistral_teacher, capsys
+):
     output = shutil.copytree(scored[0], tmp_path / "cache")
     score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64)
     assert "nothing to do" in capsys.readouterr().out

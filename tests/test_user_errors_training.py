@@ -23,15 +23,17 @@ from litgpt_vocagnolm.recipe import setup
 def finished_run(tmp_path_factory, tinyllama_mistral_data) -> Path:
     """A finished one-step run: its out_dir (final/ and step-00000001/)."""
     tmp_path = tmp_path_factory.mktemp("run")
-    train = TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=2 * 64, max_norm=1.0, max_seq_length=64,
-                      save_interval=1)  # fmt: skip
+    train = TrainArgs(
+        global_batch_size=2, micro_batch_size=2, max_tokens=2 * 64, max_norm=1.0, max_seq_length=64, save_interval=1
+    )
     setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train))
     return tmp_path / "out"
 
 
 def resume(out_dir: Path, data: Path, **overrides) -> None:
-    train = TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=2 * 2 * 64, max_norm=1.0, max_seq_length=64,
-                      save_interval=1)  # fmt: skip
+    train = TrainArgs(
+        global_batch_size=2, micro_batch_size=2, max_tokens=2 * 2 * 64, max_norm=1.0, max_seq_length=64, save_interval=1
+    )
     setup(**setup_args(out_dir.parent, data, train=train, resume="auto") | overrides)
 
 
@@ -44,17 +46,27 @@ def test_a_fresh_run_into_a_finished_out_dir_is_a_user_error(finished_run, tinyl
     "overrides, message",
     [
         (dict(precision="bf16-true"), "--precision bf16-true differs from the run's None"),
-        (dict(guidance=GuidanceArgs(method="vocagnolm"), teacher=None), "--guidance.method vocagnolm differs from the run's ce"),
-        (dict(train=TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=4 * 64, max_norm=1.0,
-                              max_seq_length=32)), "--train.max_seq_length 32 differs from the run's 64"),
+        (
+            dict(guidance=GuidanceArgs(method="vocagnolm"), teacher=None),
+            "--guidance.method vocagnolm differs from the run's ce",
+        ),
+        (
+            dict(
+                train=TrainArgs(
+                    global_batch_size=2, micro_batch_size=2, max_tokens=4 * 64, max_norm=1.0, max_seq_length=32
+                )
+            ),
+            "--train.max_seq_length 32 differs from the run's 64",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_resume_that_changes_the_run_is_a_user_error(finished_run, tinyllama_mistral_data, overrides, message):
     from litgpt_vocagnolm.teacher import TeacherArgs
 
     if "teacher" in overrides:
-        overrides["teacher"] = TeacherArgs(checkpoint_dir=make_checkpoint(
-            finished_run.parent / "teacher", tiny_config("t", 32000), MISTRAL))  # fmt: skip
+        overrides["teacher"] = TeacherArgs(
+            checkpoint_dir=make_checkpoint(finished_run.parent / "teacher", tiny_config("t", 32000), MISTRAL)
+        )
     with pytest.raises(InvalidArgument, match=message):
         resume(finished_run, tinyllama_mistral_data, **overrides)
 
@@ -69,21 +81,29 @@ def test_a_resume_on_other_data_is_refused_naming_both(finished_run, tinyllama_m
 
 def test_negative_loader_workers_are_refused_before_any_model(tmp_path, tinyllama_mistral_data):
     with pytest.raises(InvalidArgument, match="--data.num_workers must be at least 0, got -1"):
-        setup(**setup_args(tmp_path, tinyllama_mistral_data) | {"data": VocAgnoData(tinyllama_mistral_data, num_workers=-1)})
+        setup(
+            **setup_args(tmp_path, tinyllama_mistral_data)
+            | {"data": VocAgnoData(tinyllama_mistral_data, num_workers=-1)}
+        )
     assert not (tmp_path / "out").exists()
 
 
 def test_an_initial_checkpoint_of_another_architecture_is_refused_before_any_model(tmp_path, tinyllama_mistral_data):
     other = make_checkpoint(tmp_path / "wider", tiny_config("student", 32000, n_embd=64, block_size=64), TINYLLAMA)
-    with pytest.raises(InvalidArgument, match=r"--initial_checkpoint_dir .*wider' holds another architecture .*"
-                       r"lm_head.weight: \(32000, 64\) there, \(32000, 32\) in this model"):  # fmt: skip
+    with pytest.raises(
+        InvalidArgument,
+        match=r"--initial_checkpoint_dir .*wider' holds another architecture .*"
+        r"lm_head.weight: \(32000, 64\) there, \(32000, 32\) in this model",
+    ):
         setup(**setup_args(tmp_path, tinyllama_mistral_data, initial_checkpoint_dir=other))
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed here")
 def test_a_logger_whose_package_is_missing_is_named(tmp_path, tinyllama_mistral_data):
-    with pytest.raises(InvalidArgument, match="--logger_name: Requirement 'wandb.*not met.*Install the logger's package"):
+    with pytest.raises(
+        InvalidArgument, match="--logger_name: Requirement 'wandb.*not met.*Install the logger's package"
+    ):
         setup(**setup_args(tmp_path, tinyllama_mistral_data, logger_name="wandb"))
 
 
@@ -98,8 +118,11 @@ def test_export_names_its_own_arguments(tmp_path, finished_run):
     with pytest.raises(PathTaken, match="a-file is a file, not a folder"):
         export(finished_run / "step-00000001", tmp_path / "a-file")
     export(finished_run / "step-00000001", tmp_path / "exported")
-    with pytest.raises(PathTaken, match="exported holds lit_model.pth, model_config.yaml, hyperparameters.yaml,"
-                       " checksums.json, tokenizer.json, tokenizer_config.json, which the export would replace"):
+    with pytest.raises(
+        PathTaken,
+        match="exported holds lit_model.pth, model_config.yaml, hyperparameters.yaml,"
+        " checksums.json, tokenizer.json, tokenizer_config.json, which the export would replace",
+    ):
         export(finished_run / "step-00000001", tmp_path / "exported")
     assert (tmp_path / "a-file").read_text() == "mine"
     (tmp_path / "mine").mkdir()
@@ -137,8 +160,11 @@ def test_a_teacher_shorter_than_the_windows_is_refused_before_any_model(tmp_path
     short = json.loads((tinyllama_mistral_data / "manifest.json").read_text())["teacher_max_length"] - 1
     teacher = make_checkpoint(tmp_path / "short", tiny_config("t", 32000, block_size=short), MISTRAL)
     with pytest.raises(InvalidArgument, match=f"--teacher.checkpoint_dir .* has a block size of {short} tokens"):
-        setup(**setup_args(tmp_path, tinyllama_mistral_data, guidance=GuidanceArgs(),
-                           teacher=TeacherArgs(checkpoint_dir=teacher)))  # fmt: skip
+        setup(
+            **setup_args(
+                tmp_path, tinyllama_mistral_data, guidance=GuidanceArgs(), teacher=TeacherArgs(checkpoint_dir=teacher)
+            )
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -146,15 +172,17 @@ def test_a_teacher_shorter_than_the_windows_is_refused_before_any_model(tmp_path
 
 
 @pytest.mark.parametrize("change", ["max_tokens", "max_steps"])
-def test_a_resume_that_changes_the_runs_length_is_logged_and_recorded(tmp_path, finished_run, tinyllama_mistral_data,
-                                                                        capsys, change):  # fmt: skip
+def test_a_resume_that_changes_the_runs_length_is_logged_and_recorded(
+    tmp_path, finished_run, tinyllama_mistral_data, capsys, change
+):
     import shutil
 
     out_dir = shutil.copytree(finished_run, tmp_path / "out")
     shutil.rmtree(out_dir / "final")
     longer = {"max_tokens": 2 * 2 * 64} if change == "max_tokens" else {"max_tokens": 2 * 64 * 10, "max_steps": 2}
-    train = TrainArgs(global_batch_size=2, micro_batch_size=2, max_norm=1.0, max_seq_length=64, save_interval=1,
-                      **longer)  # fmt: skip
+    train = TrainArgs(
+        global_batch_size=2, micro_batch_size=2, max_norm=1.0, max_seq_length=64, save_interval=1, **longer
+    )
     capsys.readouterr()
     setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train, resume="auto"))
     before = {"max_tokens": 128, "max_steps": None}[change]

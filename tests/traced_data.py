@@ -44,7 +44,9 @@ class TracedData(VocAgnoData):
 def trained(trace: Path, world_size: int, accumulation: int) -> list[list[int]]:
     """The blocks of each optimizer step, in the order of the step's micro-batches (of one block each): micro-batch
     m of a step is the (m // W)-th that rank m mod W read in that step."""
-    reads = [[int(line) for line in (trace / f"train-rank{rank}.txt").read_text().split()] for rank in range(world_size)]
+    reads = [
+        [int(line) for line in (trace / f"train-rank{rank}.txt").read_text().split()] for rank in range(world_size)
+    ]
     steps = len(reads[0]) // accumulation
     assert all(len(rank) == steps * accumulation for rank in reads), [len(rank) for rank in reads]
     return [

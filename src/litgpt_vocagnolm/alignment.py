@@ -460,9 +460,7 @@ class TextAlignment(NamedTuple):
     """(N, 2) int64: `align(student_offsets, teacher_offsets)`"""
 
 
-def align_text(
-    student: Union[Tokenizer, str, Path], teacher: Union[Tokenizer, str, Path], text: str
-) -> TextAlignment:
+def align_text(student: Union[Tokenizer, str, Path], teacher: Union[Tokenizer, str, Path], text: str) -> TextAlignment:
     """Encodes `text` with both tokenizers (or tokenizer / LitGPT checkpoint dirs), no special tokens, and aligns."""
     student = student if isinstance(student, Tokenizer) else load_tokenizer(student)
     teacher = teacher if isinstance(teacher, Tokenizer) else load_tokenizer(teacher)

@@ -11,9 +11,9 @@ import json
 import pickle
 import re
 import shutil
+from concurrent.futures import Future
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from concurrent.futures import Future
 from typing import Any, Literal, Sequence
 
 import lightning as L
@@ -72,8 +72,8 @@ def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = Fals
         verified_weights_sha256(checkpoint_dir)
     if any((checkpoint_dir / name).is_file() for name in TOKENIZER_FILES):
         config = Config.from_file(checkpoint_dir / "model_config.yaml")
-        check_vocab_size(config, checkpoint_dir, what, fix="tokenizer and weights do not belong together. Use the"
-                         " tokenizer files that came with the checkpoint.")  # fmt: skip
+        fix = "tokenizer and weights do not belong together. Use the tokenizer files that came with the checkpoint."
+        check_vocab_size(config, checkpoint_dir, what, fix=fix)
 
 
 def check_vocab_size(config: Config, tokenizer_dir: Path, what: str, fix: str) -> None:
@@ -163,11 +163,17 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         allowed = (
             module == "torch.distributed.checkpoint.metadata"
-            or (module, name) in {("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-                                  ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-                                  ("pathlib", "WindowsPath"), ("torch", "Size"), ("collections", "OrderedDict")}
+            or (module, name)
+            in {
+                ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+                ("torch.serialization", "_get_layout"),
+                ("pathlib", "PosixPath"),
+                ("pathlib", "WindowsPath"),
+                ("torch", "Size"),
+                ("collections", "OrderedDict"),
+            }
             or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-        )  # fmt: skip
+        )
         if not allowed:
             raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's index")
         return super().find_class(module, name)
@@ -289,8 +295,9 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
     if isinstance(resume, Path):
         candidates = [resume if resume.is_dir() else resume.parent]
     else:  # rank 0's list, so that every rank tries the same directories even where one rank sees a stale listing
-        candidates = sorted((p for p in out_dir.glob("step-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]),
-                            reverse=True)  # fmt: skip
+        candidates = sorted(
+            (p for p in out_dir.glob("step-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]), reverse=True
+        )
     candidates = fabric.broadcast(candidates)
     for path in candidates:
         try:
@@ -316,7 +323,8 @@ class Checkpointer:
     """Sharded training checkpoints with `torch.distributed.checkpoint` (DCP), as torchtitan writes them: every rank
     writes its own shard of the student and its AdamW state (`__<rank>_0.distcp`), nobody gathers the whole state.
     A checkpoint directory holds those shards and DCP's index (`.metadata`), train_state.json (counters and the data
-    position: blocks consumed over all ranks), hyperparameters.yaml, the model config, the tokenizer files and checksums.json.
+    position: blocks consumed over all ranks), hyperparameters.yaml, the model config, the tokenizer files and
+    checksums.json.
 
     Fabric's `ModelParallelStrategy(save_distributed_checkpoint=True)` writes DCP too, but only under that strategy
     (not on one device), synchronously, with rank 0's loader state alone and its index unpickled without restriction;
@@ -333,8 +341,17 @@ class Checkpointer:
         self.group = torch.distributed.new_group(backend="gloo") if distributed else None
         self.pending: tuple[Future, Path, Path, dict | None] | None = None  # future, .partial- dir, final dir, export
 
-    def save(self, fabric: L.Fabric, state: dict, checkpoint_dir: Path, tokenizer_dir: Path | None, hparams: dict,
-             blocking: bool = True, export: bool = False, history: Sequence[str] = ()) -> None:  # fmt: skip
+    def save(
+        self,
+        fabric: L.Fabric,
+        state: dict,
+        checkpoint_dir: Path,
+        tokenizer_dir: Path | None,
+        hparams: dict,
+        blocking: bool = True,
+        export: bool = False,
+        history: Sequence[str] = (),
+    ) -> None:
         """Writes `state` (model, optimizer, counters, the data position; a LitGPT data module's own loader state)
         to `checkpoint_dir`; returns once it is complete, or,
         unless `blocking`, once the state is copied and the write runs in the background. With `export`, the directory
@@ -410,8 +427,8 @@ class Checkpointer:
         model, optimizer = _unwrap_objects(state["model"]), _unwrap_objects(state["optimizer"])
         model_state, optimizer_state = get_state_dict(model, optimizer)
         shards = {"model": model_state, "optimizer": optimizer_state}
-        dcp.load(shards, storage_reader=SafeReader(checkpoint_dir), planner=SafePlanner(), process_group=self.group,
-                 no_dist=self.group is None)  # fmt: skip
+        reader, planner = SafeReader(checkpoint_dir), SafePlanner()
+        dcp.load(shards, storage_reader=reader, planner=planner, process_group=self.group, no_dist=self.group is None)
         set_state_dict(model, optimizer, model_state_dict=shards["model"], optim_state_dict=shards["optimizer"])
         train_state = json.loads((checkpoint_dir / TRAIN_STATE).read_text())
         state["iter_num"], state["step_count"] = train_state["iter_num"], train_state["step_count"]
@@ -467,8 +484,9 @@ def export_lit_model(checkpoint_dir: Path, output: Path, extra: dict | None = No
             continue
         name = key.removeprefix("model.")
         tensor = torch.empty(meta.size, dtype=meta.properties.dtype)
-        dcp.load({"model": {name: tensor}}, storage_reader=SafeReader(checkpoint_dir), planner=SafePlanner(),
-                 no_dist=True)  # fmt: skip
+        dcp.load(
+            {"model": {name: tensor}}, storage_reader=SafeReader(checkpoint_dir), planner=SafePlanner(), no_dist=True
+        )
         model[name] = tensor
     output.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model, **(extra or {})}, output)

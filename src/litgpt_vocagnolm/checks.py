@@ -59,8 +59,11 @@ def check_weights_fit(config: Config, checkpoint_dir: Path, flag: str) -> None:
         wanted = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
     weights = read_weights(checkpoint_dir / "lit_model.pth")
     found = {name: tuple(t.shape) for name, t in weights.get("model", weights).items()}
-    differ = [f"{name}: {found.get(name, 'absent')} there, {wanted.get(name, 'absent')} in this model"
-              for name in sorted(wanted.keys() | found.keys()) if found.get(name) != wanted.get(name)]  # fmt: skip
+    differ = [
+        f"{name}: {found.get(name, 'absent')} there, {wanted.get(name, 'absent')} in this model"
+        for name in sorted(wanted.keys() | found.keys())
+        if found.get(name) != wanted.get(name)
+    ]
     if differ:
         raise InvalidArgument(
             f"{flag} {str(checkpoint_dir)!r} holds another architecture than {config.name!r} ({'; '.join(differ[:3])}"
@@ -77,7 +80,8 @@ def check_teacher_block_size(manifest: dict, teacher_dir: Path, flag: str, data:
     if manifest["teacher_max_length"] > block_size:
         raise InvalidArgument(
             f"{flag} {str(teacher_dir)!r} has a block size of {block_size} tokens, shorter than the teacher windows of"
-            f" up to {manifest['teacher_max_length']} tokens in {data}: prepare the data again with --teacher_max_length"
+            f" up to {manifest['teacher_max_length']} tokens in {data}: prepare the data again with"
+            f" --teacher_max_length"
             f" {block_size} (or a smaller --max_seq_length), or use a teacher with a longer context."
         )
 

@@ -40,7 +40,10 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
         "litgpt_vocagnolm.checkpoints:export",
         "A sharded training checkpoint (step-*) as one lit_model.pth for litgpt generate / convert_from_litgpt",
     ),
-    "demo": ("litgpt_vocagnolm.demo:demo", "The whole method in miniature on a CPU: teacher, students per method, table, plot"),
+    "demo": (
+        "litgpt_vocagnolm.demo:demo",
+        "The whole method in miniature on a CPU: teacher, students per method, table, plot",
+    ),
     "convert_to_litgpt": (
         "litgpt_vocagnolm.model_configs:convert_to_litgpt",
         "litgpt convert_to_litgpt, also for llemma_7b, deepseek-math-7b-* and Mistral-7B-ProXMath",
@@ -149,7 +152,8 @@ def _configure() -> type:
 
 
 def litgpt_main(upstream_main: Callable[[], None]) -> None:
-    """Replaces `litgpt.__main__.main` (see _hook.py): `pretrain --recipe NAME` runs the recipe, all else is LitGPT's."""
+    """Replaces `litgpt.__main__.main` (see _hook.py): `pretrain --recipe NAME` runs the recipe, all else is
+    LitGPT's."""
     if sys.argv[1:2] == ["pretrain"]:
         name, rest = _split_recipe(sys.argv[2:])
         if name is not None:
@@ -161,7 +165,8 @@ def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
     return (
-        "usage: vocagnolm <command> [--help] [--debug] [options]\n\ncommands:\n" + "\n".join(lines)
+        "usage: vocagnolm <command> [--help] [--debug] [options]\n\ncommands:\n"
+        + "\n".join(lines)
         + f"\n\nA mistake in the options prints one line; {DEBUG_FLAG} (or {DEBUG_ENV}=1) shows its traceback too."
     )
 

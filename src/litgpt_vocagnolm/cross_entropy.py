@@ -44,9 +44,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         return grad_logits, None, None, None
 
 
-def per_token_cross_entropy(
-    logits: Tensor, targets: Tensor, ignore_index: int = -100, chunk_size: int = 128
-) -> Tensor:
+def per_token_cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, chunk_size: int = 128) -> Tensor:
     """Cross-entropy of each target token.
 
     Like `litgpt.utils.chunked_cross_entropy`, computed `chunk_size` rows at a time, but unreduced and always in
@@ -66,7 +64,9 @@ def per_token_cross_entropy(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     ignore = targets == ignore_index
     flat_targets = targets.masked_fill(ignore, 0).reshape(-1)
-    flat_logits = logits.reshape(-1, logits.shape[-1])  # (B * T, V): a view of contiguous logits; a sliced input is copied
+    flat_logits = logits.reshape(
+        -1, logits.shape[-1]
+    )  # (B * T, V): a view of contiguous logits; a sliced input is copied
     loss = _ChunkedCrossEntropy.apply(flat_logits, flat_targets, ignore.reshape(-1), chunk_size)
     return loss.view(targets.shape)
 
@@ -132,9 +132,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None
 
 
-def linear_cross_entropy(
-    hidden: Tensor, weight: Tensor, targets: Tensor, tile_rows: int | None = None
-) -> Tensor:
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, tile_rows: int | None = None) -> Tensor:
     """Cross-entropy of each target under the logits `hidden @ weight.T`, never holding all the logits.
 
     A language model's head and its loss in one: the (B, T, V) logits, and their float32 copy, never exist whole,
@@ -161,4 +159,3 @@ def linear_cross_entropy(
     tile_rows = tile_rows or max(1, TILE_ELEMENTS // weight.shape[0])
     flat = hidden.reshape(-1, hidden.shape[-1])  # (B * T, D)
     return _LinearCrossEntropy.apply(flat, weight, targets.reshape(-1), tile_rows).view(targets.shape)
-

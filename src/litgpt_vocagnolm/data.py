@@ -75,7 +75,7 @@ def load_manifest(path: Path) -> dict:
         raise InvalidArgument(
             f"{path / MANIFEST} is format {manifest.get('format')!r}; this version of litgpt-vocagnolm reads"
             f" {FORMAT!r}. Prepare the data again: `vocagnolm prepare` with the arguments it was prepared with (its"
-            f" \"settings\" in the manifest) and a new --output (or delete {path} first)."
+            f' "settings" in the manifest) and a new --output (or delete {path} first).'
         )
     return manifest
 
@@ -162,12 +162,7 @@ def check_split(path: Path, split: str, manifest: dict) -> None:
 
 
 def open_split(
-    path: Path,
-    split: str,
-    manifest: dict,
-    shuffle: bool = False,
-    seed: int = 42,
-    teacher_cache: Optional[Path] = None,
+    path: Path, split: str, manifest: dict, shuffle: bool = False, seed: int = 42, teacher_cache: Optional[Path] = None
 ) -> BlockDataset:
     """The split's blocks, after checking its files against the manifest (`check_split`); see `BlockDataset`."""
     check_split(path, split, manifest)
@@ -181,8 +176,10 @@ def student_side(manifest: dict) -> dict[str, Any]:
 
     def content(files: list) -> list:
         # A file by what it holds, not where it lies; data prepared before content hashes recorded [path, size].
-        return [{k: v for k, v in f.items() if k not in ("path", "mtime_ns")} if isinstance(f, dict) else f[1:]
-                for f in files]  # fmt: skip
+        return [
+            {k: v for k, v in f.items() if k not in ("path", "mtime_ns")} if isinstance(f, dict) else f[1:]
+            for f in files
+        ]
 
     counts = {f"{split} {k}": manifest["splits"][split][k] for split in SPLITS for k in ("blocks", "student_tokens")}
     return {
@@ -477,7 +474,9 @@ class VocAgnoData(DataModule):
             batch_size=self.batch_size,
             num_workers=self.num_workers,
             collate_fn=functools.partial(
-                collate_blocks, block_tokens=block_tokens(self.manifest), num_chunks=self.num_chunks,
+                collate_blocks,
+                block_tokens=block_tokens(self.manifest),
+                num_chunks=self.num_chunks,
                 windows=[padded_window(manifest, self.teacher_block_size) for manifest in self.manifests],
             ),
             pin_memory=torch.cuda.is_available(),

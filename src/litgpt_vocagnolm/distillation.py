@@ -110,4 +110,3 @@ def uld_loss(
             distance = distance + (1.0 - p_top.sum(-1)).clamp(min=0)
         chunks.append(distance)
     return torch.where(paired, torch.cat(chunks).view(B, T), 0.0)
-

@@ -54,8 +54,9 @@ def parallelize(
         return model  # the strategy materialises it whole on each device
     mesh = device_mesh["data_parallel"]
     if placement in ("node", "hybrid"):
-        mesh = init_device_mesh(mesh.device_type, (num_nodes, mesh.size() // num_nodes),
-                                mesh_dim_names=("replicate", "shard"))  # fmt: skip
+        mesh = init_device_mesh(
+            mesh.device_type, (num_nodes, mesh.size() // num_nodes), mesh_dim_names=("replicate", "shard")
+        )
         if frozen:  # sharded within the node only: nothing to reduce across nodes
             mesh = mesh["shard"]
     policy = MixedPrecisionPolicy(param_dtype=None if frozen else param_dtype, reduce_dtype=torch.float32)

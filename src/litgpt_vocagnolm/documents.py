@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, given_by
+
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 FIELD_SEPARATOR = "\n\n"  # joins the fields of `--text_key question,answer`, as paragraphs
 UNITS = 256  # work units to cut the input into, so that many workers stay busy to the end

@@ -210,7 +210,7 @@ def format_dry_run(figures: dict) -> str:
         lines.append(
             f"  `score-teacher`: one teacher forward over every window, {scaled(f['teacher_flops'], 'FLOP')}"
             f" (2 x its matrix parameters per token): {hours(f['teacher_flops'] / SCORING_FLOPS / 3600)} of one GPU at"
-            f" {scaled(SCORING_FLOPS, 'FLOP/s')} (measured on an H100, compiled as by default: README, \"At the"
+            f' {scaled(SCORING_FLOPS, "FLOP/s")} (measured on an H100, compiled as by default: README, "At the'
             " device's pace\")"
         )
     return "\n".join(lines)

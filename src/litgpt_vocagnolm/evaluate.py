@@ -134,9 +134,13 @@ def evaluate(
     check_writable(out_dir, "--out_dir")
     check_results_files(out_dir, ["results.csv"] * bool(selected) + ["bpb.csv"] * bool(documents))
     # The run's row: the checkpoint by its content, checked against its recorded checksums; the settings.
-    run = {"checkpoint": str(checkpoint_dir), "checkpoint_sha256": verified_weights_sha256(checkpoint_dir),
-           "precision": precision or get_default_supported_precision(training=False), "max_new_tokens": max_new_tokens,
-           "data_dir": "" if data_dir is None else str(data_dir)}  # fmt: skip
+    run = {
+        "checkpoint": str(checkpoint_dir),
+        "checkpoint_sha256": verified_weights_sha256(checkpoint_dir),
+        "precision": precision or get_default_supported_precision(training=False),
+        "max_new_tokens": max_new_tokens,
+        "data_dir": "" if data_dir is None else str(data_dir),
+    }
 
     model, tokenizer = load_model(checkpoint_dir, run["precision"])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -155,8 +159,18 @@ def evaluate(
         with open(out_dir / name, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in predictions)
         accuracy = 100 * sum(prediction["score"] for prediction in predictions) / len(predictions)
-        record_accuracy(out_dir, {"task": task.name, "accuracy": accuracy, "questions": len(predictions),
-                                  "limit": limit, **run, "date": now(), "predictions": name})  # fmt: skip
+        record_accuracy(
+            out_dir,
+            {
+                "task": task.name,
+                "accuracy": accuracy,
+                "questions": len(predictions),
+                "limit": limit,
+                **run,
+                "date": now(),
+                "predictions": name,
+            },
+        )
     if selected:  # each task's row was written as it ended: a later task's failure loses nothing
         print((out_dir / "results.md").read_text(encoding="utf-8"))
     print(f"Wrote results to {out_dir}")
@@ -395,8 +409,9 @@ def generate_greedy(
     block_size = model.config.block_size
     too_long = [len(prompt) for prompt in prompts if not 0 < len(prompt) < block_size]
     if too_long:
-        raise ValueError(f"prompts need 1 to {block_size - 1} tokens (a block of {block_size} less one new token),"
-                         f" got {too_long[0]}")  # fmt: skip
+        raise ValueError(
+            f"prompts need 1 to {block_size - 1} tokens (a block of {block_size} less one new token), got {too_long[0]}"
+        )
     if not prompts:
         return []
     budgets = [min(max_new_tokens, block_size - len(prompt)) for prompt in prompts]
@@ -471,7 +486,6 @@ def generate_greedy(
     return [Generation(cut_at_stop(text, stop_strings), len(c.tokens)) for text, c in zip(texts, continuations)]
 
 
-
 def cut_at_stop(text: str, stop_strings: Sequence[str]) -> str:
     """`text` up to the first stop string in it."""
     return text[: min((text.index(stop) for stop in stop_strings if stop in text), default=len(text))]
@@ -505,7 +519,8 @@ def evaluate_task(
     print(
         f"{task.name}: {len(rows)} questions, {task.prompt} shots, prompts of {lengths[0]}-{lengths[-1]} tokens"
         f" (median {lengths[len(lengths) // 2]}), up to {max_new_tokens} new tokens each within a block of"
-        f" {block_size}" + (f" ({short} get fewer: the block ends first)" if short else "")
+        f" {block_size}"
+        + (f" ({short} get fewer: the block ends first)" if short else "")
         + (f"; {truncated} prompts cut to fit the block, with room for one new token" if truncated else "")
     )
     generations = generate_greedy(model, tokenizer, prompts, max_new_tokens, STOP_STRINGS, batch_size, task.name)
@@ -513,8 +528,12 @@ def evaluate_task(
         # The harness strips the generation; the answer is extracted from what remains.
         generation = generation.strip()
         prediction = extract_answer(generation, task)
-        row |= {"pred": prediction, "score": is_correct(prediction, row["gt"]), "generation": generation,
-                "new_tokens": new_tokens}  # fmt: skip
+        row |= {
+            "pred": prediction,
+            "score": is_correct(prediction, row["gt"]),
+            "generation": generation,
+            "new_tokens": new_tokens,
+        }
     return rows
 
 

@@ -20,13 +20,34 @@ from typing import Optional
 from litgpt_vocagnolm.errors import PathTaken
 from litgpt_vocagnolm.math_tasks import TASKS
 
-RESULT_FIELDS = ("task", "accuracy", "questions", "limit", "max_new_tokens", "precision", "data_dir", "checkpoint",
-                 "checkpoint_sha256", "date", "predictions")  # fmt: skip
+RESULT_FIELDS = (
+    "task",
+    "accuracy",
+    "questions",
+    "limit",
+    "max_new_tokens",
+    "precision",
+    "data_dir",
+    "checkpoint",
+    "checkpoint_sha256",
+    "date",
+    "predictions",
+)
 # What makes a row: a run with all of these equal replaces its row (and predictions file); any other adds one.
 RESULT_KEY = ("checkpoint_sha256", "task", "limit", "max_new_tokens", "precision", "data_dir")
 SETTINGS = ("max_new_tokens", "precision", "data_dir")
-BPB_FIELDS = ("file", "documents", "tokens", "bytes", "nats", "bits_per_byte", "precision", "checkpoint",
-              "checkpoint_sha256", "date")  # fmt: skip
+BPB_FIELDS = (
+    "file",
+    "documents",
+    "tokens",
+    "bytes",
+    "nats",
+    "bits_per_byte",
+    "precision",
+    "checkpoint",
+    "checkpoint_sha256",
+    "date",
+)
 BPB_KEY = ("checkpoint_sha256", "file", "precision")
 FILES = {"results.csv": (RESULT_FIELDS, "results.md"), "bpb.csv": (BPB_FIELDS, "bpb.md")}
 

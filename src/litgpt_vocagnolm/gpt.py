@@ -4,9 +4,9 @@ A 1.1B student at micro-batch 8 and sequence 2048 would hold (8, 2048, 32000) lo
 teacher (8, 1888, 152064), 4.6 GB in bf16 and 9.2 GB more once `bf16-mixed` returns module outputs in float32
 (`vocagnolm plan` prints these sizes for a recipe). Given
 `targets`, `forward` runs the transformer once and the head and the loss together over tiles of rows
-(`cross_entropy.linear_cross_entropy`), so neither logits tensor ever exists whole, and what leaves the module (where Fabric
-casts outputs to float32) is one float per token. Without `targets` it is LitGPT's `GPT` unchanged (generation, the
-distillation baselines), and its checkpoints are LitGPT's.
+(`cross_entropy.linear_cross_entropy`), so neither logits tensor ever exists whole, and what leaves the module
+(where Fabric casts outputs to float32) is one float per token. Without `targets` it is LitGPT's `GPT` unchanged
+(generation, the distillation baselines), and its checkpoints are LitGPT's.
 
 The head and the loss must run inside `forward`: under FSDP2 the root's parameters (embedding, final norm, head) are
 gathered only for the root module's forward and backward.
@@ -85,7 +85,8 @@ def frozen_model(
 ) -> GPT:
     """A frozen `GPT` of `config` (`requires_grad=False`, eval mode), not set up: built in `dtype` (default: torch's),
     under `fabric`'s `init_module` when given, its weights left for a checkpoint to fill (`empty_init`) or drawn
-    at random as `GPT.__init__` draws them (`empty_init=False`: a teacher measured without its checkpoint). A float32 copy of a 7B teacher, cast
+    at random as `GPT.__init__` draws them (`empty_init=False`: a teacher measured without its checkpoint). A
+    float32 copy of a 7B teacher, cast
     afterwards, would take 28 GB for a moment (on the meta device under FSDP, where it costs nothing either way)."""
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype or default_dtype)

@@ -195,11 +195,15 @@ _NUMERIC_BUILTINS = {"abs", "max", "min", "pow", "round", "sum", "int", "float",
 _SYMPY_NAMESPACE: dict = {}
 exec("from sympy import *", _SYMPY_NAMESPACE)  # what `parse_expr` sees besides the builtins
 _STRING_MODULES = ("sympy.printing", "sympy.parsing", "sympy.interactive", "sympy.plotting", "sympy.utilities")
-_UNSAFE_NAMES = {name for name in vars(builtins) if name not in _NUMERIC_BUILTINS} | {
-    name
-    for name, value in _SYMPY_NAMESPACE.items()
-    if isinstance(value, ModuleType) or str(getattr(value, "__module__", "")).startswith(_STRING_MODULES)
-} | {"sympify", "S", "var"}
+_UNSAFE_NAMES = (
+    {name for name in vars(builtins) if name not in _NUMERIC_BUILTINS}
+    | {
+        name
+        for name, value in _SYMPY_NAMESPACE.items()
+        if isinstance(value, ModuleType) or str(getattr(value, "__module__", "")).startswith(_STRING_MODULES)
+    }
+    | {"sympify", "S", "var"}
+)
 _SINGLE_STRING = re.compile(r"""\s*(["'])[^"']*\1\s*""")
 
 

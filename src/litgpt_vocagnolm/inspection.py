@@ -358,8 +358,11 @@ def inspect(
         raise InvalidArgument("Pass --text or --file, not both.")
     if any(c < 1 for c in chunks):
         raise InvalidArgument(f"Chunk counts must be at least 1, got {chunks}.")
-    for flag, path, suffixes in (("--html", html, (".html", ".htm")), ("--json", json, (".json",)),
-                                 ("--plot", plot, PLOT_SUFFIXES)):  # fmt: skip
+    for flag, path, suffixes in (
+        ("--html", html, (".html", ".htm")),
+        ("--json", json, (".json",)),
+        ("--plot", plot, PLOT_SUFFIXES),
+    ):
         if path is not None:
             check_output_file(path, flag, suffixes)
     if file is not None:
@@ -369,7 +372,9 @@ def inspect(
     else:
         source, text = "built-in math sample", SAMPLE
     if not text:
-        raise InvalidArgument(f"{'--file ' + source if file is not None else '--text'} is empty: give some text to inspect.")
+        raise InvalidArgument(
+            f"{'--file ' + source if file is not None else '--text'} is empty: give some text to inspect."
+        )
     student_tokenizer, teacher_tokenizer = load_tokenizer(student), load_tokenizer(teacher)
     report = pair_report(student_tokenizer, teacher_tokenizer, text, chunks)
     summary = format_report(report, str(student), str(teacher), source)

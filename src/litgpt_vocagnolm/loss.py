@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from litgpt_vocagnolm.errors import InvalidArgument
+
 Aggregation = Literal["max", "mean"]
 Unmapped = Literal["include", "exclude"]
 Scope = Literal["batch", "sequence", "global"]
@@ -143,8 +144,10 @@ def teacher_reference(
     if token_bytes is not None:
         if len(token_bytes.teachers) != len(lts):
             raise ValueError(f"token_bytes has {len(token_bytes.teachers)} teachers' bytes for {len(lts)} teachers")
-        lts = [torch.where(size > 0, loss.float() / size.clamp(min=1), math.nan)  # nats per byte of each token
-               for loss, size in zip(lts, token_bytes.teachers)]  # fmt: skip
+        lts = [
+            torch.where(size > 0, loss.float() / size.clamp(min=1), math.nan)  # nats per byte of each token
+            for loss, size in zip(lts, token_bytes.teachers)
+        ]
     aggregates, maps = zip(*(aggregate_teacher_loss(loss, r, aggregation) for loss, r in zip(lts, ranges)))
     each, mapped_by = torch.stack(aggregates), torch.stack(maps)  # (K, B, T) each
     mapped = mapped_by.any(0)  # (B, T)
@@ -247,7 +250,8 @@ def select(
     all_gather: AllGather | None = None,
     rank: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The top-k of the valid mapped tokens by `scores`, and the weights that follow (docs/design.md, "Teacher-guided loss", steps 3-4).
+    """The top-k of the valid mapped tokens by `scores`, and the weights that follow (docs/design.md,
+    "Teacher-guided loss", steps 3-4).
 
     scores (B, T) float; valid, mapped (B, T) bool. Returns (weights (B, T) float32, candidates, selected) where
     candidates = valid & mapped.
@@ -295,8 +299,16 @@ def teacher_guided_selection(
     on the way (for metrics). `teacher_guided_weights` documents the arguments."""
     reference, mapped, best = teacher_reference(lts, ranges, args.aggregation, args.combine, token_bytes)
     excess = ls.float() - reference
-    weights, candidate, selected = select(excess, valid, mapped, top_k=args.top_k, unmapped=args.unmapped,
-                                          scope=args.scope, all_gather=all_gather, rank=rank)  # fmt: skip
+    weights, candidate, selected = select(
+        excess,
+        valid,
+        mapped,
+        top_k=args.top_k,
+        unmapped=args.unmapped,
+        scope=args.scope,
+        all_gather=all_gather,
+        rank=rank,
+    )
     return Selection(weights, candidate, selected, reference, excess, best)
 
 
@@ -325,8 +337,9 @@ def teacher_guided_weights(
 
     Returns: (B, T) float32 weights in {0, 1}, no gradient.
     """
-    return teacher_guided_selection(ls, lts, ranges, valid, args, all_gather=all_gather, rank=rank,
-                                    token_bytes=token_bytes).weights  # fmt: skip
+    return teacher_guided_selection(
+        ls, lts, ranges, valid, args, all_gather=all_gather, rank=rank, token_bytes=token_bytes
+    ).weights
 
 
 def selection_generator(seed: int, rank: int, iter_num: int, device: torch.device) -> torch.Generator:
@@ -354,8 +367,9 @@ def random_selection(
     and the gathered scores decide, so the global count is exact as well.
     """
     scores = torch.rand(valid.shape, generator=generator, device=valid.device)
-    weights, candidate, selected = select(scores, valid, mapped, top_k=top_k, unmapped=unmapped, scope=scope,
-                                          all_gather=all_gather, rank=rank)  # fmt: skip
+    weights, candidate, selected = select(
+        scores, valid, mapped, top_k=top_k, unmapped=unmapped, scope=scope, all_gather=all_gather, rank=rank
+    )
     return Selection(weights, candidate, selected, None, None)
 
 

@@ -64,11 +64,15 @@ SLURM_WARNING_S = 120
 # (README, "At the device's pace": `benchmarks/bench_mfu.py --device cuda --compile`), compiled and eager. A step of a
 # method that loads no teacher is the cached step without the selection: planned at the cached step's pace.
 H100_MFU = {
-    ("online", True): 0.564, ("online", False): 0.426,
-    ("cached", True): 0.475, ("cached", False): 0.317,
-    ("student only", True): 0.475, ("student only", False): 0.317,
-    ("scoring", True): 0.607, ("scoring", False): 0.487,
-}  # fmt: skip
+    ("online", True): 0.564,
+    ("online", False): 0.426,
+    ("cached", True): 0.475,
+    ("cached", False): 0.317,
+    ("student only", True): 0.475,
+    ("student only", False): 0.317,
+    ("scoring", True): 0.607,
+    ("scoring", False): 0.487,
+}
 
 
 @dataclass
@@ -238,9 +242,13 @@ def batches(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int) -> 
     data, caches = copy.deepcopy(data), setting.args.teacher.caches
     cached = work == "cached" and bool(caches) and all((cache / CACHE_MANIFEST).is_file() for cache in caches)
     online = work == "online" and setting.teachers
-    data.connect(batch_size=micro_batch, max_seq_length=setting.seq_len,
-                 num_chunks=setting.args.guidance.num_chunks_if_chunked, teacher_caches=caches if cached else None,
-                 teacher_block_size=min(t.block_size for t in setting.teachers) if online else None)  # fmt: skip
+    data.connect(
+        batch_size=micro_batch,
+        max_seq_length=setting.seq_len,
+        num_chunks=setting.args.guidance.num_chunks_if_chunked,
+        teacher_caches=caches if cached else None,
+        teacher_block_size=min(t.block_size for t in setting.teachers) if online else None,
+    )
     data.setup()
     loader = fabric.setup_dataloaders(data.train_dataloader())
     return WithRandomLosses(loader) if work == "cached" and not cached else loader
@@ -292,14 +300,34 @@ def recipe_step(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int,
     A, B, T = setting.accumulation, micro_batch, setting.seq_len
     warmup = warmup_steps(args.compile)
     # One GPU's share of the run: A micro-batches per optimizer step; the budget and the schedule cover these steps.
-    train = dataclasses.replace(args.train, micro_batch_size=B, global_batch_size=A * B, max_steps=warmup + timed,
-                                max_tokens=(warmup + timed) * A * B * T, save_interval=None, lr_warmup_steps=None,
-                                lr_warmup_fraction=None)  # fmt: skip
+    train = dataclasses.replace(
+        args.train,
+        micro_batch_size=B,
+        global_batch_size=A * B,
+        max_steps=warmup + timed,
+        max_tokens=(warmup + timed) * A * B * T,
+        save_interval=None,
+        lr_warmup_steps=None,
+        lr_warmup_fraction=None,
+    )
     eval = dataclasses.replace(args.eval, interval=1 << 30, initial_validation=False, final_validation=False)
-    run = Run(out_dir=args.out_dir, tokenizer_dir=args.tokenizer_dir, initial_checkpoint_dir=None, resume=False,
-              devices=1, num_nodes=1, seed=args.seed, optimizer=args.optimizer, fsdp=args.fsdp, compile=args.compile,
-              overwrite=False, checkpointer=Checkpointer(fabric), hparams={}, history=[],
-              stop=threading.Event())  # fmt: skip
+    run = Run(
+        out_dir=args.out_dir,
+        tokenizer_dir=args.tokenizer_dir,
+        initial_checkpoint_dir=None,
+        resume=False,
+        devices=1,
+        num_nodes=1,
+        seed=args.seed,
+        optimizer=args.optimizer,
+        fsdp=args.fsdp,
+        compile=args.compile,
+        overwrite=False,
+        checkpointer=Checkpointer(fabric),
+        hparams={},
+        history=[],
+        stop=threading.Event(),
+    )
     data = prepared(setting)
     vocab_size = data.manifest["student"]["vocab_size"] if data is not None else None
     tables = ()
@@ -335,8 +363,14 @@ def scoring(device: torch.device, setting: Setting, micro_batch: int) -> Measure
         with torch.no_grad():
             teacher_token_loss(model, *next(taken))
     seconds = stamped.seconds_since_start() / TIMED_STEPS
-    return Measured("scoring", micro_batch, seconds, micro_batch * setting.window,
-                    forward_flops(config, micro_batch, setting.window), memory.peak())  # fmt: skip
+    return Measured(
+        "scoring",
+        micro_batch,
+        seconds,
+        micro_batch * setting.window,
+        forward_flops(config, micro_batch, setting.window),
+        memory.peak(),
+    )
 
 
 def litgpt_step(fabric: L.Fabric, setting: Setting, micro_batch: int) -> Measured:
@@ -369,8 +403,9 @@ def litgpt_step(fabric: L.Fabric, setting: Setting, micro_batch: int) -> Measure
         optimizer.zero_grad()
     seconds = stamped.seconds_since_start() / TIMED_STEPS
     T = setting.seq_len
-    return Measured(LITGPT, micro_batch, seconds, A * micro_batch * T,
-                    A * training_flops(config, micro_batch, T), memory.peak())  # fmt: skip
+    return Measured(
+        LITGPT, micro_batch, seconds, A * micro_batch * T, A * training_flops(config, micro_batch, T), memory.peak()
+    )
 
 
 def checkpoint_seconds(fabric: L.Fabric, state: dict, checkpointer: Checkpointer, setting: Setting) -> tuple:
@@ -428,10 +463,13 @@ def measure(setting: Setting) -> None:
     data = prepared(setting)
     name = torch.cuda.get_device_name(device) if cuda else f"a CPU ({torch.get_num_threads()} threads)"
     source = f"from {data.path}" if data else "random, of the prepared shapes (no prepared data)"
-    print(f"\nMeasured here, on one device, {name}: one GPU's share of the run ({setting.accumulation} x micro-batch"
-          f" {B} x {setting.seq_len} tokens per optimizer step), {precision}, compile"
-          f" {'on' if args.compile else 'off'}, {warmup_steps(args.compile)} warm-up and {TIMED_STEPS} timed optimizer"
-          f" steps per work; batches {source}. Measuring ...", flush=True)  # fmt: skip
+    print(
+        f"\nMeasured here, on one device, {name}: one GPU's share of the run ({setting.accumulation} x micro-batch"
+        f" {B} x {setting.seq_len} tokens per optimizer step), {precision}, compile"
+        f" {'on' if args.compile else 'off'}, {warmup_steps(args.compile)} warm-up and {TIMED_STEPS} timed optimizer"
+        f" steps per work; batches {source}. Measuring ...",
+        flush=True,
+    )
     with warnings.catch_warnings():  # what a single process's run says of itself (DCP without a process group)
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         step, state, checkpointer = recipe_step(fabric, setting, configured, B)
@@ -452,12 +490,16 @@ def report(setting: Setting, results: list[Measured], device: torch.device, save
     args, step, litgpt = setting.args, results[0], results[-1]
     peak_flops = get_available_flops(device, torch.bfloat16) if device.type == "cuda" else None
     held = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "the process's resident memory (a CPU)"
-    print(f"Peak memory: {held}, beyond what was held before the work's models were built. Planned: the plan's"
-          " estimate for this one device; tokens/s and MFU at the pace each work ran on one H100 (README, \"At the"
-          " device's pace\").")  # fmt: skip
+    print(
+        f"Peak memory: {held}, beyond what was held before the work's models were built. Planned: the plan's"
+        ' estimate for this one device; tokens/s and MFU at the pace each work ran on one H100 (README, "At the'
+        " device's pace\")."
+    )
     print(f"  {'':<27} {'peak GB':^17}   {'tokens/s':^21}   {'MFU':^17}")
-    print(f"  {'work':<14} {'micro-batch':>12} {'planned':>8} {'measured':>8}   {'planned':>10} {'measured':>10}"
-          f"   {'planned':>8} {'measured':>8}")  # fmt: skip
+    print(
+        f"  {'work':<14} {'micro-batch':>12} {'planned':>8} {'measured':>8}   {'planned':>10} {'measured':>10}"
+        f"   {'planned':>8} {'measured':>8}"
+    )
     for r in results:
         compiled = compiles_by_default(device) if r.work == "scoring" else args.compile
         share = H100_MFU.get((r.work, compiled))  # None for LitGPT's step: the plan has no figure for it
@@ -465,21 +507,29 @@ def report(setting: Setting, results: list[Measured], device: torch.device, save
         planned_speed = f"{share * peak_flops / r.flops * r.tokens:10,.0f}" if share and peak_flops else f"{'n/a':>10}"
         planned_mfu = f"{share:8.1%}" if share else f"{'n/a':>8}"
         mfu = f"{r.flops / r.seconds / peak_flops:8.1%}" if peak_flops else f"{'n/a':>8}"
-        print(f"  {r.work:<14} {r.micro_batch:>12} {planned_gb} {r.peak / GB:8.2f}   {planned_speed}"
-              f" {r.tokens / r.seconds:10,.0f}   {planned_mfu} {mfu}")  # fmt: skip
-    print(f"Checkpoint of the student and its AdamW state (`Checkpointer`, on the file system of {args.out_dir}):"
-          f" a blocking save {save_s:.2f} s, a load {load_s:.2f} s.")  # fmt: skip
+        print(
+            f"  {r.work:<14} {r.micro_batch:>12} {planned_gb} {r.peak / GB:8.2f}   {planned_speed}"
+            f" {r.tokens / r.seconds:10,.0f}   {planned_mfu} {mfu}"
+        )
+    print(
+        f"Checkpoint of the student and its AdamW state (`Checkpointer`, on the file system of {args.out_dir}):"
+        f" a blocking save {save_s:.2f} s, a load {load_s:.2f} s."
+    )
     stop_s = step.seconds + save_s
     verdict = "in time" if stop_s <= SLURM_WARNING_S else "NOT in time: raise the lead of --signal"
-    print(f"Slurm's warning comes {SLURM_WARNING_S} s before the time limit (recipes/slurm/vocagnolm.sbatch): the"
-          f" step under way ({step.seconds:.2f} s) and the save take {stop_s:.2f} s of it, {verdict}.")  # fmt: skip
+    print(
+        f"Slurm's warning comes {SLURM_WARNING_S} s before the time limit (recipes/slurm/vocagnolm.sbatch): the"
+        f" step under way ({step.seconds:.2f} s) and the save take {stop_s:.2f} s of it, {verdict}."
+    )
     other = results[1]
     sizes = (other.micro_batch, step.micro_batch)
     slope = (step.peak - other.peak) / (step.micro_batch - other.micro_batch)
     measured = largest_micro_batch(lambda b: step.peak + slope * (b - step.micro_batch), setting.gpu_memory)
     planned = largest_micro_batch(lambda b: setting.planned(step.work, b), setting.gpu_memory)
-    print(f"Largest micro-batch that fits {setting.gpu_memory / GB:g} GB on this device: planned {planned}, measured"
-          f" {measured} (the peaks at micro-batch {min(sizes)} and {max(sizes)}, extrapolated linearly).")  # fmt: skip
+    print(
+        f"Largest micro-batch that fits {setting.gpu_memory / GB:g} GB on this device: planned {planned}, measured"
+        f" {measured} (the peaks at micro-batch {min(sizes)} and {max(sizes)}, extrapolated linearly)."
+    )
     steps, world = budget_steps(setting), setting.world_size
     share = H100_MFU[(step.work, args.compile)]
     if peak_flops:
@@ -487,13 +537,18 @@ def report(setting: Setting, results: list[Measured], device: torch.device, save
         projection = f"{steps:,} steps x {planned_s:.4f} s = {hours(steps * planned_s, world)}"
     else:
         projection = "n/a (no bf16 peak is known for this device)"
-    print(f"Projection of the budget ({step.work} steps on {world} GPUs): planned {projection}; measured {steps:,}"
-          f" steps x {step.seconds:.4f} s = {hours(steps * step.seconds, world)}. Communication between GPUs is not in it:"
-          f" the plan's lower bound adds {setting.communication_s:.3f} s per step.")  # fmt: skip
+    print(
+        f"Projection of the budget ({step.work} steps on {world} GPUs): planned {projection}; measured {steps:,}"
+        f" steps x {step.seconds:.4f} s = {hours(steps * step.seconds, world)}. Communication between GPUs is not"
+        f" in it:"
+        f" the plan's lower bound adds {setting.communication_s:.3f} s per step."
+    )
     reference = next((r for r in results if r.work == "cached"), step)  # else the configured step
-    print(f"{reference.work.capitalize()} step / LitGPT's step, tokens/s at micro-batch {litgpt.micro_batch}:"
-          f" {litgpt.seconds / reference.seconds:.2f}x (on a GPU at least 1.00x is expected: the same work plus a"
-          " selection).")  # fmt: skip
+    print(
+        f"{reference.work.capitalize()} step / LitGPT's step, tokens/s at micro-batch {litgpt.micro_batch}:"
+        f" {litgpt.seconds / reference.seconds:.2f}x (on a GPU at least 1.00x is expected: the same work plus a"
+        " selection)."
+    )
 
 
 def hours(wall: float, world: int) -> str:

@@ -42,7 +42,8 @@ from litgpt_vocagnolm.loss import (
 
 
 class LossInputs(NamedTuple):
-    """What one micro-batch brings besides the student's per-token loss (`micro_batch.loss_inputs` builds it from a batch);
+    """What one micro-batch brings besides the student's per-token loss (`micro_batch.loss_inputs` builds it from a
+    batch);
     a method's table entry names the fields its loss needs (`GuidanceMethod.inputs`). Lists hold one tensor per
     teacher, in the order of the data (`data.Batch.teachers`)."""
 
@@ -127,9 +128,16 @@ def cross_entropy_only(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: 
 
 def top_k_by_excess(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
     """The top-k mapped tokens by excess loss over the teachers' reference (`loss.teacher_guided_selection`)."""
-    selection = teacher_guided_selection(ls.detach(), inputs.teacher_losses, inputs.ranges, valid, guided.selection,
-                                         all_gather=guided.all_gather, rank=guided.rank,
-                                         token_bytes=inputs.token_bytes)  # fmt: skip
+    selection = teacher_guided_selection(
+        ls.detach(),
+        inputs.teacher_losses,
+        inputs.ranges,
+        valid,
+        guided.selection,
+        all_gather=guided.all_gather,
+        rank=guided.rank,
+        token_bytes=inputs.token_bytes,
+    )
     return selection_loss(ls, valid, selection, inputs)
 
 
@@ -158,8 +166,16 @@ def random_tokens(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossI
     if teacher_losses is not None:  # what the teachers would have ranked by, for the metrics
         reference, mapped, best = teacher_reference(teacher_losses, ranges, args.aggregation, args.combine)
         excess = ls.float() - reference
-    selection = random_selection(valid, mapped, args.top_k, args.unmapped, inputs.generator, scope=args.scope,
-                                 all_gather=guided.all_gather, rank=guided.rank)  # fmt: skip
+    selection = random_selection(
+        valid,
+        mapped,
+        args.top_k,
+        args.unmapped,
+        inputs.generator,
+        scope=args.scope,
+        all_gather=guided.all_gather,
+        rank=guided.rank,
+    )
     return selection_loss(ls, valid, selection._replace(reference=reference, excess=excess, best=best), inputs)
 
 
@@ -206,39 +222,57 @@ METHODS: dict[str, GuidanceMethod] = {
         GuidanceMethod(
             "vocagnolm",
             "train the top-k mapped tokens by excess loss (student minus aligned teacher loss)",
-            top_k_by_excess, inputs=("teacher_losses", "ranges"), alignment="token", selects=True,
+            top_k_by_excess,
+            inputs=("teacher_losses", "ranges"),
+            alignment="token",
+            selects=True,
             several_teachers=True,
         ),
         GuidanceMethod("ce", "naive continual pretraining: every token", cross_entropy_only),
         GuidanceMethod(
             "rho1",
             "vocagnolm for a same-vocabulary teacher, token i paired with token i",
-            paired_top_k_by_excess, inputs=("teacher_losses",), same_vocabulary=True, selects=True,
+            paired_top_k_by_excess,
+            inputs=("teacher_losses",),
+            same_vocabulary=True,
+            selects=True,
             several_teachers=True,
         ),
         GuidanceMethod(
             "kld",
             "CE + forward KL to the teacher's distribution over the student's vocabulary",
-            kld_distillation, inputs=("ranges", "logits", "teacher_logits"), same_vocabulary=True, alignment="token",
+            kld_distillation,
+            inputs=("ranges", "logits", "teacher_logits"),
+            same_vocabulary=True,
+            alignment="token",
         ),
         GuidanceMethod(
             "uld",
             "CE + Universal Logit Distillation (sorted-probability L1, any vocabulary)",
-            uld_distillation, inputs=("ranges", "logits", "teacher_logits"), alignment="token",
+            uld_distillation,
+            inputs=("ranges", "logits", "teacher_logits"),
+            alignment="token",
         ),
         GuidanceMethod(
             "chunk",
             "vocagnolm through chunk-level alignment ranges",
-            top_k_by_excess, inputs=("teacher_losses", "ranges"), alignment="chunk", selects=True,
+            top_k_by_excess,
+            inputs=("teacher_losses", "ranges"),
+            alignment="chunk",
+            selects=True,
             several_teachers=True,
         ),
         GuidanceMethod(
             "random",
             "as many mapped tokens as vocagnolm trains, drawn uniformly (the control)",
-            random_tokens, inputs=("ranges",), alignment="token", selects=True, several_teachers=True,
+            random_tokens,
+            inputs=("ranges",),
+            alignment="token",
+            selects=True,
+            several_teachers=True,
         ),
     )
-}  # fmt: skip
+}
 Method = Literal[tuple(METHODS)]  # the choices of --guidance.method
 
 
@@ -252,7 +286,8 @@ def method_help() -> str:
     """The table as `--help` prints it."""
     lines = [f"{m.name}: {m.description}" for m in METHODS.values()]
     lines.append(
-        f"{method_names(lambda m: m.same_vocabulary)} need a teacher that has every student token with the same id (the same"
+        f"{method_names(lambda m: m.same_vocabulary)} need a teacher that has every student token with the same id"
+        f" (the same"
         " tokenizer, or an extension such as Llemma's of TinyLlama's)"
     )
     return "; ".join(lines)
@@ -288,8 +323,14 @@ class GuidanceArgs:
     that teacher's rate). Needs each teacher's tokenizer (--teacher.checkpoint_dir, also beside --teacher.cache)"""
 
     def __post_init__(self) -> None:
-        kinds = {"method": Method, "aggregation": Aggregation, "unmapped": Unmapped, "scope": Scope,
-                 "combine": Combine, "compare": Compare}  # fmt: skip
+        kinds = {
+            "method": Method,
+            "aggregation": Aggregation,
+            "unmapped": Unmapped,
+            "scope": Scope,
+            "combine": Combine,
+            "compare": Compare,
+        }
         for name, kind in kinds.items():
             if getattr(self, name) not in get_args(kind):
                 raise InvalidArgument(f"guidance.{name} must be one of {get_args(kind)}, got {getattr(self, name)!r}")

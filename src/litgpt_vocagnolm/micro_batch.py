@@ -26,15 +26,21 @@ class Guide:
     """Built once from the run's arguments (`methods.GuidedLoss`)."""
 
     @classmethod
-    def build(cls, fabric: L.Fabric, guidance: GuidanceArgs, teachers: list[nn.Module], vocab_size: int | None = None,
-              byte_tables: Sequence[torch.Tensor] = ()) -> "Guide":  # fmt: skip
+    def build(
+        cls,
+        fabric: L.Fabric,
+        guidance: GuidanceArgs,
+        teachers: list[nn.Module],
+        vocab_size: int | None = None,
+        byte_tables: Sequence[torch.Tensor] = (),
+    ) -> "Guide":
         """The guide of a run on `fabric`: its rank, and its all_gather for `--guidance.scope global`; `vocab_size`
         (the student tokenizer's) for `kld`, `byte_tables` (`data.byte_tables`) for `--guidance.compare byte`."""
         all_gather = fabric.all_gather if guidance.scope == "global" else None
-        loss = GuidedLoss(guidance, all_gather=all_gather, rank=fabric.global_rank, vocab_size=vocab_size,
-                          byte_tables=byte_tables)  # fmt: skip
+        loss = GuidedLoss(
+            guidance, all_gather=all_gather, rank=fabric.global_rank, vocab_size=vocab_size, byte_tables=byte_tables
+        )
         return cls(teachers, loss)
-
 
 
 def forward_and_loss(
@@ -68,8 +74,9 @@ def forward_and_loss(
         ls = per_token_cross_entropy(logits, batch.targets)  # (B, T) float32
     else:  # the head and the loss a tile of rows at a time: no (B, T, V) logits
         logits, ls = None, model(batch.input_ids, targets=batch.targets)  # (B, T) float32
-    inputs = loss_inputs(batch, guide.loss, teacher_losses, logits=logits, teacher_logits=teacher_logits,
-                         generator=generator)  # fmt: skip
+    inputs = loss_inputs(
+        batch, guide.loss, teacher_losses, logits=logits, teacher_logits=teacher_logits, generator=generator
+    )
     return guide.loss(ls, batch.targets != IGNORE_INDEX, inputs)
 
 

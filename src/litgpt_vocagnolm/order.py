@@ -158,8 +158,15 @@ def loader(data: VocAgnoData, blocks: Blocks, batches: RankBatches) -> DataLoade
     """The loader of `batches`: `num_workers` worker processes (`data`'s) read their blocks, collated as `VocAgnoData`'s
     loaders are (`collate_blocks`, the run's padded windows), into pinned memory on CUDA."""
     collate = functools.partial(
-        collate_blocks, block_tokens=block_tokens(data.manifest), num_chunks=data.num_chunks,
+        collate_blocks,
+        block_tokens=block_tokens(data.manifest),
+        num_chunks=data.num_chunks,
         windows=[padded_window(manifest, data.teacher_block_size) for manifest in data.manifests],
-    )  # fmt: skip
-    return DataLoader(blocks, batch_sampler=batches, num_workers=data.num_workers, collate_fn=collate,
-                      pin_memory=torch.cuda.is_available())  # fmt: skip
+    )
+    return DataLoader(
+        blocks,
+        batch_sampler=batches,
+        num_workers=data.num_workers,
+        collate_fn=collate,
+        pin_memory=torch.cuda.is_available(),
+    )

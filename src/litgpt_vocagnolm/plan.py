@@ -1,4 +1,5 @@
-"""`vocagnolm plan`: the per-GPU memory of a recipe's step before it goes to Slurm, and the largest micro-batch that fits.
+"""`vocagnolm plan`: the per-GPU memory of a recipe's step before it goes to Slurm, and the largest micro-batch
+that fits.
 
 The estimate adds up what one device holds during a step of the recipe (FSDP2 placed as `FSDPArgs` says, bf16
 student with float32 parameters, gradients and AdamW state, bf16 frozen teacher, logits a tile of rows at a time):
@@ -16,8 +17,9 @@ student with float32 parameters, gradients and AdamW state, bf16 frozen teacher,
                                                activation checkpointing, plus one block recomputed
   bf16 weight copies                           autocast casts each float32 matrix to bf16 for its product and keeps
                                                the copy for backward
-  logit tiles                                  `cross_entropy.linear_cross_entropy`: a tile of logits in bf16 and float32 and
-                                               the previous tile's float32 ones, and the head's gradient
+  logit tiles                                  `cross_entropy.linear_cross_entropy`: a tile of logits in bf16
+                                               and float32 and the previous tile's float32 ones, and the head's
+                                               gradient
   teacher activations                          the teacher's forward keeps one block's intermediates at a time
 Per-token activation bytes are measured, not guessed: one block of the model at its real width runs on the CPU at two
 short lengths under bf16 autocast, with saved-tensor hooks (student) or the profiler's allocation events (teacher). The
@@ -152,7 +154,10 @@ def _block_bytes_per_token(config_json: str, train: bool, lengths: tuple[int, in
                     saved[storage.data_ptr()] = storage.nbytes()
                 return tensor
 
-            with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with (
+                torch.autocast("cpu", dtype=torch.bfloat16),
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            ):
                 block(x.requires_grad_(), cos, sin)
             measured.append(sum(saved.values()))
         else:
@@ -162,7 +167,8 @@ def _block_bytes_per_token(config_json: str, train: bool, lengths: tuple[int, in
     return per_token, measured[0] - per_token * lengths[0]
 
 
-# Bytes per logit of one tile of `cross_entropy.linear_cross_entropy`'s forward at its peak: the tile's bf16 product and its
+# Bytes per logit of one tile of `cross_entropy.linear_cross_entropy`'s forward at its peak: the tile's bf16
+# product and its
 # float32 copy, and the previous tile's float32 logits, alive until the new ones replace them. Measured with
 # `cpu_peak_bytes` on bf16 (512, 256) x (32000, 256) in tiles of 128 and 256 rows: 10.0 forward, 8.0 backward beyond
 # the gradients. With a single tile there is no previous one: 6.
@@ -188,14 +194,17 @@ NETWORK_BYTES_PER_S = 50e9
 
 
 def head_tile_bytes(vocab: int, rows: int) -> float:
-    """Transient bytes of `cross_entropy.linear_cross_entropy` over `rows` rows, a tile at a time (`TILE_BYTES_PER_LOGIT`)."""
+    """Transient bytes of `cross_entropy.linear_cross_entropy` over `rows` rows, a tile at a time
+    (`TILE_BYTES_PER_LOGIT`)."""
     tile_rows = max(1, TILE_ELEMENTS // vocab)
     return min(rows, tile_rows) * vocab * (TILE_BYTES_PER_LOGIT if rows > tile_rows else SINGLE_TILE_BYTES_PER_LOGIT)
 
 
 def shard_group(placement: str, world_size: int, num_nodes: int) -> int:
     """Devices a model's parameters are sharded over: "replicate" 1, "node" and "hybrid" a node's, "full"/"all" all."""
-    return {"replicate": 1, "node": world_size // num_nodes, "hybrid": world_size // num_nodes}.get(placement, world_size)
+    return {"replicate": 1, "node": world_size // num_nodes, "hybrid": world_size // num_nodes}.get(
+        placement, world_size
+    )
 
 
 @dataclass(frozen=True)
@@ -374,10 +383,10 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     """
     from jsonargparse import CLI, ArgumentParser, capture_parser
 
+    from litgpt_vocagnolm.checks import check_run_args, resolve_model_config
     from litgpt_vocagnolm.data import VocAgnoData, load_manifest, padded_window
     from litgpt_vocagnolm.measure import Setting, largest_micro_batch, measure
     from litgpt_vocagnolm.model_configs import config_named, register
-    from litgpt_vocagnolm.checks import check_run_args, resolve_model_config
     from litgpt_vocagnolm.recipe import setup
 
     register()
@@ -385,16 +394,24 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     parser.prog = prog
     parser.description = plan.__doc__
     parser.add_argument("--gpu_memory", type=float, default=80.0, help="GB of memory per GPU, above 0 (H100: 80).")
-    parser.add_argument("--window", type=Optional[int], default=None,
-                        help="Teacher tokens per student sequence, from 1 to the teacher's block size (default: the"
-                             " prepared data's teacher_max_length rounded up to a multiple of 64, as training pads"
-                             " every window, else max_seq_length + 1).")  # fmt: skip
-    parser.add_argument("--measure", type=bool, default=False,
-                        help="Then run the recipe's steps here (the first GPU, else the CPU) for a few steps after"
-                             " warm-up, and print what they measure beside the plan: peak memory, tokens/s, MFU, a"
-                             " checkpoint's save and load, the largest micro-batch that fits, the budget's"
-                             " wall-clock time and GPU-hours, and the pace of LitGPT's own step for the same"
-                             " student.")  # fmt: skip
+    parser.add_argument(
+        "--window",
+        type=Optional[int],
+        default=None,
+        help="Teacher tokens per student sequence, from 1 to the teacher's block size (default: the"
+        " prepared data's teacher_max_length rounded up to a multiple of 64, as training pads"
+        " every window, else max_seq_length + 1).",
+    )
+    parser.add_argument(
+        "--measure",
+        type=bool,
+        default=False,
+        help="Then run the recipe's steps here (the first GPU, else the CPU) for a few steps after"
+        " warm-up, and print what they measure beside the plan: peak memory, tokens/s, MFU, a"
+        " checkpoint's save and load, the largest micro-batch that fits, the budget's"
+        " wall-clock time and GPU-hours, and the pace of LitGPT's own step for the same"
+        " student.",
+    )
     parsed = parser.parse_args(args)
     gpu_memory, window, measuring = parsed.pop("gpu_memory"), parsed.pop("window"), parsed.pop("measure")
     args = parser.instantiate_classes(parsed)
@@ -438,8 +455,17 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     accumulation = max(1, args.train.global_batch_size // (world * B)) if args.train.global_batch_size else 1
 
     def estimate(micro_batch: int, layout: FSDPArgs = args.fsdp) -> MemoryEstimate:
-        step = StepShape(micro_batch, T, window, activation_checkpointing=checkpointing, world_size=world,
-                         num_nodes=num_nodes, layout=layout, accumulation=accumulation, compiled=args.compile)
+        step = StepShape(
+            micro_batch,
+            T,
+            window,
+            activation_checkpointing=checkpointing,
+            world_size=world,
+            num_nodes=num_nodes,
+            layout=layout,
+            accumulation=accumulation,
+            compiled=args.compile,
+        )
         return estimate_memory(student, teachers if online else [], step)
 
     step = estimate(B)
@@ -463,19 +489,29 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     for teacher_layout in ("replicate", "node", "all") if online else (args.fsdp.teacher,):
         for student_layout in ("full", "hybrid"):
             layout = dataclasses.replace(args.fsdp, teacher=teacher_layout, student=student_layout)
-            traffic = traffic_per_step(student, teachers if online else [], layout, devices=devices,
-                                       num_nodes=num_nodes, accumulation=accumulation)  # fmt: skip
+            traffic = traffic_per_step(
+                student,
+                teachers if online else [],
+                layout,
+                devices=devices,
+                num_nodes=num_nodes,
+                accumulation=accumulation,
+            )
             rows.append((layout, estimate(B, layout).total, *traffic, communication_seconds(*traffic)))
     fitting = [row for row in rows if row[1] <= gpu_memory * GB]
     fastest = min(fitting, key=lambda row: row[4])[0] if fitting else None
     for layout, memory, node_links, network, seconds in rows:
         mark = " <- chosen" if layout == args.fsdp else ""
         mark += " <- fastest that fits" if layout == fastest else ""
-        print(f"  {layout.teacher:<10} {layout.student:<8} {memory / GB:9.2f} {node_links / GB:13.2f}"
-              f" {network / GB:10.2f} {seconds:7.3f}{mark}")  # fmt: skip
+        print(
+            f"  {layout.teacher:<10} {layout.student:<8} {memory / GB:9.2f} {node_links / GB:13.2f}"
+            f" {network / GB:10.2f} {seconds:7.3f}{mark}"
+        )
     largest = largest_micro_batch(lambda micro_batch: estimate(micro_batch).total, gpu_memory * GB)
-    print(f"Largest micro-batch that fits {gpu_memory:g} GB: {largest or 'none'}"
-          + ("" if largest else " (turn on --fsdp.activation_checkpointing, or use more GPUs)"))  # fmt: skip
+    print(
+        f"Largest micro-batch that fits {gpu_memory:g} GB: {largest or 'none'}"
+        + ("" if largest else " (turn on --fsdp.activation_checkpointing, or use more GPUs)")
+    )
     # What the tiled head and loss (`cross_entropy.linear_cross_entropy`) leave unallocated at this micro-batch.
     logits = B * T * student.padded_vocab_size
     whole = f"Whole logits, never allocated: the student's {logits * 4 / GB:.2f} GB (float32)"
@@ -485,14 +521,20 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
         whole += " float32 copy"
     print(whole + ".")
     if teachers:  # score-teacher is data-parallel: the whole teacher on each GPU; one teacher at a time
-        scoring = max((estimate_memory(student, [t], StepShape(B, T, window, train=False)) for t in teachers),
-                      key=lambda e: e.total)  # fmt: skip
-        print(f"`vocagnolm score-teacher --batch_size {B}` (the whole teacher on each GPU): {scoring.total / GB:.2f} GB")
+        scoring = max(
+            (estimate_memory(student, [t], StepShape(B, T, window, train=False)) for t in teachers),
+            key=lambda e: e.total,
+        )
+        print(
+            f"`vocagnolm score-teacher --batch_size {B}` (the whole teacher on each GPU): {scoring.total / GB:.2f} GB"
+        )
     if args.train.global_batch_size and accumulation * world * B != args.train.global_batch_size:
         print(f"Note: global batch {args.train.global_batch_size} is not a multiple of {world} GPUs x micro-batch {B}.")
     elif args.train.global_batch_size:
-        print(f"Global batch {args.train.global_batch_size} = {world} GPUs x {B} x {accumulation} accumulation steps;"
-              f" {args.train.global_batch_size * T:,} tokens per optimizer step.")  # fmt: skip
+        print(
+            f"Global batch {args.train.global_batch_size} = {world} GPUs x {B} x {accumulation} accumulation steps;"
+            f" {args.train.global_batch_size * T:,} tokens per optimizer step."
+        )
     if measuring:
         cuda = torch.cuda.is_available()
 
@@ -501,12 +543,38 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
             if work == "scoring":  # `score-teacher`: the first teacher alone
                 step = StepShape(micro_batch, T, window, train=False, workspace=cuda)
                 return estimate_memory(student, teachers[:1], step).total
-            step = StepShape(micro_batch, T, window, activation_checkpointing=checkpointing, accumulation=accumulation,
-                             fused_optimizer=cuda, workspace=cuda, compiled=args.compile)
+            step = StepShape(
+                micro_batch,
+                T,
+                window,
+                activation_checkpointing=checkpointing,
+                accumulation=accumulation,
+                fused_optimizer=cuda,
+                workspace=cuda,
+                compiled=args.compile,
+            )
             return estimate_memory(student, teachers if work == "online" else [], step).total
 
-        traffic = traffic_per_step(student, teachers if online else [], args.fsdp, devices=devices,
-                                   num_nodes=num_nodes, accumulation=accumulation)  # fmt: skip
-        measure(Setting(args=args, student=student, teachers=teachers, online=online, seq_len=T, window=window,
-                        accumulation=accumulation, world_size=world, gpu_memory=gpu_memory * GB, planned=planned,
-                        communication_s=communication_seconds(*traffic)))  # fmt: skip
+        traffic = traffic_per_step(
+            student,
+            teachers if online else [],
+            args.fsdp,
+            devices=devices,
+            num_nodes=num_nodes,
+            accumulation=accumulation,
+        )
+        measure(
+            Setting(
+                args=args,
+                student=student,
+                teachers=teachers,
+                online=online,
+                seq_len=T,
+                window=window,
+                accumulation=accumulation,
+                world_size=world,
+                gpu_memory=gpu_memory * GB,
+                planned=planned,
+                communication_s=communication_seconds(*traffic),
+            )
+        )

@@ -252,8 +252,10 @@ def usable_teacher_max_length(teacher_max_length: int, block_tokens: int, studen
     token per student token at most). A larger window is padding that every batch of every run would carry."""
     most = block_tokens * (int(token_byte_lengths(cached_tokenizer(student_file)).max()) + 1)
     if teacher_max_length > most:
-        print(f"--teacher_max_length {teacher_max_length:,} capped at {most:,}: the most teacher tokens a block of"
-              f" {block_tokens:,} student tokens can hold.")  # fmt: skip
+        print(
+            f"--teacher_max_length {teacher_max_length:,} capped at {most:,}: the most teacher tokens a block of"
+            f" {block_tokens:,} student tokens can hold."
+        )
     return min(teacher_max_length, most)
 
 
@@ -334,8 +336,9 @@ def prepare(
         derived = block_settings(units, keys, student_info, teacher_info, block_tokens, teacher_max_length)
         dtypes, cap = BlockDtypes(**derived["dtypes"]), derived["teacher_max_length"]
         packing = Packing(student_info, teacher_info, block_tokens, cap, dtypes)
-        figures = measure_prepare(files, keys, packing, val_fraction=val_fraction, num_workers=num_workers,
-                                  teacher_dir=teacher)  # fmt: skip
+        figures = measure_prepare(
+            files, keys, packing, val_fraction=val_fraction, num_workers=num_workers, teacher_dir=teacher
+        )
         print(format_dry_run(figures))
         return
     settings = {
@@ -372,7 +375,8 @@ def prepare(
     cap = derived["teacher_max_length"]
     print(
         f"{len(files) + len(val_files)} input files ({sum(p.stat().st_size for p in files + val_files) / 1e6:.1f} MB),"
-        f" {len(skipped_files) + len(val_skipped)} skipped. Blocks of {block_tokens} student tokens with teacher windows"
+        f" {len(skipped_files) + len(val_skipped)} skipped. Blocks of {block_tokens} student tokens with teacher"
+        f" windows"
         f" of at most {cap} tokens (measured {derived['token_ratio']:.3f} teacher tokens per student token)."
     )
     for path, reason in skipped_files + val_skipped:

@@ -59,16 +59,22 @@ from litgpt_vocagnolm.checkpoints import (
     previous_checkpoints,
     resume_history,
 )
-from litgpt_vocagnolm.checks import check_optimizer, check_run_args, check_setup, check_start, resolve_model_config
-from litgpt_vocagnolm.checks import tokenizer_pair_summary
+from litgpt_vocagnolm.checks import (
+    check_optimizer,
+    check_run_args,
+    check_setup,
+    check_start,
+    resolve_model_config,
+    tokenizer_pair_summary,
+)
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX
 from litgpt_vocagnolm.data import Batch, VocAgnoData, byte_tables
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, mean_over_ranks, parallelize
 from litgpt_vocagnolm.errors import check_writable, given_by
 from litgpt_vocagnolm.gpt import load_model, new_model
 from litgpt_vocagnolm.loss import bits_per_byte, selection_generator
-from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
 from litgpt_vocagnolm.methods import GuidanceArgs
+from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
 from litgpt_vocagnolm.model_configs import register
 from litgpt_vocagnolm.slurm import requeue_and_exit, stop_signal
 from litgpt_vocagnolm.stopwatch import Stopwatch
@@ -218,10 +224,23 @@ def setup(
         fabric.logger.log_hyperparams(hparams)
 
     with stop_signal() as stop:  # Slurm's warning before the time limit: checkpoint, requeue, exit
-        run = Run(out_dir=out_dir, tokenizer_dir=tokenizer_dir, initial_checkpoint_dir=initial_checkpoint_dir,
-                  resume=resume, devices=devices, num_nodes=num_nodes, seed=seed, optimizer=optimizer, fsdp=fsdp,
-                  compile=compile, overwrite=overwrite, checkpointer=Checkpointer(fabric), hparams=hparams,
-                  history=[], stop=stop)  # fmt: skip
+        run = Run(
+            out_dir=out_dir,
+            tokenizer_dir=tokenizer_dir,
+            initial_checkpoint_dir=initial_checkpoint_dir,
+            resume=resume,
+            devices=devices,
+            num_nodes=num_nodes,
+            seed=seed,
+            optimizer=optimizer,
+            fsdp=fsdp,
+            compile=compile,
+            overwrite=overwrite,
+            checkpointer=Checkpointer(fabric),
+            hparams=hparams,
+            history=[],
+            stop=stop,
+        )
         main(fabric, config, data, run, train, eval, teacher, guidance)
 
 
@@ -246,7 +265,8 @@ def main(
                 fabric.print(tokenizer_pair_summary(data, tokenizer_dir, teacher_dir, k))
     fabric.seed_everything(run.seed)  # the same seed on every rank: identical initialisation before sharding
     fabric.barrier()
-    resume = find_resume_checkpoint(fabric, run.resume, out_dir)  # before any model: `auto` skips unreadable checkpoints
+    # Before any model: `auto` skips unreadable checkpoints.
+    resume = find_resume_checkpoint(fabric, run.resume, out_dir)
     position = 0  # the blocks consumed over all ranks: where the data order continues
     if resume:  # a change of the run's shape: refused, or carried out and said (before any model is built)
         run.history = resume_history(resume, run.hparams, fabric.world_size)
@@ -267,7 +287,8 @@ def main(
     model = fabric.setup(model)
 
     teachers = []  # online: one per prepared dataset, every batch through each
-    for checkpoint_dir in teacher_args.checkpoint_dirs if guidance.spec.needs_teacher and not teacher_args.caches else []:
+    online = guidance.spec.needs_teacher and not teacher_args.caches
+    for checkpoint_dir in teacher_args.checkpoint_dirs if online else []:
         t0 = time.perf_counter()
         teacher = load_model(checkpoint_dir, fabric, teacher_args.dtype(fabric.device))
         if run.compile:
@@ -283,17 +304,23 @@ def main(
     optimizer = fabric.setup_optimizers(optimizer)
 
     if isinstance(data, VocAgnoData):
-        data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length,
-                     num_chunks=guidance.num_chunks_if_chunked, teacher_caches=teacher_args.caches or None,
-                     teacher_block_size=min((t.max_seq_length for t in teachers), default=None))  # fmt: skip
+        data.connect(
+            batch_size=train.micro_batch_size,
+            max_seq_length=model.max_seq_length,
+            num_chunks=guidance.num_chunks_if_chunked,
+            teacher_caches=teacher_args.caches or None,
+            teacher_block_size=min((t.max_seq_length for t in teachers), default=None),
+        )
     else:
         data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length)
     with fabric.rank_zero_first():
         data.prepare_data()  # LitGPT's data modules download here; VocAgnoData's files were checked by `check_setup`
     data.setup()
     if isinstance(data, VocAgnoData):  # one global order from the seed, continued at `position` on any number of ranks
-        loaders = (order.train_loader(data, position, fabric.global_rank, fabric.world_size),
-                   order.val_loader(data, fabric.global_rank, fabric.world_size))  # fmt: skip
+        loaders = (
+            order.train_loader(data, position, fabric.global_rank, fabric.world_size),
+            order.val_loader(data, fabric.global_rank, fabric.world_size),
+        )
         train_dataloader, val_dataloader = fabric.setup_dataloaders(*loaders, use_distributed_sampler=False)
     else:  # a LitGPT data module's own loaders, dealt to ranks by Fabric's sampler or LitData
         train_dataloader, val_dataloader = fabric.setup_dataloaders(data.train_dataloader(), data.val_dataloader())
@@ -311,8 +338,9 @@ def main(
         run.checkpointer.load(fabric, state, resume)  # resharded for this run's number of processes
         # Saved after an optimizer step: the devices or the micro-batch may have changed how many micro-batches a step
         # has, not the step, the blocks it trains, the tokens trained or the schedule.
-        state["iter_num"] = state["step_count"] * order.accumulation(train.global_batch_size, train.micro_batch_size,
-                                                                     fabric.world_size)  # fmt: skip
+        state["iter_num"] = state["step_count"] * order.accumulation(
+            train.global_batch_size, train.micro_batch_size, fabric.world_size
+        )
     initial_iter = state["iter_num"]
 
     train_t0 = time.perf_counter()
@@ -323,8 +351,9 @@ def main(
     finished = fit(fabric, state, train_dataloader, val_dataloader, run, train, eval, guide)
     if not finished:
         requeue_and_exit(fabric)
-    run.checkpointer.save(fabric, state, out_dir / "final", tokenizer_dir, run.hparams, export=True,
-                          history=run.history)
+    run.checkpointer.save(
+        fabric, state, out_dir / "final", tokenizer_dir, run.hparams, export=True, history=run.history
+    )
 
     train_time = time.perf_counter() - train_t0
     tokens_per_iter = train.micro_batch_size * model.max_seq_length * fabric.world_size
@@ -412,8 +441,9 @@ def fit(
         # Random draws (`random`) seeded by position: a resumed run repeats them without saved state.
         generator = selection_generator(run.seed, fabric.global_rank, state["iter_num"], fabric.device)
         with fabric.no_backward_sync(model, enabled=is_accumulating):
-            loss_sum, weight_sum, metrics = forward_and_loss(model, guide, batch, generator=generator,
-                                                             teacher_timer=teacher_timer)  # fmt: skip
+            loss_sum, weight_sum, metrics = forward_and_loss(
+                model, guide, batch, generator=generator, teacher_timer=teacher_timer
+            )
             fabric.backward(loss_sum)
         step_sums[:2] += torch.stack([loss_sum.detach(), weight_sum.detach()])
         for name, value in metrics.items():
@@ -447,13 +477,14 @@ def fit(
             t1 = time.perf_counter()
             loss = (totals[0] / totals[1].clamp(min=1)).item()  # expensive device-to-host synchronization
             tokens = (state["iter_num"] - initial_iter) * tokens_per_iter * fabric.world_size
+            per_iter = (t1 - total_t0) / (state["iter_num"] - initial_iter)
             log = {
                 "loss": loss,
                 "iter": state["iter_num"],
                 "step": state["step_count"],
                 "epoch": (state["position"] - 1) // epoch_blocks if epoch_blocks else train_iterator.epoch,
                 "iter_time": t1 - iter_t0,
-                "remaining_time": (t1 - total_t0) / (state["iter_num"] - initial_iter) * (max_iters - state["iter_num"]),
+                "remaining_time": per_iter * (max_iters - state["iter_num"]),
                 "tokens": state["iter_num"] * tokens_per_iter,
                 "total_tokens": state["iter_num"] * tokens_per_iter * fabric.world_size,
                 "learning_rate": lr,
@@ -472,15 +503,19 @@ def fit(
             step_metrics = {}
         if stopping:
             checkpoint = run.out_dir / f"step-{state['step_count']:08d}"
-            run.checkpointer.save(fabric, state, checkpoint, run.tokenizer_dir, run.hparams,
-                                  history=run.history)  # complete before exit
+            run.checkpointer.save(
+                fabric, state, checkpoint, run.tokenizer_dir, run.hparams, history=run.history
+            )  # complete before exit
             fabric.print(f"Stopped after step {state['step_count']} on SIGUSR1: saved {str(checkpoint)!r}.")
             return False
 
         if val_dataloader is not None and not is_accumulating and state["step_count"] % eval.interval == 0:
             t0 = time.perf_counter()
             val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
-            fabric.print(f"iter {state['iter_num']}: {format_metrics(val_metrics)}, val time: {(time.perf_counter() - t0) * 1000:.2f} ms")
+            fabric.print(
+                f"iter {state['iter_num']}: {format_metrics(val_metrics)}, val time:"
+                f" {(time.perf_counter() - t0) * 1000:.2f} ms"
+            )
             fabric.log_dict(val_metrics, step=state["iter_num"] - 1)
             fabric.barrier()
 
@@ -488,8 +523,9 @@ def fit(
             run.checkpointer.poll(fabric)  # a background save that every rank has written: make it the latest
         if train.save_interval is not None and not is_accumulating and state["step_count"] % train.save_interval == 0:
             checkpoint = run.out_dir / f"step-{state['step_count']:08d}"
-            run.checkpointer.save(fabric, state, checkpoint, run.tokenizer_dir, run.hparams, blocking=False,
-                                  history=run.history)
+            run.checkpointer.save(
+                fabric, state, checkpoint, run.tokenizer_dir, run.hparams, blocking=False, history=run.history
+            )
 
     if eval.final_validation:
         val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)

@@ -73,8 +73,12 @@ def score_teacher(
             on a CPU, where compiling takes tens of seconds before the first batch.
     """
     # Every argument checked before anything is written (a refused run leaves no settings behind).
-    for name, value, least in (("batch_size", batch_size, 1), ("blocks_per_shard", blocks_per_shard, 1),
-                               ("num_workers", num_workers, 0), ("num_nodes", num_nodes, 1)):  # fmt: skip
+    for name, value, least in (
+        ("batch_size", batch_size, 1),
+        ("blocks_per_shard", blocks_per_shard, 1),
+        ("num_workers", num_workers, 0),
+        ("num_nodes", num_nodes, 1),
+    ):
         at_least(f"--{name}", value, least)
     check_devices(devices)
     check_precision(precision, "--precision")
@@ -133,8 +137,12 @@ def score_teacher(
             pin_memory=fabric.device.type == "cuda",
         )
         with ShardWriter(output, split, blocks_per_shard, num_blocks) as writer:
-            bar = tqdm(total=len(batches), desc=f"{split} (rank {fabric.global_rank})", unit="batch",
-                       disable=fabric.global_rank != 0)  # fmt: skip
+            bar = tqdm(
+                total=len(batches),
+                desc=f"{split} (rank {fabric.global_rank})",
+                unit="batch",
+                disable=fabric.global_rank != 0,
+            )
             tokens, t0 = 0, time.perf_counter()
             for (shard, start, end), (ids, lengths) in zip(batches, loader, strict=True):
                 ids = ids.to(fabric.device, non_blocking=True)  # (batch_size, M)
@@ -156,8 +164,12 @@ def score_teacher(
             files = sorted((output / split).glob("*.npy"))
             teacher_tokens = manifest["splits"][split]["teacher_tokens"]
             size = sum(f.stat().st_size for f in files)
-            counts[split] = {"blocks": num_blocks, "teacher_tokens": teacher_tokens, "bytes": size,
-                             "bytes_per_teacher_token": size / max(teacher_tokens, 1)}  # fmt: skip
+            counts[split] = {
+                "blocks": num_blocks,
+                "teacher_tokens": teacher_tokens,
+                "bytes": size,
+                "bytes_per_teacher_token": size / max(teacher_tokens, 1),
+            }
         files = {}  # every shard's checksums, from the rank that scored it
         for split, c in counts.items():
             for shard in range(-(-c["blocks"] // blocks_per_shard)):
@@ -166,8 +178,10 @@ def score_teacher(
         write_json(output / CACHE_MANIFEST, cache_manifest)
         (output / ".settings.json").unlink()
         for split, c in counts.items():
-            print(f"{split}: {c['blocks']:,} blocks, {c['teacher_tokens']:,} teacher tokens,"
-                  f" {c['bytes_per_teacher_token']:.3f} bytes per teacher token on disk")  # fmt: skip
+            print(
+                f"{split}: {c['blocks']:,} blocks, {c['teacher_tokens']:,} teacher tokens,"
+                f" {c['bytes_per_teacher_token']:.3f} bytes per teacher token on disk"
+            )
         print(f"Wrote {output / CACHE_MANIFEST}. Train with --teacher.cache {output}")
 
 
@@ -177,8 +191,10 @@ def usable_batch_size(batch_size: int, blocks_per_shard: int, manifest: dict) ->
     largest_split = max(split["blocks"] for split in manifest["splits"].values())
     usable = min(blocks_per_shard, largest_split)
     if batch_size > usable:
-        print(f"--batch_size {batch_size} capped at {usable}: the most blocks a forward can take here (a shard holds"
-              f" {blocks_per_shard}, the larger split {largest_split}).")  # fmt: skip
+        print(
+            f"--batch_size {batch_size} capped at {usable}: the most blocks a forward can take here (a shard holds"
+            f" {blocks_per_shard}, the larger split {largest_split})."
+        )
     return min(batch_size, usable)
 
 
@@ -203,8 +219,14 @@ def check_same_settings(recorded: dict, settings: dict, output: Path) -> None:
     """Fails, naming each old and new value, unless a cache (or a killed run's partial one) was scored with these
     settings. Paths are not compared: the same teacher and data by another path are the same."""
     differ = []
-    for keys in (("format",), ("teacher", "weights_sha256"), ("data", "manifest_sha256"), ("dtype",), ("precision",),
-                 ("blocks_per_shard",)):  # fmt: skip
+    for keys in (
+        ("format",),
+        ("teacher", "weights_sha256"),
+        ("data", "manifest_sha256"),
+        ("dtype",),
+        ("precision",),
+        ("blocks_per_shard",),
+    ):
         old, new = recorded, settings
         for key in keys:
             old, new = (old or {}).get(key), new[key]

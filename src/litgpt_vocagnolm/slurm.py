@@ -49,7 +49,9 @@ def requeue_and_exit(fabric: L.Fabric) -> NoReturn:
         if failure is None:
             fabric.print(f"Requeued Slurm job {job_id}: it continues from the checkpoint (--resume auto).")
         else:
-            fabric.print(f"`scontrol requeue {job_id}` failed ({failure}): submit the job again; --resume auto continues.")
+            fabric.print(
+                f"`scontrol requeue {job_id}` failed ({failure}): submit the job again; --resume auto continues."
+            )
     # Rank 0 requeues before any rank exits: under srun a task that ends first can end the job step.
     fabric.barrier()
     raise SystemExit(os.EX_TEMPFAIL)

@@ -1,4 +1,5 @@
-"""The frozen teacher: its settings (`TeacherArgs`) and its per-token loss; `gpt.load_model` loads it beside the student.
+"""The frozen teacher: its settings (`TeacherArgs`) and its per-token loss; `gpt.load_model` loads it beside the
+student.
 
 The teacher's whole contribution to VocAgnoLM is one number per teacher token: its cross-entropy on that token. The
 same function computes it online (inside the training step) and offline (`vocagnolm score-teacher`), so the two cannot

@@ -127,9 +127,7 @@ def load_cache_manifest(cache: Path) -> dict:
     return manifest
 
 
-def check_cache(
-    cache: Path, data_manifest: Path, teacher_dir: Path | None, precision: str | None = None
-) -> dict:
+def check_cache(cache: Path, data_manifest: Path, teacher_dir: Path | None, precision: str | None = None) -> dict:
     """Fails unless the cache was scored on exactly this prepared data (and by this teacher, by the hash of its
     weights, and in this teacher precision, when they are given)."""
     manifest = load_cache_manifest(cache)

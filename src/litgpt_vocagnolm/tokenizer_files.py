@@ -16,6 +16,7 @@ from typing import Optional, Union
 from tokenizers import Tokenizer
 
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.json.gz")
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import BIN, QWEN, ROOT, TINYLLAMA, prepare_pair
+
 from litgpt_vocagnolm.teacher_cache import CACHE_MANIFEST
 
 pytestmark = pytest.mark.slurm
@@ -31,8 +31,19 @@ STEPS = 160
 # Slurm checks the warning every 30 s and sends it up to 30 s early: with 2 minutes and a 40 s lead it arrives 50-80 s
 # after the start, past the ~10 s before the first step (the handler must be in place), well before the limit.
 TIME_LIMIT, SIGNAL_LEAD = "2", 40
-TRAIN = ["recipes/demo-cpu.yaml", "--train.max_tokens", str(STEPS * 16 * 128), "--train.log_interval", "1",
-         "--train.save_interval", "null", "--eval.interval", "1000", "--eval.final_validation", "false"]  # fmt: skip
+TRAIN = [
+    "recipes/demo-cpu.yaml",
+    "--train.max_tokens",
+    str(STEPS * 16 * 128),
+    "--train.log_interval",
+    "1",
+    "--train.save_interval",
+    "null",
+    "--eval.interval",
+    "1000",
+    "--eval.final_validation",
+    "false",
+]
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
@@ -57,8 +68,15 @@ def sbatch(script: str, *args: str, nodes: int = 2, output: Path, options: tuple
     """Submit recipes/slurm/SCRIPT from the repository root with this environment's console scripts; the job's id."""
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
     command = ["sbatch", "--parsable", "--nodes", str(nodes), *SHAPE, "--output", str(output), *options]
-    result = subprocess.run([*command, f"recipes/slurm/{script}", *args], cwd=ROOT, env=env, capture_output=True,
-                            text=True, check=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [*command, f"recipes/slurm/{script}", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     return result.stdout.strip().split(";")[0]
 
 
@@ -84,10 +102,15 @@ def losses(out_dir: Path) -> list[tuple[int, float]]:
     position: the blocks trained on all ranks so far (`total_tokens`), in steps of 16 blocks of 128 tokens, so that it
     counts the same on any number of processes."""
     rows = []
-    for metrics in sorted((out_dir / "logs" / "csv").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])):
+    for metrics in sorted(
+        (out_dir / "logs" / "csv").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])
+    ):
         with open(metrics) as f:
-            rows += [(int(row["total_tokens"]) // (16 * 128), float(row["loss"])) for row in csv.DictReader(f)
-                     if row.get("loss")]  # fmt: skip
+            rows += [
+                (int(row["total_tokens"]) // (16 * 128), float(row["loss"]))
+                for row in csv.DictReader(f)
+                if row.get("loss")
+            ]
     return rows
 
 
@@ -103,8 +126,16 @@ def data(tmp_path_factory) -> Path:
 def uninterrupted(tmp_path_factory, data) -> Path:
     """The same job with time to spare: its out_dir."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    job_id = sbatch("vocagnolm.sbatch", *TRAIN, "--data.path", str(data), "--out_dir", str(tmp / "out"),
-                    output=tmp / "job.out", options=("--time", "10"))  # fmt: skip
+    job_id = sbatch(
+        "vocagnolm.sbatch",
+        *TRAIN,
+        "--data.path",
+        str(data),
+        "--out_dir",
+        str(tmp / "out"),
+        output=tmp / "job.out",
+        options=("--time", "10"),
+    )
     assert wait(job_id)["JobState"] == "COMPLETED", (tmp / "job.out").read_text()[-3000:]
     return tmp / "out"
 
@@ -114,8 +145,16 @@ def preempted(tmp_path_factory, data) -> tuple[Path, str]:
     """The job with a time limit that Slurm warns it of mid-run: its out_dir and log."""
     tmp = tmp_path_factory.mktemp("preempted")
     options = ("--time", TIME_LIMIT, "--signal", f"USR1@{SIGNAL_LEAD}")
-    job_id = sbatch("vocagnolm.sbatch", *TRAIN, "--data.path", str(data), "--out_dir", str(tmp / "out"),
-                    output=tmp / "job.out", options=options)  # fmt: skip
+    job_id = sbatch(
+        "vocagnolm.sbatch",
+        *TRAIN,
+        "--data.path",
+        str(data),
+        "--out_dir",
+        str(tmp / "out"),
+        output=tmp / "job.out",
+        options=options,
+    )
     record = wait(job_id)
     log = (tmp / "job.out").read_text()
     assert record["JobState"] == "COMPLETED", log[-3000:]
@@ -157,8 +196,17 @@ def test_job_resubmitted_on_one_node_resumes_from_the_two_node_checkpoint(preemp
     than two did (the start-up note bounds how many repeat or are skipped until the epoch ends)."""
     first = min(preempted[0].glob("step-*"))
     shutil.copytree(first, tmp_path / "out" / first.name)
-    job_id = sbatch("vocagnolm.sbatch", *TRAIN, "--data.path", str(data), "--out_dir", str(tmp_path / "out"), nodes=1,
-                    output=tmp_path / "job.out", options=("--time", "10"))  # fmt: skip
+    job_id = sbatch(
+        "vocagnolm.sbatch",
+        *TRAIN,
+        "--data.path",
+        str(data),
+        "--out_dir",
+        str(tmp_path / "out"),
+        nodes=1,
+        output=tmp_path / "job.out",
+        options=("--time", "10"),
+    )
     record, log = wait(job_id), (tmp_path / "job.out").read_text()
     assert record["JobState"] == "COMPLETED", log[-3000:]
     assert f"Resuming training from {tmp_path / 'out' / first.name}" in log
@@ -178,8 +226,22 @@ def test_score_teacher_cancelled_and_resubmitted_ends_with_the_uninterrupted_cac
     """`score-teacher.sbatch` on two nodes, cancelled once a shard is written and submitted again, leaves the cache an
     uninterrupted run (one process, no Slurm) leaves, byte for byte."""
     data, teacher, shards = str(tinyllama_qwen_data), str(qwen_teacher), ["--blocks_per_shard", "16"]
-    subprocess.run([BIN / "vocagnolm", "score-teacher", "--data", data, "--teacher", teacher, "--output",
-                    tmp_path / "reference", *shards], check=True, capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [
+            BIN / "vocagnolm",
+            "score-teacher",
+            "--data",
+            data,
+            "--teacher",
+            teacher,
+            "--output",
+            tmp_path / "reference",
+            *shards,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     output = tmp_path / "cache"
     args = (data, teacher, "--output", str(output), *shards)
     job_id = sbatch("score-teacher.sbatch", *args, output=tmp_path / "job.out", options=("--time", "10"))
@@ -193,6 +255,10 @@ def test_score_teacher_cancelled_and_resubmitted_ends_with_the_uninterrupted_cac
     job_id = sbatch("score-teacher.sbatch", *args, output=tmp_path / "job.out", options=("--time", "10"))
     assert wait(job_id)["JobState"] == "COMPLETED", (tmp_path / "job.out").read_text()[-3000:]
     files = {p.relative_to(output): p.read_bytes() for p in output.rglob("*") if p.is_file()}
-    reference = {p.relative_to(tmp_path / "reference"): p.read_bytes() for p in (tmp_path / "reference").rglob("*") if p.is_file()}
+    reference = {
+        p.relative_to(tmp_path / "reference"): p.read_bytes()
+        for p in (tmp_path / "reference").rglob("*")
+        if p.is_file()
+    }
     assert files.keys() == reference.keys()
     assert [name for name in files if files[name] != reference[name]] == []

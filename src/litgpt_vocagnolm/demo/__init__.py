@@ -31,7 +31,6 @@ on all of them. Selection pays off when some training tokens are not worth learn
 docs/demo.md gives a full run's numbers and what the miniature does and does not show.
 """
 
-
 import json
 import resource
 import shutil
@@ -44,6 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from litgpt_vocagnolm.data import byte_tables
 from litgpt_vocagnolm.demo.corpus import add_noise, documents_for, read_corpus, split_heldout, write_texts
 from litgpt_vocagnolm.demo.noise import noise_sample, score_blocks, trained_noise_share
 from litgpt_vocagnolm.demo.plot import plot
@@ -58,14 +58,16 @@ from litgpt_vocagnolm.demo.runs import (
 )
 from litgpt_vocagnolm.demo.settings import CORPUS, DATA, QUICK, STUDENTS, TWO_TEACHERS, DemoSizes, method_of
 from litgpt_vocagnolm.demo.table import claims, markdown_table, method_row, noise_summary, write_csv
-from litgpt_vocagnolm.demo.tokenizer_training import describe_tokenizers, train_student_tokenizer, train_teacher_tokenizer
-from litgpt_vocagnolm.data import byte_tables
+from litgpt_vocagnolm.demo.tokenizer_training import (
+    describe_tokenizers,
+    train_student_tokenizer,
+    train_teacher_tokenizer,
+)
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, check_writable
 from litgpt_vocagnolm.files import write_json
 from litgpt_vocagnolm.loss import check_top_k
 from litgpt_vocagnolm.methods import GuidanceArgs
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
-
 
 # What the demo writes in out_dir, and the record that says a folder holds only that (so a rerun may replace it).
 OUTPUTS = ("corpus", "tokenizers", "data", "runs", "results.csv", "results.md", "bpb.png")
@@ -102,8 +104,10 @@ def claim_out_dir(out_dir: Path) -> None:
 
 def record_finished(out_dir: Path) -> None:
     """Adds every file the demo wrote to its record: a rerun then keeps, and refuses to delete, any other file."""
-    write_json(out_dir / RECORD, {"written_by": "vocagnolm demo", "outputs": list(OUTPUTS),
-                                  "files": written_files(out_dir, OUTPUTS)})  # fmt: skip
+    write_json(
+        out_dir / RECORD,
+        {"written_by": "vocagnolm demo", "outputs": list(OUTPUTS), "files": written_files(out_dir, OUTPUTS)},
+    )
 
 
 def written_files(out_dir: Path, outputs: Sequence[str]) -> list[str]:
@@ -194,13 +198,16 @@ def demo(
     print(describe_tokenizers(student_tokenizer, teacher_tokenizer, heldout_texts[0]))
     two_teachers = any(m in TWO_TEACHERS for m in methods)
     if two_teachers:  # the student's family, its merges learnt from half the text: a third vocabulary, other ids
-        teacher2_tokenizer = train_student_tokenizer(teacher_texts[1::2], sizes.second_teacher_vocab_size,
-                                                     tokenizers / "teacher2")  # fmt: skip
+        teacher2_tokenizer = train_student_tokenizer(
+            teacher_texts[1::2], sizes.second_teacher_vocab_size, tokenizers / "teacher2"
+        )
         ours = load_tokenizer(student_tokenizer).get_vocab()
         theirs = load_tokenizer(teacher2_tokenizer).get_vocab()
-        print(f"Second teacher: SentencePiece-style BPE from half the teacher's text, {len(theirs):,} tokens; it holds"
-              f" {len(ours.keys() & theirs.keys()):,} of the student's {len(ours):,},"
-              f" {sum(theirs.get(token) == i for token, i in ours.items()):,} with the same id.")  # fmt: skip
+        print(
+            f"Second teacher: SentencePiece-style BPE from half the teacher's text, {len(theirs):,} tokens; it holds"
+            f" {len(ours.keys() & theirs.keys()):,} of the student's {len(ours):,},"
+            f" {sum(theirs.get(token) == i for token, i in ours.items()):,} with the same id."
+        )
 
     # 3. Prepared data (`vocagnolm prepare`): the documents each budget reads, once. The students' get noise.
     stage("Prepared data (`vocagnolm prepare`)")
@@ -218,28 +225,57 @@ def demo(
         f" A student's document:\n  {noisy_texts[0][:200]!r}"
     )
     window = 2 * sizes.max_seq_length  # teacher tokens per student block at most; the teacher's context covers it
-    student_data = prepare_data(student_tokenizer, teacher_tokenizer, corpus / "students.jsonl",
-                                corpus / "heldout.jsonl", out_dir / "data" / "students", sizes.max_seq_length, window)
-    teacher_data = prepare_data(teacher_tokenizer, teacher_tokenizer, corpus / "teacher.jsonl",
-                                corpus / "heldout.jsonl", out_dir / "data" / "teacher", sizes.max_seq_length, window)
+    student_data = prepare_data(
+        student_tokenizer,
+        teacher_tokenizer,
+        corpus / "students.jsonl",
+        corpus / "heldout.jsonl",
+        out_dir / "data" / "students",
+        sizes.max_seq_length,
+        window,
+    )
+    teacher_data = prepare_data(
+        teacher_tokenizer,
+        teacher_tokenizer,
+        corpus / "teacher.jsonl",
+        corpus / "heldout.jsonl",
+        out_dir / "data" / "teacher",
+        sizes.max_seq_length,
+        window,
+    )
     if two_teachers:  # the same student blocks, aligned to the second teacher; and its own training data
-        student_data2 = prepare_data(student_tokenizer, teacher2_tokenizer, corpus / "students.jsonl",
-                                     corpus / "heldout.jsonl", out_dir / "data" / "students-teacher2",
-                                     sizes.max_seq_length, window)  # fmt: skip
-        teacher2_data = prepare_data(teacher2_tokenizer, teacher2_tokenizer, corpus / "teacher.jsonl",
-                                     corpus / "heldout.jsonl", out_dir / "data" / "teacher2", sizes.max_seq_length,
-                                     window)  # fmt: skip
+        student_data2 = prepare_data(
+            student_tokenizer,
+            teacher2_tokenizer,
+            corpus / "students.jsonl",
+            corpus / "heldout.jsonl",
+            out_dir / "data" / "students-teacher2",
+            sizes.max_seq_length,
+            window,
+        )
+        teacher2_data = prepare_data(
+            teacher2_tokenizer,
+            teacher2_tokenizer,
+            corpus / "teacher.jsonl",
+            corpus / "heldout.jsonl",
+            out_dir / "data" / "teacher2",
+            sizes.max_seq_length,
+            window,
+        )
 
     # 4-5. Teacher and students: the recipe, `workers` runs at a time in processes of one thread each (on 2 cores
     # small matrices gain little from a second thread, and the threads of a busy machine wait on each other: a tiny
     # model's matrix products ran 100x slower with 2 threads than with 1, seen here).
     stage(f"Teacher, then {len(runs)} students ({workers} runs at a time)")
-    teacher_config = model_config("teacher", sizes.teacher_vocab_size, sizes.teacher_layers, sizes.teacher_width,
-                                  window)
-    student_config = model_config("student", sizes.student_vocab_size, sizes.student_layers, sizes.student_width,
-                                  sizes.max_seq_length)
-    teacher2_config = model_config("teacher2", sizes.second_teacher_vocab_size, sizes.teacher_layers,
-                                   sizes.teacher_width, window)  # fmt: skip
+    teacher_config = model_config(
+        "teacher", sizes.teacher_vocab_size, sizes.teacher_layers, sizes.teacher_width, window
+    )
+    student_config = model_config(
+        "student", sizes.student_vocab_size, sizes.student_layers, sizes.student_width, sizes.max_seq_length
+    )
+    teacher2_config = model_config(
+        "teacher2", sizes.second_teacher_vocab_size, sizes.teacher_layers, sizes.teacher_width, window
+    )
     teacher_dir = out_dir / "runs" / "teacher" / "final"  # lit_model.pth, model_config.yaml, the tokenizer files
     teacher2_dir = out_dir / "runs" / "teacher2" / "final"
     cache, cache2 = out_dir / "data" / "teacher-loss", out_dir / "data" / "teacher2-loss"
@@ -252,17 +288,42 @@ def demo(
         guided = Guided(guidance, teachers, caches)
         if method in TWO_TEACHERS:  # the second teacher's data beside the first's, a cache for each
             guided = Guided(guidance, (teacher_dir, teacher2_dir), (cache, cache2), (student_data2,))
-        return pool.submit(train_run, out_dir / "runs" / f"{method}-seed{seed}", student_config, student_data,
-                           student_tokenizer, sizes, sizes.student_tokens, seed, guided)  # fmt: skip
+        return pool.submit(
+            train_run,
+            out_dir / "runs" / f"{method}-seed{seed}",
+            student_config,
+            student_data,
+            student_tokenizer,
+            sizes,
+            sizes.student_tokens,
+            seed,
+            guided,
+        )
 
     results: dict[str, list[dict[str, Any]]] = {}
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=one_thread) as pool:
         # The teacher: larger, on clean text with its own tokenizer; then frozen.
-        trained = pool.submit(train_run, out_dir / "runs" / "teacher", teacher_config, teacher_data,
-                              teacher_tokenizer, sizes, sizes.teacher_tokens, 0)  # `ce`, no teacher
+        trained = pool.submit(
+            train_run,
+            out_dir / "runs" / "teacher",
+            teacher_config,
+            teacher_data,
+            teacher_tokenizer,
+            sizes,
+            sizes.teacher_tokens,
+            0,
+        )  # `ce`, no teacher
         if two_teachers:  # the same clean text and budget (in its own tokens), its own tokenizer and initialisation
-            trained2 = pool.submit(train_run, out_dir / "runs" / "teacher2", teacher2_config, teacher2_data,
-                                   teacher2_tokenizer, sizes, sizes.teacher_tokens, 1)  # `ce`, no teacher
+            trained2 = pool.submit(
+                train_run,
+                out_dir / "runs" / "teacher2",
+                teacher2_config,
+                teacher2_data,
+                teacher2_tokenizer,
+                sizes,
+                sizes.teacher_tokens,
+                1,
+            )  # `ce`, no teacher
         # Per seed one initialisation, the same noisy text and budget. Students that need no teacher start at once.
         futures = {student(pool, m, s): (m, s) for m, s in runs if not method_of(m).needs_teacher}
         teacher = trained.result()
@@ -291,8 +352,9 @@ def demo(
     # claims.
     stage("Noise: the share of training tokens that touch it, of all and of those each method trains")
     teachers = [(teacher_tokenizer, teacher_dir)] + ([(teacher2_tokenizer, teacher2_dir)] if two_teachers else [])
-    samples, touched = noise_sample(noisy[: len(noisy_texts)], student_tokenizer, [t for t, _ in teachers], sizes,
-                                    window)  # fmt: skip
+    samples, touched = noise_sample(
+        noisy[: len(noisy_texts)], student_tokenizer, [t for t, _ in teachers], sizes, window
+    )
     samples = [score_blocks(d, blocks) for (_, d), blocks in zip(teachers, samples)]  # each teacher's losses
     noise_all = touched[:, 1:].float().mean().item()  # the targets of full blocks
     tables = byte_tables(student_tokenizer, [t for t, _ in teachers], torch.device("cpu"))  # bytes per token id
@@ -301,8 +363,9 @@ def demo(
         scored = samples if method in TWO_TEACHERS else samples[:1]
         for run in results[method]:
             run_dir = out_dir / "runs" / f"{method}-seed{run['seed']}" / "final"
-            run["noise_trained"] = trained_noise_share(run_dir, guidance, scored, touched, sizes, run["seed"],
-                                                       tables[: 1 + len(scored)])  # fmt: skip
+            run["noise_trained"] = trained_noise_share(
+                run_dir, guidance, scored, touched, sizes, run["seed"], tables[: 1 + len(scored)]
+            )
     rows = [method_row(method, results[method], noise_all) for method in methods]
     write_csv(out_dir / "results.csv", rows)
     table = markdown_table(rows, teacher, teacher2)
@@ -316,5 +379,7 @@ def demo(
     print("\n".join([summary, *claims(results, teacher)]))
     # ru_maxrss: KiB on Linux; the children's is the largest of the training processes, once the pool has ended.
     peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) * 1024
-    print(f"Wrote {out_dir / 'results.csv'}, {out_dir / 'results.md'} and {out_dir / 'bpb.png'}"
-          f" in {time.perf_counter() - t0:.0f} s; the largest process peaked at {peak / 1e9:.1f} GB.")  # fmt: skip
+    print(
+        f"Wrote {out_dir / 'results.csv'}, {out_dir / 'results.md'} and {out_dir / 'bpb.png'}"
+        f" in {time.perf_counter() - t0:.0f} s; the largest process peaked at {peak / 1e9:.1f} GB."
+    )

@@ -16,8 +16,8 @@ from litgpt_vocagnolm.documents import Segment, Stats
 from litgpt_vocagnolm.gpt import load_model
 from litgpt_vocagnolm.loss import selection_generator
 from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss
-from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
 from litgpt_vocagnolm.micro_batch import loss_inputs
+from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
 from litgpt_vocagnolm.teacher import teacher_token_loss
 from litgpt_vocagnolm.tokenizer_files import cached_tokenizer, find_tokenizer_file, tokenizer_info
 
@@ -68,8 +68,13 @@ def score_blocks(teacher_dir: Path, blocks: list[dict[str, Any]]) -> list[dict[s
 
 @torch.no_grad()
 def trained_noise_share(
-    student_dir: Path, guidance: GuidanceArgs, samples: list[list[dict[str, Any]]], touched: torch.Tensor,
-    sizes: DemoSizes, seed: int, byte_tables: list[torch.Tensor] | None = None,
+    student_dir: Path,
+    guidance: GuidanceArgs,
+    samples: list[list[dict[str, Any]]],
+    touched: torch.Tensor,
+    sizes: DemoSizes,
+    seed: int,
+    byte_tables: list[torch.Tensor] | None = None,
 ) -> float:
     """Share of the tokens a method trains that touch noise, with its final student (in `student_dir`) selecting them
     in the blocks of `samples` (one list per teacher, the same student blocks with that teacher's windows scored by

@@ -31,8 +31,17 @@ def prepare_data(
 ) -> Path:
     """`vocagnolm prepare` with the held-out text as its validation split; its report goes to out_dir.log."""
     with logged(out_dir.with_suffix(".log")):
-        prepare(student=student, teacher=teacher, input=[train], val_input=[heldout], output=out_dir,
-                max_seq_length=max_seq_length, teacher_max_length=window, num_workers=2, text_key="text")  # fmt: skip
+        prepare(
+            student=student,
+            teacher=teacher,
+            input=[train],
+            val_input=[heldout],
+            output=out_dir,
+            max_seq_length=max_seq_length,
+            teacher_max_length=window,
+            num_workers=2,
+            text_key="text",
+        )
     split = load_manifest(out_dir)["splits"]["train"]
     print(
         f"{out_dir.name}: {split['student_tokens']:,} training tokens, {split['mapped_share']:.1%} of them mapped to"
@@ -49,8 +58,15 @@ def score_run(data_path: Path, teacher_dir: Path, cache: Path) -> None:
 
 def model_config(name: str, vocab_size: int, layers: int, width: int, block_size: int) -> Config:
     """A Llama-style `litgpt.Config` (RMSNorm, SwiGLU, RoPE), heads of 32 dimensions."""
-    return llama_config(f"demo-{name}", vocab_size, layers, width, n_head=max(1, width // 32),
-                        intermediate_size=int(8 * width / 3) // 8 * 8, block_size=block_size)  # fmt: skip
+    return llama_config(
+        f"demo-{name}",
+        vocab_size,
+        layers,
+        width,
+        n_head=max(1, width // 32),
+        intermediate_size=int(8 * width / 3) // 8 * 8,
+        block_size=block_size,
+    )
 
 
 @dataclass(frozen=True)

@@ -73,11 +73,23 @@ class DemoSizes:
 
 
 QUICK = DemoSizes(
-    documents=400, heldout_share=0.1, student_vocab_size=600, teacher_vocab_size=1000, second_teacher_vocab_size=800,
+    documents=400,
+    heldout_share=0.1,
+    student_vocab_size=600,
+    teacher_vocab_size=1000,
+    second_teacher_vocab_size=800,
     max_seq_length=32,
-    micro_batch_size=4, student_layers=1, student_width=32, teacher_layers=1, teacher_width=64,
-    teacher_tokens=4096, student_tokens=2048, evaluations=2, eval_batches=4, noise_batches=2,
-)  # fmt: skip
+    micro_batch_size=4,
+    student_layers=1,
+    student_width=32,
+    teacher_layers=1,
+    teacher_width=64,
+    teacher_tokens=4096,
+    student_tokens=2048,
+    evaluations=2,
+    eval_batches=4,
+    noise_batches=2,
+)
 """A few steps of everything: what `--quick` and the tests run."""
 
 

@@ -46,8 +46,16 @@ def markdown_table(rows: list[dict[str, Any]], teacher: dict[str, Any], teacher2
     """Held-out bits per byte (the seeds' range where there are several), losses, the share of trained tokens that
     touch noise and throughput per method, under the teachers' held-out bits per byte (comparable across
     tokenizers)."""
-    header = ("method", "seeds", "held-out bits/byte", "held-out loss", "training objective",
-              "training CE, all tokens", "trained tokens touching noise", "tokens/s")  # fmt: skip
+    header = (
+        "method",
+        "seeds",
+        "held-out bits/byte",
+        "held-out loss",
+        "training objective",
+        "training CE, all tokens",
+        "trained tokens touching noise",
+        "tokens/s",
+    )
     bpb, speed = teacher["bpb"][-1], teacher["tokens_per_sec"]
     lines = [
         "| " + " | ".join(header) + " |",
@@ -55,8 +63,10 @@ def markdown_table(rows: list[dict[str, Any]], teacher: dict[str, Any], teacher2
         f"| teacher (own tokenizer, clean text) | 1 | {bpb:.3f} | | | | | {speed:,.0f} |",
     ]
     if teacher2 is not None:
-        lines.append(f"| second teacher (vocagnolm-2teachers) | 1 | {teacher2['bpb'][-1]:.3f} | | | | |"
-                     f" {teacher2['tokens_per_sec']:,.0f} |")  # fmt: skip
+        lines.append(
+            f"| second teacher (vocagnolm-2teachers) | 1 | {teacher2['bpb'][-1]:.3f} | | | | |"
+            f" {teacher2['tokens_per_sec']:,.0f} |"
+        )
     for row in rows:
         spread = f" ({row['heldout_bpb_min']:.3f}-{row['heldout_bpb_max']:.3f})" if row["seeds"] > 1 else ""
         lines.append(
@@ -131,6 +141,8 @@ def claims(results: dict[str, list[dict[str, Any]]], teacher: dict[str, Any]) ->
     for method in TWO_TEACHERS:
         shares = [run["second_teacher_share"] for run in results.get(method, [])]
         if shares:
-            lines.append(f"{method}: the second teacher set the reference of {np.mean(shares):.1%} of the selected"
-                         " tokens (mean of the logged steps and seeds)")  # fmt: skip
+            lines.append(
+                f"{method}: the second teacher set the reference of {np.mean(shares):.1%} of the selected"
+                " tokens (mean of the logged steps and seeds)"
+            )
     return lines

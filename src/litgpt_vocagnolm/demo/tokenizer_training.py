@@ -26,10 +26,12 @@ def train_student_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) ->
     if vocab_size < STUDENT_VOCAB_MIN:
         raise InvalidArgument(f"The student vocabulary needs at least {STUDENT_VOCAB_MIN} tokens, not {vocab_size}.")
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first"),
-        pre_tokenizers.Digits(individual_digits=True),
-    ])  # fmt: skip
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first"),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
     tokenizer.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
@@ -41,10 +43,18 @@ def train_student_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) ->
     spec = json.loads(tokenizer.to_str())
     learned = sorted(spec["model"]["vocab"], key=spec["model"]["vocab"].get)[len(specials) :]
     spec["model"]["vocab"] = {token: i for i, token in enumerate(specials + byte_tokens + learned)}
-    return save_tokenizer(out_dir, json.dumps(spec, ensure_ascii=False), {
-        "tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-    })  # fmt: skip
+    return save_tokenizer(
+        out_dir,
+        json.dumps(spec, ensure_ascii=False),
+        {
+            "tokenizer_class": "LlamaTokenizer",
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "unk_token": "<unk>",
+        },
+    )
 
 
 def train_teacher_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> Path:
@@ -52,10 +62,12 @@ def train_teacher_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) ->
     Written with a tokenizer_config.json like Qwen's: no BOS, `<|endoftext|>` ends each document."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])  # fmt: skip
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
@@ -65,10 +77,17 @@ def train_teacher_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) ->
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer)
-    return save_tokenizer(out_dir, tokenizer.to_str(), {
-        "tokenizer_class": "Qwen2Tokenizer", "add_bos_token": False, "add_prefix_space": False,
-        "bos_token": None, "eos_token": "<|endoftext|>",
-    })  # fmt: skip
+    return save_tokenizer(
+        out_dir,
+        tokenizer.to_str(),
+        {
+            "tokenizer_class": "Qwen2Tokenizer",
+            "add_bos_token": False,
+            "add_prefix_space": False,
+            "bos_token": None,
+            "eos_token": "<|endoftext|>",
+        },
+    )
 
 
 def save_tokenizer(out_dir: Path, tokenizer_json: str, config: dict[str, Any]) -> Path:
