@@ -4,15 +4,17 @@
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import MISTRAL, TINYLLAMA, make_checkpoint, tiny_config
 from litgpt.args import TrainArgs
 from test_checkpoints import setup_args
 
-from litgpt_vocagnolm.checkpoints import export
+from litgpt_vocagnolm.checkpoints import export, resume_history
 from litgpt_vocagnolm.data import VocAgnoData
 from litgpt_vocagnolm.errors import InvalidArgument, PathTaken, UserError
 from litgpt_vocagnolm.methods import GuidanceArgs
@@ -72,11 +74,21 @@ def test_a_resume_that_changes_the_run_is_a_user_error(finished_run, tinyllama_m
 
 
 def test_a_resume_on_other_data_is_refused_naming_both(finished_run, tinyllama_mistral_data, tmp_path):
-    import shutil
-
     other = shutil.copytree(tinyllama_mistral_data, tmp_path / "other")
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps(manifest | {"max_seq_length": manifest["max_seq_length"] + 1}))
     with pytest.raises(InvalidArgument, match=f"--data.init_args.path {other} differs from the run's"):
         resume(finished_run, other)
+
+
+def test_a_resume_on_the_same_data_spelt_otherwise_or_copied_goes_on(finished_run, tinyllama_mistral_data, tmp_path):
+    checkpoint = finished_run / "step-00000001"
+    hparams = yaml.safe_load((checkpoint / "hyperparameters.yaml").read_text())
+    data = Path(hparams["data"]["init_args"]["path"])
+    copy = shutil.copytree(tinyllama_mistral_data, tmp_path / "copy")
+    for path in (Path(os.path.relpath(data.resolve())), data.parent / "." / data.name, copy):
+        hparams["data"]["init_args"]["path"] = str(path)
+        assert resume_history(checkpoint, hparams, world_size=1) == []
 
 
 def test_negative_loader_workers_are_refused_before_any_model(tmp_path, tinyllama_mistral_data):

@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, check_writable
-from litgpt_vocagnolm.files import file_sha256
+from litgpt_vocagnolm.files import file_sha256, same_folder
 from litgpt_vocagnolm.tokenizer_files import TOKENIZER_FILES, load_tokenizer
 
 MODEL_FILES = ("lit_model.pth", "model_config.yaml")
@@ -554,10 +554,11 @@ def resume_history(checkpoint_dir: Path, hparams: dict, world_size: int) -> list
         return tree
 
     for key, reason in FIXED_ON_RESUME.items():
-        if value(saved, key) != value(hparams, key):
+        old, new = value(saved, key), value(hparams, key)
+        if old != new and not (key == "data.init_args.path" and None not in (old, new) and same_folder(old, new)):
             raise InvalidArgument(
-                f"--{key} {value(hparams, key)} differs from the run's {value(saved, key)} ({saved_file}): it can't"
-                f" change on resume, as {reason}. Resume with --{key} {value(saved, key)}."
+                f"--{key} {new} differs from the run's {old} ({saved_file}): it can't change on resume, as {reason}."
+                f" Resume with --{key} {old}."
             )
     saved_world_size = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["world_size"]
     changes = [f"processes {saved_world_size} -> {world_size}"] if saved_world_size != world_size else []

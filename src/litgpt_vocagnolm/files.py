@@ -46,3 +46,13 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def same_folder(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name the same prepared folder: one folder spelt two ways, or a copy of it (the same
+    manifest.json, which records every shard's size and the inputs' fingerprints)."""
+    a, b = Path(a), Path(b)
+    if a.resolve() == b.resolve():
+        return True
+    manifests = [a / "manifest.json", b / "manifest.json"]
+    return all(m.is_file() for m in manifests) and manifests[0].read_bytes() == manifests[1].read_bytes()
