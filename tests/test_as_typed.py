@@ -14,10 +14,10 @@ evaluate`. What the tests give beyond the defaults, and why:
   (so that the checkpoint can be evaluated) and a budget of 2 steps of 2 sequences; nothing else.
 - `evaluate --tasks gsm8k --limit 2`, the README's quick check: without `--tasks` it evaluates Table 1's nine test
   sets whole. Its precision is the default (bf16-true on a CPU).
-- The demo's defaults take ~5 minutes (`make demo`, docs/demo.md); tests/test_demo.py runs its whole pipeline at the
-  QUICK sizes. Here `vocagnolm demo` with no option runs as typed up to its first work (tokenizer training) and no
-  further: the command line, the defaults' checks, the shipped corpus found from another folder, `out/demo` made
-  where the user is.
+- The demo's defaults take minutes (`make demo`; docs/demo.md gives a run's time); tests/test_demo.py runs its
+  whole pipeline at the QUICK sizes. Here `vocagnolm demo` with no option runs as typed up to its first work
+  (tokenizer training) and no further: the command line, the defaults' checks, the shipped corpus found from another
+  folder, `out/demo` made where the user is.
 - `convert_to_litgpt` is given a folder named after the config (`llemma_7b`, as `litgpt download` names it) that holds
   a tiny model's weights in Hugging Face's layout: the name gives the config, the weights the tensors.
 
