@@ -88,7 +88,7 @@ def measure(fabric: L.Fabric, layout: str, phase: str, config: Config, directory
     optimizer.step()  # AdamW's state exists
     optimizer.zero_grad()
     state = {"model": model, "optimizer": optimizer, "iter_num": 1, "step_count": 1, "position": 1}
-    checkpointer = Checkpointer(fabric)
+    checkpointer = Checkpointer(fabric, state, directory / layout, None, hparams={})
     target = directory / layout / "step-00000001"
     if layout == "gathered":
         target.mkdir(parents=True, exist_ok=True)
@@ -96,9 +96,9 @@ def measure(fabric: L.Fabric, layout: str, phase: str, config: Config, directory
     start_mb = resident_mb()
     t0 = time.perf_counter()
     if layout == "sharded" and phase == "save":
-        checkpointer.save(fabric, state, target, None, hparams={})
+        checkpointer.save(1)
     elif layout == "sharded":
-        checkpointer.load(fabric, state, find_resume_checkpoint(fabric, True, target.parent))
+        checkpointer.load(find_resume_checkpoint(fabric, True, target.parent))
     elif phase == "save":
         fabric.save(target / "lit_model.pth", state)
     else:

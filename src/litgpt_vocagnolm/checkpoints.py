@@ -336,28 +336,35 @@ class Checkpointer:
     disk and checksums.json written (`finish`), so a job killed mid-save resumes from the previous checkpoint.
     """
 
-    def __init__(self, fabric: L.Fabric) -> None:
+    def __init__(
+        self,
+        fabric: L.Fabric,
+        state: dict,
+        out_dir: Path,
+        tokenizer_dir: Path | None,
+        hparams: dict,
+        history: Sequence[str] = (),
+    ) -> None:
+        """Saves `state` (model, optimizer, counters, data position; a LitGPT data module's loader) in `out_dir` with
+        `tokenizer_dir`'s files and `hparams` as hyperparameters.yaml, headed by `history` (`resume_history`)."""
+        self.fabric, self.state, self.out_dir = fabric, state, out_dir
+        self.tokenizer_dir, self.hparams, self.history = tokenizer_dir, hparams, history
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.group = torch.distributed.new_group(backend="gloo") if distributed else None
         self.pending: tuple[Future, Path, Path, dict | None] | None = None  # future, .partial- dir, final dir, export
 
-    def save(
-        self,
-        fabric: L.Fabric,
-        state: dict,
-        checkpoint_dir: Path,
-        tokenizer_dir: Path | None,
-        hparams: dict,
-        blocking: bool = True,
-        export: bool = False,
-        history: Sequence[str] = (),
-    ) -> None:
-        """Writes `state` (model, optimizer, counters, the data position; a LitGPT data module's own loader state)
-        to `checkpoint_dir`; returns once it is complete, or,
-        unless `blocking`, once the state is copied and the write runs in the background. With `export`, the directory
-        also gets the student as one lit_model.pth (`export_lit_model`), for `litgpt generate` and the like.
-        `history` (see `resume_history`) heads hyperparameters.yaml as comments, which `--config` ignores."""
-        self.finish(fabric)  # one save in flight at a time
+    def save(self, step: int, blocking: bool = True) -> Path:
+        """Writes the state after optimizer step `step` to `out_dir/step-<step>` (returned): complete on return, or
+        unless `blocking` copied, written in the background."""
+        return self._save(self.out_dir / f"step-{step:08d}", blocking, export=False)
+
+    def save_final(self) -> Path:
+        """Writes the state to `out_dir/final`, the student also as one lit_model.pth (for `litgpt generate`)."""
+        return self._save(self.out_dir / "final", blocking=True, export=True)
+
+    def _save(self, checkpoint_dir: Path, blocking: bool, export: bool) -> Path:
+        fabric, state = self.fabric, self.state
+        self.finish()  # one save in flight at a time
         partial_dir = checkpoint_dir.with_name(f".partial-{checkpoint_dir.name}")
         if fabric.global_rank == 0:
             shutil.rmtree(partial_dir, ignore_errors=True)
@@ -375,10 +382,10 @@ class Checkpointer:
                 train_state["train_dataloader"] = loaders
             (partial_dir / TRAIN_STATE).write_text(json.dumps(train_state, indent=1))
             with open(partial_dir / "hyperparameters.yaml", "w", encoding="utf-8") as f:
-                f.writelines(f"# {line}\n" for line in history)
-                yaml.safe_dump(hparams, f, sort_keys=False)
-            if tokenizer_dir is not None:
-                copy_config_files(tokenizer_dir, partial_dir)
+                f.writelines(f"# {line}\n" for line in self.history)
+                yaml.safe_dump(self.hparams, f, sort_keys=False)
+            if self.tokenizer_dir is not None:
+                copy_config_files(self.tokenizer_dir, partial_dir)
             save_config(model.config, partial_dir)
         shards = {"model": model_state, "optimizer": optimizer_state}
         writer = dcp.FileSystemWriter(partial_dir)
@@ -390,22 +397,23 @@ class Checkpointer:
             future = dcp.async_save(shards, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
         self.pending = (future, partial_dir, checkpoint_dir, counters if export else None)
         if blocking:
-            self.finish(fabric)
+            self.finish()
+        return checkpoint_dir
 
-    def poll(self, fabric: L.Fabric) -> None:
+    def poll(self) -> None:
         """Completes a background save once every rank's write is done (one all-reduce while one is in flight)."""
         if self.pending is None:
             return
-        done = torch.tensor(float(self.pending[0].done()), device=fabric.device)
-        if fabric.all_reduce(done, reduce_op="sum").item() == fabric.world_size:
-            self.finish(fabric)
+        done = torch.tensor(float(self.pending[0].done()), device=self.fabric.device)
+        if self.fabric.all_reduce(done, reduce_op="sum").item() == self.fabric.world_size:
+            self.finish()
 
-    def finish(self, fabric: L.Fabric) -> None:
+    def finish(self) -> None:
         """Waits for the save in flight, if any; rank 0 then writes checksums.json (every rank's sha256 of its shards)
         and renames the directory."""
         if self.pending is None:
             return
-        future, partial_dir, checkpoint_dir, export = self.pending
+        fabric, (future, partial_dir, checkpoint_dir, export) = self.fabric, self.pending
         self.pending = None
         future.result()
         # Each rank hashes the shards it wrote (a checkpoint is read once, over all ranks), rank 0 the rest.
@@ -419,11 +427,11 @@ class Checkpointer:
             partial_dir.rename(checkpoint_dir)
         fabric.barrier()
 
-    def load(self, fabric: L.Fabric, state: dict, checkpoint_dir: Path) -> dict:
-        """Restores model, optimizer and counters from `checkpoint_dir` in place, resharded for this run's number of
-        processes, and a LitGPT data module's own loader state (`state["train_dataloader"]`: saved on as many
-        processes, see `data_position`). The data position is `data_position`'s. Returns the checkpoint's train
-        state (its `world_size` among it)."""
+    def load(self, checkpoint_dir: Path) -> dict:
+        """Restores model, optimizer and counters of the state from `checkpoint_dir` in place, resharded for this
+        run's number of processes, and a LitGPT data module's own loader state (saved on as many processes, see
+        `data_position`, which gives the data position). Returns the checkpoint's train state (its `world_size`)."""
+        fabric, state = self.fabric, self.state
         model, optimizer = _unwrap_objects(state["model"]), _unwrap_objects(state["optimizer"])
         model_state, optimizer_state = get_state_dict(model, optimizer)
         shards = {"model": model_state, "optimizer": optimizer_state}

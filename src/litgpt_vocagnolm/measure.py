@@ -286,7 +286,7 @@ def warmup_steps(compiled: bool) -> int:
 def recipe_step(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int, timed: int = TIMED_STEPS) -> tuple:
     """Runs the recipe's loop (`recipe.fit`) for the warm-up and `timed` optimizer steps of `work` ("online",
     "cached" or "student only") at `micro_batch`. Returns the `Measured` step and what a checkpoint needs: the
-    training state and the run's `Checkpointer`."""
+    training state."""
     args, device = setting.args, fabric.device
     memory = PeakMemory(device)
     model, optimizer = student_model(fabric, setting)
@@ -311,6 +311,7 @@ def recipe_step(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int,
         lr_warmup_fraction=None,
     )
     eval = dataclasses.replace(args.eval, interval=1 << 30, initial_validation=False, final_validation=False)
+    state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0, "position": 0}
     run = Run(
         out_dir=args.out_dir,
         tokenizer_dir=args.tokenizer_dir,
@@ -323,10 +324,10 @@ def recipe_step(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int,
         fsdp=args.fsdp,
         compile=args.compile,
         overwrite=False,
-        checkpointer=Checkpointer(fabric),
         hparams={},
         history=[],
         stop=threading.Event(),
+        checkpointer=Checkpointer(fabric, state, args.out_dir, args.tokenizer_dir, {}),  # saves none: no save_interval
     )
     data = prepared(setting)
     vocab_size = data.manifest["student"]["vocab_size"] if data is not None else None
@@ -334,14 +335,13 @@ def recipe_step(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int,
     if args.guidance.compare == "byte":
         tables = byte_tables(args.tokenizer_dir, args.teacher.checkpoint_dirs, device)
     stamped = Stamped(batches(fabric, setting, work, B), at=warmup * A, memory=memory, device=device)
-    state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0, "position": 0}
     guide = Guide.build(fabric, args.guidance, teachers, vocab_size, tables)
     with contextlib.redirect_stdout(io.StringIO()):  # its log lines: the table below says what they would
         fit(fabric, state, stamped, [], run, train, eval, guide)
     seconds = stamped.seconds_since_start() / timed
     flops = A * training_flops(setting.student, B, T)
     flops += A * sum(forward_flops(t, B, setting.window) for t in setting.teachers) if work == "online" else 0
-    return Measured(work, B, seconds, A * B * T, flops, memory.peak()), state, run.checkpointer
+    return Measured(work, B, seconds, A * B * T, flops, memory.peak()), state
 
 
 def scoring(device: torch.device, setting: Setting, micro_batch: int) -> Measured:
@@ -408,20 +408,20 @@ def litgpt_step(fabric: L.Fabric, setting: Setting, micro_batch: int) -> Measure
     )
 
 
-def checkpoint_seconds(fabric: L.Fabric, state: dict, checkpointer: Checkpointer, setting: Setting) -> tuple:
-    """(save, load) seconds of `state` through the run's `Checkpointer`: the blocking save a SIGUSR1 stop writes, then
-    the load a resume runs, in a temporary directory beside the recipe's out_dir (on its file system)."""
+def checkpoint_seconds(fabric: L.Fabric, state: dict, setting: Setting) -> tuple:
+    """(save, load) seconds of `state` through the recipe's `Checkpointer`: the blocking save a SIGUSR1 stop writes,
+    then the load a resume runs, in a temporary directory beside the recipe's out_dir (on its file system)."""
     parent = Path(setting.args.out_dir).absolute()
     while not parent.is_dir():
         parent = parent.parent
     with tempfile.TemporaryDirectory(prefix=".vocagnolm-plan-", dir=parent) as directory:
-        checkpoint = Path(directory) / "step-00000000"
+        checkpointer = Checkpointer(fabric, state, Path(directory), setting.args.tokenizer_dir, {})
         synchronize(fabric.device)
         t0 = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):  # "Saving checkpoint to ..."
-            checkpointer.save(fabric, state, checkpoint, setting.args.tokenizer_dir, {}, blocking=True)
+            checkpoint = checkpointer.save(0)
         t1 = time.perf_counter()
-        checkpointer.load(fabric, state, checkpoint)
+        checkpointer.load(checkpoint)
         synchronize(fabric.device)
         return t1 - t0, time.perf_counter() - t1
 
@@ -472,9 +472,9 @@ def measure(setting: Setting) -> None:
     )
     with warnings.catch_warnings():  # what a single process's run says of itself (DCP without a process group)
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        step, state, checkpointer = recipe_step(fabric, setting, configured, B)
-        save_s, load_s = checkpoint_seconds(fabric, state, checkpointer, setting)
-    del state, checkpointer
+        step, state = recipe_step(fabric, setting, configured, B)
+        save_s, load_s = checkpoint_seconds(fabric, state, setting)
+    del state
     other = B // 2 if B > 1 else 2  # a second micro-batch: how the peak grows with it
     results = [step, recipe_step(fabric, setting, configured, other, timed=1)[0]]
     results += [recipe_step(fabric, setting, work, B)[0] for work in works[1:]]

@@ -9,9 +9,8 @@ frozen teacher scores its own tokens, and `methods.GuidedLoss` weights the stude
 (docs/design.md, "Teacher-guided loss"). Every method of `methods.METHODS` (VocAgnoLM and the baselines) is one
 switch, `--guidance.method`, never a forked loop.
 
-The loss is a weighted sum over every micro-batch and rank of one optimizer step divided once by the total weight:
-each micro-batch backpropagates its unnormalised sum, and the gradients are divided by the all-reduced weight count
-before clipping (so every trained token weighs the same, however selection spreads over micro-batches and ranks).
+`fit` splits at the optimizer step: the step itself (its micro-batches, the one all-reduce, clipping, the optimizer)
+is `step.train_step`, what follows it (log, validation, checkpoints, the stop signal) `after_step`.
 
 What surrounds the loop lives apart: the input checks in `checks`, the order of the training data (one global order,
 resumed from a count of blocks on any number of processes) in `order`, sharding and activation checkpointing in
@@ -39,14 +38,12 @@ from litgpt.data import DataModule
 from litgpt.pretrain import get_lr
 from litgpt.types import LoggerChoice
 from litgpt.utils import (
-    CycleIterator,
     choose_logger,
     init_out_dir,
     instantiate_torch_optimizer,
     num_parameters,
     parse_devices,
 )
-from torch.distributed.tensor import DTensor
 
 from litgpt_vocagnolm import order
 from litgpt_vocagnolm.checkpoints import (
@@ -72,12 +69,12 @@ from litgpt_vocagnolm.data import Batch, VocAgnoData, byte_tables
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, mean_over_ranks, parallelize
 from litgpt_vocagnolm.errors import check_writable, given_by
 from litgpt_vocagnolm.gpt import load_model, new_model
-from litgpt_vocagnolm.loss import bits_per_byte, selection_generator
+from litgpt_vocagnolm.loss import bits_per_byte
 from litgpt_vocagnolm.methods import GuidanceArgs
-from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
+from litgpt_vocagnolm.micro_batch import Guide
 from litgpt_vocagnolm.model_configs import register
 from litgpt_vocagnolm.slurm import requeue_and_exit, stop_signal
-from litgpt_vocagnolm.stopwatch import Stopwatch
+from litgpt_vocagnolm.step import Loop, Step, train_step
 from litgpt_vocagnolm.teacher import TeacherArgs
 
 
@@ -96,14 +93,15 @@ class Run:
     fsdp: FSDPArgs
     compile: bool
     overwrite: bool
-    checkpointer: Checkpointer
-    """Writes and reads the sharded checkpoints (`checkpoints.Checkpointer`)."""
     hparams: dict
     """`setup`'s arguments, written into every checkpoint as hyperparameters.yaml."""
     history: list[str]
     """The resumes that changed the run's shape, headed to hyperparameters.yaml (`checkpoints.resume_history`)."""
     stop: threading.Event
     """Set by SIGUSR1: stop after the current optimizer step (see `slurm.stop_signal`)."""
+    checkpointer: Checkpointer | None = None
+    """Writes and reads the sharded checkpoints of the state (`checkpoints.Checkpointer`), built by `main` once the
+    state exists."""
 
 
 def setup(
@@ -236,7 +234,6 @@ def setup(
             fsdp=fsdp,
             compile=compile,
             overwrite=overwrite,
-            checkpointer=Checkpointer(fabric),
             hparams=hparams,
             history=[],
             stop=stop,
@@ -333,9 +330,10 @@ def main(
     state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0, "position": position}
     if stateful:  # the checkpoint keeps every rank's loader state
         state["train_dataloader"] = train_dataloader
+    run.checkpointer = Checkpointer(fabric, state, out_dir, tokenizer_dir, run.hparams, run.history)
     if resume:
         fabric.print(f"Resuming training from {resume} after {position:,} blocks")
-        run.checkpointer.load(fabric, state, resume)  # resharded for this run's number of processes
+        run.checkpointer.load(resume)  # resharded for this run's number of processes
         # Saved after an optimizer step: the devices or the micro-batch may have changed how many micro-batches a step
         # has, not the step, the blocks it trains, the tokens trained or the schedule.
         state["iter_num"] = state["step_count"] * order.accumulation(
@@ -351,9 +349,7 @@ def main(
     finished = fit(fabric, state, train_dataloader, val_dataloader, run, train, eval, guide)
     if not finished:
         requeue_and_exit(fabric)
-    run.checkpointer.save(
-        fabric, state, out_dir / "final", tokenizer_dir, run.hparams, export=True, history=run.history
-    )
+    run.checkpointer.save_final()
 
     train_time = time.perf_counter() - train_t0
     tokens_per_iter = train.micro_batch_size * model.max_seq_length * fabric.world_size
@@ -381,157 +377,108 @@ def fit(
     eval: EvalArgs,
     guide: Guide,
 ) -> bool:
-    """The training loop. Returns False when it stopped early on `stop` (set by SIGUSR1): every rank stops at the end
-    of the same optimizer step, after a checkpoint of it."""
-    model = state["model"]
-    optimizer = state["optimizer"]
-    accumulation = order.accumulation(train.global_batch_size, train.micro_batch_size, fabric.world_size)
-    epoch_blocks = train_split_blocks(train_dataloader, train.micro_batch_size * fabric.world_size)
-
+    """The training loop: an optimizer step (`step.train_step`), then what follows it (`after_step`). Returns False
+    when it stopped early on `stop` (set by SIGUSR1): every rank stops at the end of the same optimizer step, after a
+    checkpoint of it."""
+    model, optimizer = state["model"], state["optimizer"]
     if eval.initial_validation:
         val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
         fabric.print(f"Initial validation | {format_metrics(val_metrics)}")
     else:
         fabric.print("Verifying settings ...")
         validate(fabric, model, val_dataloader, max_iters=2)  # sanity check
-    val_metrics = {}
 
-    tokens_per_iter = train.micro_batch_size * model.max_seq_length
-    max_iters = train.max_tokens // fabric.world_size // tokens_per_iter
-    if train.max_steps is not None:
-        max_iters = min(max_iters, train.max_steps * accumulation)
-    # The schedule counts optimizer steps, not micro-batches as litgpt.pretrain does, so that step k gets the same
-    # learning rate whatever the split of the global batch into devices and accumulation.
-    max_steps = max_iters // accumulation
-    warmup_steps = train.lr_warmup_steps or 0
-    if train.lr_warmup_fraction and epoch_blocks:  # a share of one epoch's steps, as LitGPT counts it
-        warmup_steps = math.ceil(train.lr_warmup_fraction * epoch_blocks / train.global_batch_size)
-    warmup_steps = min(warmup_steps, max_steps)
-    if warmup_steps >= max_steps > 0:  # `get_lr` divides by max_steps - warmup_steps: leave one step of decay
-        fabric.print(f"Warm-up capped at {max_steps - 1} steps: the run has {max_steps}, the last one for the decay.")
-        warmup_steps = max_steps - 1
-    log_iter_interval = train.log_interval * accumulation
-    fabric.print(
-        f"Tokens per optimizer step: {tokens_per_iter * accumulation * fabric.world_size:,}"
-        f" ({accumulation} micro-batches of {train.micro_batch_size} x {model.max_seq_length} on {fabric.world_size}"
-        f" ranks); {max_steps:,} steps."
-    )
-    train_iterator = CycleIterator(train_dataloader)
-    initial_iter = state["iter_num"]
-    # (weighted loss sum, weight sum) over the step's micro-batches, and whether this rank was asked to stop: one
-    # all-reduce gives the step's divisor and the ranks' vote, so that all stop after the same step (a rank that stopped
-    # alone would leave the others waiting in FSDP's collectives).
-    step_sums = torch.zeros(3, device=fabric.device)
-    stopping = False
-    finite = torch.ones((), dtype=torch.bool, device=fabric.device)  # every gradient norm since the last check
-    step_metrics: dict[str, torch.Tensor] = {}
-    teacher_timer, step_time = Stopwatch(fabric.device), 0.0
-    fabric.barrier()
-    total_t0 = time.perf_counter()
-
-    while state["iter_num"] < max_iters:  # no batch read past the budget: a resumed run starts with the next one
-        batch = next(train_iterator)
-        lr = get_lr(optimizer.defaults["lr"], state["step_count"] + 1, warmup_steps, max_steps, train.min_lr)
+    loop = Loop.start(fabric, state, train_dataloader, train)
+    while state["step_count"] < loop.max_steps:  # no batch read past the budget: a resumed run starts with the next
+        lr = get_lr(optimizer.defaults["lr"], state["step_count"] + 1, loop.warmup_steps, loop.max_steps, train.min_lr)
         for param_group in optimizer.param_groups:
             param_group["lr"] = lr
-
-        state["iter_num"] += 1
-        iter_t0 = time.perf_counter()
-        is_accumulating = state["iter_num"] % accumulation != 0
-        # Random draws (`random`) seeded by position: a resumed run repeats them without saved state.
-        generator = selection_generator(run.seed, fabric.global_rank, state["iter_num"], fabric.device)
-        with fabric.no_backward_sync(model, enabled=is_accumulating):
-            loss_sum, weight_sum, metrics = forward_and_loss(
-                model, guide, batch, generator=generator, teacher_timer=teacher_timer
-            )
-            fabric.backward(loss_sum)
-        step_sums[:2] += torch.stack([loss_sum.detach(), weight_sum.detach()])
-        for name, value in metrics.items():
-            step_metrics[name] = step_metrics.get(name, 0.0) + value / accumulation
-
-        if not is_accumulating:
-            if run.stop.is_set():
-                step_sums[2] = 1.0
-            # One all-reduce per step (a host sync when logged): the divisor of the whole step's loss.
-            totals = fabric.all_reduce(step_sums, reduce_op="sum")
-            # FSDP averages gradients over ranks; undo that and divide by the step's total weight instead.
-            scale = fabric.world_size / totals[1].clamp(min=1)
-            for param in model.parameters():
-                if param.grad is not None:
-                    param.grad.mul_(scale)
-            # No host sync here: whether the norms were finite and whether a rank was asked to stop are read on log
-            # steps and before checkpoints (the stop then comes at the next log step: 10 steps in the paper's recipes).
-            norm = fabric.clip_gradients(model, optimizer, max_norm=train.max_norm, error_if_nonfinite=False)
-            finite &= torch.isfinite(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # FSDP2: a DTensor
-            saves = train.save_interval is not None and (state["step_count"] + 1) % train.save_interval == 0
-            if state["iter_num"] % log_iter_interval == 0 or saves:
-                check_finite(finite, state["step_count"] + 1)
-                stopping = totals[2].item() > 0
-            optimizer.step()
-            optimizer.zero_grad()
-            state["step_count"] += 1
-            state["position"] += train.global_batch_size
-        step_time += time.perf_counter() - iter_t0
-
-        if not is_accumulating and state["iter_num"] % log_iter_interval == 0:
-            t1 = time.perf_counter()
-            loss = (totals[0] / totals[1].clamp(min=1)).item()  # expensive device-to-host synchronization
-            tokens = (state["iter_num"] - initial_iter) * tokens_per_iter * fabric.world_size
-            per_iter = (t1 - total_t0) / (state["iter_num"] - initial_iter)
-            log = {
-                "loss": loss,
-                "iter": state["iter_num"],
-                "step": state["step_count"],
-                "epoch": (state["position"] - 1) // epoch_blocks if epoch_blocks else train_iterator.epoch,
-                "iter_time": t1 - iter_t0,
-                "remaining_time": per_iter * (max_iters - state["iter_num"]),
-                "tokens": state["iter_num"] * tokens_per_iter,
-                "total_tokens": state["iter_num"] * tokens_per_iter * fabric.world_size,
-                "learning_rate": lr,
-                "tokens_per_sec": tokens / (t1 - total_t0),
-                "teacher_time_share": teacher_timer.seconds() / max(step_time, 1e-9),
-                **mean_over_ranks(fabric, step_metrics),
-            }
-            fabric.print(
-                f"Epoch {log['epoch'] + 1} | iter {log['iter']} step {log['step']} | loss train: {loss:.3f}"
-                f"{step_summary(log)} | {format_metrics(val_metrics)} | iter time: {log['iter_time'] * 1000:.2f} ms"
-                f" remaining time: {timedelta(seconds=int(log['remaining_time']))!s}"
-            )
-            fabric.log_dict(log, step=state["iter_num"] - 1)
-        if not is_accumulating:
-            step_sums.zero_()
-            step_metrics = {}
-        if stopping:
-            checkpoint = run.out_dir / f"step-{state['step_count']:08d}"
-            run.checkpointer.save(
-                fabric, state, checkpoint, run.tokenizer_dir, run.hparams, history=run.history
-            )  # complete before exit
-            fabric.print(f"Stopped after step {state['step_count']} on SIGUSR1: saved {str(checkpoint)!r}.")
+        step = train_step(
+            fabric, state, loop.batches, guide, train, seed=run.seed, stop=run.stop, teacher_timer=loop.teacher_timer
+        )
+        if not after_step(fabric, state, step, loop, val_dataloader, run, train, eval):
             return False
-
-        if val_dataloader is not None and not is_accumulating and state["step_count"] % eval.interval == 0:
-            t0 = time.perf_counter()
-            val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
-            fabric.print(
-                f"iter {state['iter_num']}: {format_metrics(val_metrics)}, val time:"
-                f" {(time.perf_counter() - t0) * 1000:.2f} ms"
-            )
-            fabric.log_dict(val_metrics, step=state["iter_num"] - 1)
-            fabric.barrier()
-
-        if not is_accumulating:
-            run.checkpointer.poll(fabric)  # a background save that every rank has written: make it the latest
-        if train.save_interval is not None and not is_accumulating and state["step_count"] % train.save_interval == 0:
-            checkpoint = run.out_dir / f"step-{state['step_count']:08d}"
-            run.checkpointer.save(
-                fabric, state, checkpoint, run.tokenizer_dir, run.hparams, blocking=False, history=run.history
-            )
 
     if eval.final_validation:
         val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
         fabric.log_dict(val_metrics, step=state["iter_num"])
         fabric.print(f"Final evaluation | {format_metrics(val_metrics)}")
     return True
+
+
+def after_step(
+    fabric: L.Fabric,
+    state: dict,
+    step: Step,
+    loop: Loop,
+    val_dataloader,
+    run: Run,
+    train: TrainArgs,
+    eval: EvalArgs,
+) -> bool:
+    """What follows an optimizer step: the log line, validation, checkpoints and the stop signal. Whether the norms
+    were finite and whether a rank was asked to stop are read (a host sync) on log steps and before checkpoints only
+    (the stop then comes at the next log step: 10 steps in the paper's recipes). Returns False when the run stops
+    here, after a checkpoint of the step."""
+    loop.finite &= step.finite
+    loop.step_time += step.seconds
+    step_count = state["step_count"]
+    logs = step_count % train.log_interval == 0
+    saves = train.save_interval is not None and step_count % train.save_interval == 0
+    stopping = False
+    if logs or saves:
+        check_finite(loop.finite, step_count)
+        stopping = step.totals[2].item() > 0
+    if logs:
+        log_step(fabric, state, step, loop)
+    if stopping:
+        checkpoint = run.checkpointer.save(step_count)  # complete before exit
+        fabric.print(f"Stopped after step {step_count} on SIGUSR1: saved {str(checkpoint)!r}.")
+        return False
+
+    if val_dataloader is not None and step_count % eval.interval == 0:
+        t0 = time.perf_counter()
+        loop.val_metrics = validate(fabric, state["model"], val_dataloader, max_iters=eval.max_iters)
+        fabric.print(
+            f"iter {state['iter_num']}: {format_metrics(loop.val_metrics)}, val time:"
+            f" {(time.perf_counter() - t0) * 1000:.2f} ms"
+        )
+        fabric.log_dict(loop.val_metrics, step=state["iter_num"] - 1)
+        fabric.barrier()
+
+    run.checkpointer.poll()  # a background save that every rank has written: make it the latest
+    if saves:
+        run.checkpointer.save(step_count, blocking=False)
+    return True
+
+
+def log_step(fabric: L.Fabric, state: dict, step: Step, loop: Loop) -> None:
+    """The step's log line and metrics: the loss read from the device (a host sync), the metrics' mean over ranks."""
+    t1 = time.perf_counter()
+    loss = (step.totals[0] / step.totals[1].clamp(min=1)).item()  # expensive device-to-host synchronization
+    tokens_per_iter = loop.tokens_per_iter
+    tokens = (state["iter_num"] - loop.initial_iter) * tokens_per_iter * fabric.world_size
+    per_step = (t1 - loop.t0) / (state["iter_num"] - loop.initial_iter) * loop.accumulation
+    log = {
+        "loss": loss,
+        "iter": state["iter_num"],
+        "step": state["step_count"],
+        "epoch": (state["position"] - 1) // loop.epoch_blocks if loop.epoch_blocks else loop.batches.epoch,
+        "iter_time": step.seconds / loop.accumulation,
+        "remaining_time": per_step * (loop.max_steps - state["step_count"]),
+        "tokens": state["iter_num"] * tokens_per_iter,
+        "total_tokens": state["iter_num"] * tokens_per_iter * fabric.world_size,
+        "learning_rate": state["optimizer"].param_groups[0]["lr"],
+        "tokens_per_sec": tokens / (t1 - loop.t0),
+        "teacher_time_share": loop.teacher_timer.seconds() / max(loop.step_time, 1e-9),
+        **mean_over_ranks(fabric, step.metrics),
+    }
+    fabric.print(
+        f"Epoch {log['epoch'] + 1} | iter {log['iter']} step {log['step']} | loss train: {loss:.3f}"
+        f"{step_summary(log)} | {format_metrics(loop.val_metrics)} | iter time: {log['iter_time'] * 1000:.2f} ms"
+        f" remaining time: {timedelta(seconds=int(log['remaining_time']))!s}"
+    )
+    fabric.log_dict(log, step=state["iter_num"] - 1)
 
 
 @torch.no_grad()
@@ -565,15 +512,6 @@ def validate(fabric: L.Fabric, model: nn.Module, val_dataloader, max_iters: int)
     if num_bytes > 0:
         metrics["val_bpb"] = bits_per_byte(nats, int(num_bytes))
     return metrics
-
-
-def train_split_blocks(train_dataloader, blocks_per_round: int) -> int | None:
-    """Blocks in one epoch of the train split: the global order's (`order.train_loader`), or a LitGPT data module's
-    loader's batches per rank times `blocks_per_round` (micro-batch x ranks); None for an iterable without a length."""
-    dataset = getattr(train_dataloader, "dataset", None)
-    if isinstance(dataset, order.Blocks):
-        return len(dataset)
-    return len(train_dataloader) * blocks_per_round if hasattr(train_dataloader, "__len__") else None
 
 
 def check_finite(finite: torch.Tensor, step: int) -> None:

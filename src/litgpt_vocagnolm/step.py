@@ -1,0 +1,168 @@
+"""One optimizer step of the recipe (`train_step`: its micro-batches, the one all-reduce, the gradients divided by the
+step's weight, clipping, the optimizer) and what the loop keeps between steps (`Loop`: the schedule, the running
+figures), which `recipe.fit` reads after each step.
+
+The loss is a weighted sum over every micro-batch and rank of one optimizer step divided once by the total weight:
+each micro-batch backpropagates its unnormalised sum, and the gradients are divided by the all-reduced weight count
+before clipping (so every trained token weighs the same, however selection spreads over micro-batches and ranks)."""
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import lightning as L
+import torch
+from litgpt.args import TrainArgs
+from litgpt.utils import CycleIterator
+from torch.distributed.tensor import DTensor
+
+from litgpt_vocagnolm import order
+from litgpt_vocagnolm.loss import selection_generator
+from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
+from litgpt_vocagnolm.stopwatch import Stopwatch
+
+
+@dataclass
+class Step:
+    """What one optimizer step leaves for what follows it: device tensors, read (a host sync) only on log steps and
+    before checkpoints."""
+
+    totals: torch.Tensor
+    """(3,): the step's weighted loss sum, its weight sum and the number of ranks asked to stop, over all ranks."""
+    metrics: dict[str, torch.Tensor]
+    """The guided loss's metrics (`methods.GuidedLoss`), this rank's mean over the step's micro-batches."""
+    finite: torch.Tensor
+    """() bool: whether the step's gradient norm was finite."""
+    seconds: float
+    """The step's time on the host."""
+
+
+def train_step(
+    fabric: L.Fabric,
+    state: dict,
+    batches: Iterator,
+    guide: Guide,
+    train: TrainArgs,
+    *,
+    seed: int,
+    stop: threading.Event,
+    teacher_timer: Stopwatch,
+) -> Step:
+    """One optimizer step of `state`'s model and optimizer: the step's micro-batches taken from `batches`, each one's
+    weighted loss sum backpropagated (`random`'s draws seeded by `seed`, the rank and the micro-batch's count, so that
+    a resumed run repeats them), then one all-reduce of the sums and of the ranks' stop vote (`stop` set), so that all
+    ranks stop after the same step (a rank that stopped alone would leave the others waiting in FSDP's collectives);
+    the gradients divided by the total weight, clipped, and the optimizer's step. No host sync."""
+    t0 = time.perf_counter()
+    model, optimizer = state["model"], state["optimizer"]
+    accumulation = order.accumulation(train.global_batch_size, train.micro_batch_size, fabric.world_size)
+    sums = torch.zeros(3, device=fabric.device)
+    metrics: dict[str, torch.Tensor] = {}
+    for k in range(accumulation):
+        batch = next(batches)
+        state["iter_num"] += 1
+        generator = selection_generator(seed, fabric.global_rank, state["iter_num"], fabric.device)
+        with fabric.no_backward_sync(model, enabled=k < accumulation - 1):
+            loss_sum, weight_sum, micro_metrics = forward_and_loss(
+                model, guide, batch, generator=generator, teacher_timer=teacher_timer
+            )
+            fabric.backward(loss_sum)
+        sums[:2] += torch.stack([loss_sum.detach(), weight_sum.detach()])
+        for name, value in micro_metrics.items():
+            metrics[name] = metrics.get(name, 0.0) + value / accumulation
+    if stop.is_set():
+        sums[2] = 1.0
+    totals = fabric.all_reduce(sums, reduce_op="sum")  # the one all-reduce of the step
+    # FSDP averages gradients over ranks; undo that and divide by the step's total weight instead.
+    scale = fabric.world_size / totals[1].clamp(min=1)
+    for param in model.parameters():
+        if param.grad is not None:
+            param.grad.mul_(scale)
+    norm = fabric.clip_gradients(model, optimizer, max_norm=train.max_norm, error_if_nonfinite=False)
+    finite = torch.isfinite(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # FSDP2: a DTensor
+    optimizer.step()
+    optimizer.zero_grad()
+    state["step_count"] += 1
+    state["position"] += train.global_batch_size
+    return Step(totals, metrics, finite, time.perf_counter() - t0)
+
+
+@dataclass
+class Loop:
+    """What the training loop keeps between optimizer steps: its schedule, the batches and the running figures."""
+
+    accumulation: int
+    """Micro-batches per optimizer step on each rank (`order.accumulation`)."""
+    tokens_per_iter: int
+    """Tokens per micro-batch on each rank."""
+    max_steps: int
+    """The run's optimizer steps: its token budget, or `--train.max_steps`."""
+    warmup_steps: int
+    """The learning rate's warm-up, in optimizer steps."""
+    epoch_blocks: int | None
+    """Blocks in one epoch of the train split (`train_split_blocks`)."""
+    batches: CycleIterator
+    """The train loader's micro-batches, epoch after epoch."""
+    teacher_timer: Stopwatch
+    """Time spent in the online teachers."""
+    initial_iter: int
+    """The micro-batches trained before this process started (a resumed run's)."""
+    finite: torch.Tensor
+    """() bool: whether every gradient norm since the last check was finite."""
+    t0: float = field(default_factory=time.perf_counter)
+    """When the loop started, once every rank was there."""
+    step_time: float = 0.0
+    """Seconds spent in `train_step`."""
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    """The last validation's."""
+
+    @classmethod
+    def start(cls, fabric: L.Fabric, state: dict, train_dataloader, train: TrainArgs) -> "Loop":
+        """The loop of `state`'s run from where it is, its schedule from `train`: the schedule counts optimizer steps,
+        not micro-batches as litgpt.pretrain does, so that step k gets the same learning rate whatever the split of the
+        global batch into devices and accumulation."""
+        accumulation = order.accumulation(train.global_batch_size, train.micro_batch_size, fabric.world_size)
+        epoch_blocks = train_split_blocks(train_dataloader, train.micro_batch_size * fabric.world_size)
+        tokens_per_iter = train.micro_batch_size * state["model"].max_seq_length
+        max_steps = train.max_tokens // fabric.world_size // tokens_per_iter // accumulation
+        if train.max_steps is not None:
+            max_steps = min(max_steps, train.max_steps)
+        warmup_steps = train.lr_warmup_steps or 0
+        if train.lr_warmup_fraction and epoch_blocks:  # a share of one epoch's steps, as LitGPT counts it
+            warmup_steps = math.ceil(train.lr_warmup_fraction * epoch_blocks / train.global_batch_size)
+        warmup_steps = min(warmup_steps, max_steps)
+        if warmup_steps >= max_steps > 0:  # `get_lr` divides by max_steps - warmup_steps: leave one step of decay
+            fabric.print(
+                f"Warm-up capped at {max_steps - 1} steps: the run has {max_steps}, the last one for the decay."
+            )
+            warmup_steps = max_steps - 1
+        fabric.print(
+            f"Tokens per optimizer step: {tokens_per_iter * accumulation * fabric.world_size:,}"
+            f" ({accumulation} micro-batches of {train.micro_batch_size} x {state['model'].max_seq_length} on"
+            f" {fabric.world_size} ranks); {max_steps:,} steps."
+        )
+        finite = torch.ones((), dtype=torch.bool, device=fabric.device)
+        batches, timer = CycleIterator(train_dataloader), Stopwatch(fabric.device)
+        fabric.barrier()
+        return cls(
+            accumulation,
+            tokens_per_iter,
+            max_steps,
+            warmup_steps,
+            epoch_blocks,
+            batches,
+            timer,
+            state["iter_num"],
+            finite,
+        )
+
+
+def train_split_blocks(train_dataloader, blocks_per_round: int) -> int | None:
+    """Blocks in one epoch of the train split: the global order's (`order.train_loader`), or a LitGPT data module's
+    loader's batches per rank times `blocks_per_round` (micro-batch x ranks); None for an iterable without a length."""
+    dataset = getattr(train_dataloader, "dataset", None)
+    if isinstance(dataset, order.Blocks):
+        return len(dataset)
+    return len(train_dataloader) * blocks_per_round if hasattr(train_dataloader, "__len__") else None
