@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import lightning as L
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-import lightning as L
 
 from litgpt_vocagnolm.data import TeacherSide
 from litgpt_vocagnolm.errors import InvalidArgument
