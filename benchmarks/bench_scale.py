@@ -55,7 +55,7 @@ from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss
 from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss, loss_inputs
 from litgpt_vocagnolm.model_configs import register
 from litgpt_vocagnolm.plan import StepShape, cpu_peak_bytes, estimate_memory, matmul_parameters
-from litgpt_vocagnolm.teacher import teacher_token_loss
+from litgpt_vocagnolm.teacher import Teacher, teacher_token_loss
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -140,9 +140,9 @@ def forward_and_loss_whole_logits(model, guide: Guide, batch: Batch):
     student and the teacher alike, and the per-token cross-entropy reads them."""
     (side,) = batch.teachers
     teacher_loss = side.loss
-    for teacher in guide.teachers:
+    for teacher in guide.teachers if guide.teachers[:1] and guide.teachers[0].mode == "online" else []:
         with torch.no_grad():
-            teacher_loss = teacher_token_loss_whole_logits(teacher, side.ids, side.valid)
+            teacher_loss = teacher_token_loss_whole_logits(teacher.model, side.ids, side.valid)
     ls = per_token_cross_entropy(model(batch.input_ids), batch.targets)
     inputs = loss_inputs(batch, guide.loss, None if teacher_loss is None else [teacher_loss])
     return guide.loss(ls, batch.targets != -100, inputs)
@@ -189,7 +189,9 @@ def forward_backward(student, teacher, batch: Batch, kind: str, whole_logits: bo
     if kind != "cached":
         batch = batch._replace(teachers=[side._replace(loss=None)])
     run = forward_and_loss_whole_logits if whole_logits else forward_and_loss
-    loss_sum, weight_sum, _ = run(student, Guide([] if teacher is None else [teacher], GuidedLoss(guidance)), batch)
+    teachers = [Teacher(mode="online", model=teacher)] if teacher is not None else []
+    teachers += [Teacher(mode="cached")] if kind == "cached" else []
+    loss_sum, weight_sum, _ = run(student, Guide(teachers, GuidedLoss(guidance)), batch)
     fabric.backward(loss_sum)
     return weight_sum
 

@@ -49,7 +49,7 @@ from litgpt_vocagnolm.model_configs import llama_config
 from litgpt_vocagnolm.prepare import prepare
 from litgpt_vocagnolm.score_teacher import score_teacher
 from litgpt_vocagnolm.stopwatch import Stopwatch
-from litgpt_vocagnolm.teacher import teacher_token_loss
+from litgpt_vocagnolm.teacher import Teacher, teacher_token_loss
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "data" / "gsm8k" / "train.jsonl"
@@ -159,7 +159,8 @@ def matmul_parameters(model: GPT) -> int:
 def train_step(fabric, model, optimizer, teacher, batch: Batch, guidance: GuidanceArgs, max_norm: float) -> float:
     """One optimizer step of `recipe.fit` (one micro-batch, one rank); returns the seconds spent in the teacher."""
     teacher_timer = Stopwatch(fabric.device)
-    guide = Guide([] if teacher is None else [teacher], GuidedLoss(guidance))
+    cached = [Teacher(mode="cached") for _ in batch.teachers]  # the batch's losses, from the cache
+    guide = Guide([Teacher(mode="online", model=teacher)] if teacher is not None else cached, GuidedLoss(guidance))
     loss_sum, weight_sum, _ = forward_and_loss(model, guide, batch, teacher_timer=teacher_timer)
     fabric.backward(loss_sum)
     scale = 1 / weight_sum.clamp(min=1)  # what fit does with the all-reduced weight sum of the step

@@ -19,7 +19,7 @@ from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.loss import TokenBytes, teacher_reference
 from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
 from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
-from litgpt_vocagnolm.teacher import TeacherArgs
+from litgpt_vocagnolm.teacher import Teacher, TeacherArgs
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 TEXT = "Let $f(x) = x^2 + 3x$; then f'(x) = 2x + 3 and ∫₀¹ f = 11/6 ≈ 1.83 — naïve café, 数学."
@@ -163,7 +163,7 @@ def test_the_training_step_looks_up_each_tokens_bytes(tinyllama_qwen_data):
     batch = batch._replace(teachers=[side])
     student = GPT(tiny_config("s", 32000, block_size=64))
     tables = byte_tables(TINYLLAMA, [QWEN], torch.device("cpu"))
-    guide = Guide([], GuidedLoss(GuidanceArgs(compare="byte"), byte_tables=tables))
+    guide = Guide([Teacher(mode="cached")], GuidedLoss(GuidanceArgs(compare="byte"), byte_tables=tables))
     loss_sum, weight_sum, _ = forward_and_loss(student, guide, batch)
 
     tinyllama, qwen = load_tokenizer(TINYLLAMA), load_tokenizer(QWEN)

@@ -19,7 +19,7 @@ from test_loss_distributed import free_port
 
 from litgpt_vocagnolm.methods import GuidanceArgs
 from litgpt_vocagnolm.recipe import setup
-from litgpt_vocagnolm.teacher import TeacherArgs
+from litgpt_vocagnolm.teacher import Teacher, TeacherArgs
 
 TESTS = Path(__file__).resolve().parent
 
@@ -614,7 +614,8 @@ def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_
     student, teacher = GPT(tiny_config("s", 32000, block_size=64)), GPT(tiny_config("t", teacher_vocab, block_size=256))
     teacher.requires_grad_(False)
     generator = torch.Generator().manual_seed(0)
-    guide = Guide([teacher], GuidedLoss(guidance, vocab_size=data.manifest["student"]["vocab_size"]))
+    guided = GuidedLoss(guidance, vocab_size=data.manifest["student"]["vocab_size"])
+    guide = Guide([Teacher(mode="online", model=teacher)], guided)
     loss_sum, weight_sum, metrics = forward_and_loss(student, guide, batch, generator=generator)
     loss_sum.backward()
     valid = (batch.targets != -100).sum()

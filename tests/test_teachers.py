@@ -19,7 +19,7 @@ from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.loss import SelectionArgs, aggregate_teacher_loss, teacher_guided_weights, teacher_reference
 from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
 from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
-from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
+from litgpt_vocagnolm.teacher import Teacher, TeacherArgs, teacher_token_loss
 
 
 def guided_loss(args: GuidanceArgs, ls: torch.Tensor, valid: torch.Tensor, **inputs) -> tuple:
@@ -247,7 +247,8 @@ def test_online_teachers_score_their_own_windows(
         teachers.append(teacher.requires_grad_(False).eval())
     student = GPT(tiny_config("s", 32000, block_size=64))
     guidance = GuidanceArgs(combine="min")
-    loss_sum, weight_sum, got = forward_and_loss(student, Guide(teachers, GuidedLoss(guidance)), batch)
+    guide = Guide([Teacher(mode="online", model=t) for t in teachers], GuidedLoss(guidance))
+    loss_sum, weight_sum, got = forward_and_loss(student, guide, batch)
     with torch.no_grad():
         sides = batch.teachers
         losses = [teacher_token_loss(t, s.ids, s.valid) for t, s in zip(teachers, sides, strict=True)]

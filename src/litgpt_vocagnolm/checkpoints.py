@@ -354,8 +354,7 @@ class Checkpointer:
         self.pending: tuple[Future, Path, Path, dict | None] | None = None  # future, .partial- dir, final dir, export
 
     def save(self, step: int, blocking: bool = True) -> Path:
-        """Writes the state after optimizer step `step` to `out_dir/step-<step>` (returned): complete on return, or
-        unless `blocking` copied, written in the background."""
+        """Saves the state of step `step` in `out_dir/step-<step>` (returned), in the background unless `blocking`."""
         return self._save(self.out_dir / f"step-{step:08d}", blocking, export=False)
 
     def save_final(self) -> Path:

@@ -17,7 +17,7 @@ from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, gi
 from litgpt_vocagnolm.gpt import GPT
 from litgpt_vocagnolm.methods import GuidanceArgs, method_names
 from litgpt_vocagnolm.model_configs import config_named
-from litgpt_vocagnolm.teacher import TeacherArgs
+from litgpt_vocagnolm.teacher import TeacherArgs, teacher_mode
 from litgpt_vocagnolm.teacher_cache import check_cache
 from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
@@ -179,7 +179,7 @@ def check_setup(
             "--guidance.compare byte counts the bytes of each teacher token with the teacher's tokenizer: pass"
             " --teacher.checkpoint_dir (one per teacher, beside --teacher.cache: only its tokenizer is read then)."
         )
-    if method.needs_teacher and not caches:
+    if teacher_mode(teacher, method) == "online":
         if not checkpoint_dirs:
             raise InvalidArgument(
                 f"--guidance.method {guidance.method} needs a teacher: --teacher.checkpoint_dir DIR (or"

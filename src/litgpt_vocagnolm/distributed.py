@@ -38,7 +38,7 @@ def parallelize(
     litgpt/finetune/lora.py). `device_mesh`: the strategy's (data_parallel, tensor_parallel) mesh; `num_nodes`:
     how its devices group into nodes, for the (replicate, shard) mesh of "node" and "hybrid".
 
-    The student (the model with trainable parameters) with `param_dtype` (bf16) gathers its parameters in that dtype and
+    The student (the model not marked `frozen`) with `param_dtype` (bf16) gathers its parameters in that dtype and
     reduces its gradients in float32 (`MixedPrecisionPolicy`): its shards, and so the AdamW state, stay float32. FSDP2
     keeps the student's root (embedding, final norm, head) gathered after forward, since backward needs it again. The
     frozen teacher, built in its own dtype (bf16), is gathered as it is and has no backward: its root is resharded
@@ -48,7 +48,7 @@ def parallelize(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    frozen = not any(p.requires_grad for p in model.parameters())
+    frozen = getattr(model, "frozen", False)  # the teacher, marked by `gpt.frozen_model`
     placement = fsdp.teacher if frozen else fsdp.student
     if placement == "replicate":
         return model  # the strategy materialises it whole on each device

@@ -83,11 +83,11 @@ def new_model(fabric: L.Fabric, config: Config, tie_embeddings: bool, model_clas
 def frozen_model(
     config: Config, fabric: L.Fabric | None = None, dtype: torch.dtype | None = None, empty_init: bool = True
 ) -> GPT:
-    """A frozen `GPT` of `config` (`requires_grad=False`, eval mode), not set up: built in `dtype` (default: torch's),
-    under `fabric`'s `init_module` when given, its weights left for a checkpoint to fill (`empty_init`) or drawn
-    at random as `GPT.__init__` draws them (`empty_init=False`: a teacher measured without its checkpoint). A
-    float32 copy of a 7B teacher, cast
-    afterwards, would take 28 GB for a moment (on the meta device under FSDP, where it costs nothing either way)."""
+    """A frozen `GPT` of `config` (`requires_grad=False`, eval mode, marked `frozen` for `distributed.parallelize`),
+    not set up: built in `dtype` (default: torch's), under `fabric`'s `init_module` when given, its weights left for a
+    checkpoint to fill (`empty_init`) or drawn at random as `GPT.__init__` draws them (`empty_init=False`: a teacher
+    measured without its checkpoint). A float32 copy of a 7B teacher, cast afterwards, would take 28 GB for a moment
+    (on the meta device under FSDP, where it costs nothing either way)."""
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype or default_dtype)
     try:
@@ -95,6 +95,7 @@ def frozen_model(
             model = GPT(config)
     finally:
         torch.set_default_dtype(default_dtype)
+    model.frozen = True  # what `distributed.parallelize` reads: placed as a teacher, never trained
     return model.requires_grad_(False).eval()
 
 

@@ -49,7 +49,7 @@ from litgpt_vocagnolm.gpt import frozen_model, load_model, new_model
 from litgpt_vocagnolm.micro_batch import Guide
 from litgpt_vocagnolm.recipe import Run, fit
 from litgpt_vocagnolm.score_teacher import compiles_by_default
-from litgpt_vocagnolm.teacher import TeacherArgs, teacher_token_loss
+from litgpt_vocagnolm.teacher import Teacher, precision_dtype, teacher_token_loss
 from litgpt_vocagnolm.teacher_cache import CACHE_MANIFEST
 
 GB = 1e9
@@ -207,8 +207,7 @@ def synthetic_batch(setting: Setting, micro_batch: int, losses: bool) -> Batch:
         side = TeacherSide(torch.randint(0, vocab_size, (B, M)), torch.ones(B, M, dtype=torch.bool), ranges)
         return side._replace(loss=random_losses(side)) if losses else side
 
-    caches = setting.args.teacher.caches
-    vocabs = [t.vocab_size for t in setting.teachers] or [1] * max(1, len(caches))  # unknown teachers' ids: unread
+    vocabs = [t.vocab_size for t in setting.teachers] or [1] * teacher_sides(setting)  # unknown teachers' ids: unread
     input_ids = torch.randint(0, setting.student.vocab_size, (B, T))
     targets = torch.randint(0, setting.student.vocab_size, (B, T))
     return Batch(input_ids, targets, [side(v) for v in vocabs])
@@ -223,6 +222,12 @@ class WithRandomLosses:
     def __iter__(self) -> Iterator[Batch]:
         for batch in self.batches:
             yield with_random_losses(batch)
+
+
+def teacher_sides(setting: Setting) -> int:
+    """The teacher sides of `setting`'s batches: one per prepared dataset, else per teacher or cache, at least one."""
+    data = prepared(setting)
+    return len(data.paths) if data is not None else len(setting.teachers) or max(1, len(setting.args.teacher.caches))
 
 
 def prepared(setting: Setting) -> VocAgnoData | None:
@@ -290,13 +295,17 @@ def recipe_step(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int,
     args, device = setting.args, fabric.device
     memory = PeakMemory(device)
     model, optimizer = student_model(fabric, setting)
-    teachers = []
+    teachers = []  # the recipe's (`teacher.teachers_of`), in the mode of `work`
     if work == "online":
-        dtype = args.teacher.dtype(device)
+        dtype = precision_dtype(args.teacher.precision, device)
         for config, checkpoint_dir in zip(setting.teachers, args.teacher.checkpoint_dirs, strict=True):
-            teachers.append(teacher_model(fabric, config, checkpoint_dir, dtype))
+            teachers.append(
+                Teacher(checkpoint_dir, mode="online", model=teacher_model(fabric, config, checkpoint_dir, dtype))
+            )
             if args.compile:
-                compile_blocks(teachers[-1])
+                compile_blocks(teachers[-1].model)
+    elif work == "cached":
+        teachers = [Teacher(mode="cached") for _ in range(teacher_sides(setting))]
     A, B, T = setting.accumulation, micro_batch, setting.seq_len
     warmup = warmup_steps(args.compile)
     # One GPU's share of the run: A micro-batches per optimizer step; the budget and the schedule cover these steps.
@@ -351,7 +360,7 @@ def scoring(device: torch.device, setting: Setting, micro_batch: int) -> Measure
     fabric = L.Fabric(accelerator=device.type, devices=1)
     memory = PeakMemory(device)
     config, checkpoint_dir = setting.teachers[0], setting.args.teacher.checkpoint_dirs[0]
-    model = teacher_model(fabric, config, checkpoint_dir, TeacherArgs().dtype(device))
+    model = teacher_model(fabric, config, checkpoint_dir, precision_dtype(None, device))
     compiled = compiles_by_default(device)
     model = torch.compile(model, dynamic=False) if compiled else model
     ids = torch.randint(0, config.vocab_size, (micro_batch, setting.window), device=device)

@@ -12,16 +12,16 @@ import torch.nn as nn
 from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.data import Batch
 from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
-from litgpt_vocagnolm.teacher import teacher_token_loss
+from litgpt_vocagnolm.teacher import Teacher
 
 
 @dataclass
 class Guide:
-    """What guides the student on each micro-batch: the online teachers and the run's guided loss."""
+    """What guides the student on each micro-batch: the teachers that score it and the run's guided loss."""
 
-    teachers: list[nn.Module]
-    """The online teachers, one per teacher side of a batch (`data.Batch.teachers`); empty with loss caches or
-    without a teacher."""
+    teachers: list[Teacher]
+    """The scoring teachers (online or cached: `teacher.teachers_of`), one per teacher side of a batch
+    (`data.Batch.teachers`); empty when none scores."""
     loss: GuidedLoss
     """Built once from the run's arguments (`methods.GuidedLoss`)."""
 
@@ -30,17 +30,18 @@ class Guide:
         cls,
         fabric: L.Fabric,
         guidance: GuidanceArgs,
-        teachers: list[nn.Module],
+        teachers: list[Teacher],
         vocab_size: int | None = None,
         byte_tables: Sequence[torch.Tensor] = (),
     ) -> "Guide":
         """The guide of a run on `fabric`: its rank, and its all_gather for `--guidance.scope global`; `vocab_size`
-        (the student tokenizer's) for `kld`, `byte_tables` (`data.byte_tables`) for `--guidance.compare byte`."""
+        (the student tokenizer's) for `kld`, `byte_tables` (`data.byte_tables`) for `--guidance.compare byte`; of
+        `teachers`, those that score (`Teacher.mode`)."""
         all_gather = fabric.all_gather if guidance.scope == "global" else None
         loss = GuidedLoss(
             guidance, all_gather=all_gather, rank=fabric.global_rank, vocab_size=vocab_size, byte_tables=byte_tables
         )
-        return cls(teachers, loss)
+        return cls([t for t in teachers if t.mode], loss)
 
 
 def forward_and_loss(
@@ -51,23 +52,18 @@ def forward_and_loss(
     generator: torch.Generator | None = None,
     teacher_timer: contextlib.AbstractContextManager = contextlib.nullcontext(),
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """One micro-batch: teacher scores (online, timed by `teacher_timer`, or from the caches), student forward,
+    """One micro-batch: teacher scores (`Teacher.score`: online, timed by `teacher_timer`, or cached), student forward,
     guided loss (`generator`: `random`'s draws). `batch`: a loader's (`data.Batch.of`). Returns the weighted loss sum,
     the weight sum and detached metrics (see `methods.GuidedLoss`)."""
-    batch, method = Batch.of(batch), guide.loss.args.spec
+    batch, method, teachers = Batch.of(batch), guide.loss.args.spec, guide.teachers
     sides = batch.teachers
     teacher_losses, teacher_logits = None, None
-    if sides and sides[0].loss is not None:  # cached: `score-teacher`
-        teacher_losses = [side.loss for side in sides]
-    elif guide.teachers:
-        with teacher_timer, torch.no_grad():
-            if method.teacher_logits:  # the distillation baselines need the whole distribution, at a cost
-                teacher_logits = guide.teachers[0](sides[0].ids)  # (B, M, V_teacher)
-            else:
-                teacher_losses = [
-                    teacher_token_loss(teacher, side.ids, side.valid)  # (B, M_k)
-                    for teacher, side in zip(guide.teachers, sides, strict=True)
-                ]
+    online = bool(teachers) and teachers[0].mode == "online"
+    with teacher_timer if online else contextlib.nullcontext(), torch.no_grad():
+        if online and method.teacher_logits:  # the distillation baselines need the whole distribution, at a cost
+            teacher_logits = teachers[0].model(sides[0].ids)  # (B, M, V_teacher)
+        elif teachers:
+            teacher_losses = [teacher.score(side) for teacher, side in zip(teachers, sides, strict=True)]  # (B, M_k)
 
     if method.teacher_logits:
         logits = model(batch.input_ids)  # (B, T, V_student)

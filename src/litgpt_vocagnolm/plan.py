@@ -388,6 +388,7 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     from litgpt_vocagnolm.measure import Setting, largest_micro_batch, measure
     from litgpt_vocagnolm.model_configs import config_named, register
     from litgpt_vocagnolm.recipe import setup
+    from litgpt_vocagnolm.teacher import teacher_mode
 
     register()
     parser = capture_parser(lambda: CLI(setup, args=[], parser_class=parser_class or ArgumentParser))
@@ -430,7 +431,7 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
             f" ({student.name}): it can't run. Give at most {student.block_size}."
         )
     guidance, teacher_args = args.guidance, args.teacher
-    online = guidance.spec.needs_teacher and not teacher_args.caches  # `random` and `ce` load none
+    online = teacher_mode(teacher_args, guidance.spec) == "online"  # `random` and `ce` load none
     teachers = []
     for directory in teacher_args.checkpoint_dirs:
         found = directory / "model_config.yaml"

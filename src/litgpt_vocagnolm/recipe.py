@@ -68,14 +68,14 @@ from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX
 from litgpt_vocagnolm.data import Batch, VocAgnoData, byte_tables
 from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, mean_over_ranks, parallelize
 from litgpt_vocagnolm.errors import check_writable, given_by
-from litgpt_vocagnolm.gpt import load_model, new_model
+from litgpt_vocagnolm.gpt import new_model
 from litgpt_vocagnolm.loss import bits_per_byte
 from litgpt_vocagnolm.methods import GuidanceArgs
 from litgpt_vocagnolm.micro_batch import Guide
 from litgpt_vocagnolm.model_configs import register
 from litgpt_vocagnolm.slurm import requeue_and_exit, stop_signal
 from litgpt_vocagnolm.step import Loop, Step, train_step
-from litgpt_vocagnolm.teacher import TeacherArgs
+from litgpt_vocagnolm.teacher import TeacherArgs, teachers_of
 
 
 @dataclass
@@ -283,16 +283,14 @@ def main(
         compile_blocks(model)
     model = fabric.setup(model)
 
-    teachers = []  # online: one per prepared dataset, every batch through each
-    online = guidance.spec.needs_teacher and not teacher_args.caches
-    for checkpoint_dir in teacher_args.checkpoint_dirs if online else []:
+    teachers = teachers_of(teacher_args, guidance.spec)  # one per prepared dataset, every batch through each
+    for teacher in [t for t in teachers if t.mode == "online"]:
         t0 = time.perf_counter()
-        teacher = load_model(checkpoint_dir, fabric, teacher_args.dtype(fabric.device))
+        teacher_model = teacher.load(fabric)
         if run.compile:
-            compile_blocks(teacher)
-        teachers.append(teacher)
+            compile_blocks(teacher_model)
         fabric.print(
-            f"Teacher {checkpoint_dir} ({num_parameters(teacher):,} parameters, frozen) loaded in"
+            f"Teacher {teacher.checkpoint_dir} ({num_parameters(teacher_model):,} parameters, frozen) loaded in"
             f" {time.perf_counter() - t0:.02f} seconds."
         )
 
@@ -305,8 +303,8 @@ def main(
             batch_size=train.micro_batch_size,
             max_seq_length=model.max_seq_length,
             num_chunks=guidance.num_chunks_if_chunked,
-            teacher_caches=teacher_args.caches or None,
-            teacher_block_size=min((t.max_seq_length for t in teachers), default=None),
+            teacher_caches=[t.cache for t in teachers if t.mode == "cached"] or None,
+            teacher_block_size=min((t.model.max_seq_length for t in teachers if t.model), default=None),
         )
     else:
         data.connect(batch_size=train.micro_batch_size, max_seq_length=model.max_seq_length)
@@ -344,7 +342,7 @@ def main(
     train_t0 = time.perf_counter()
     vocab_size = data.manifest["student"]["vocab_size"] if isinstance(data, VocAgnoData) else None
     byte_scale = guidance.compare == "byte"  # bytes per token id: the student's, each teacher's
-    tables = byte_tables(tokenizer_dir, teacher_args.checkpoint_dirs, fabric.device) if byte_scale else ()
+    tables = byte_tables(tokenizer_dir, [t.checkpoint_dir for t in teachers], fabric.device) if byte_scale else ()
     guide = Guide.build(fabric, guidance, teachers, vocab_size, tables)
     finished = fit(fabric, state, train_dataloader, val_dataloader, run, train, eval, guide)
     if not finished:

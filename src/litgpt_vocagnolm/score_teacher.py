@@ -19,8 +19,7 @@ from litgpt_vocagnolm.checks import check_teacher_block_size
 from litgpt_vocagnolm.data import MANIFEST, BlockDataset, VocAgnoData, check_split, padded_window
 from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, check_writable
 from litgpt_vocagnolm.files import file_sha256, write_json
-from litgpt_vocagnolm.gpt import load_model
-from litgpt_vocagnolm.teacher import TeacherArgs, check_precision, teacher_token_loss
+from litgpt_vocagnolm.teacher import Teacher, check_precision, default_precision, teacher_token_loss
 from litgpt_vocagnolm.teacher_cache import (
     CACHE_FORMAT,
     CACHE_MANIFEST,
@@ -90,7 +89,7 @@ def score_teacher(
     check_teacher_block_size(prepared.manifest, teacher, "--teacher", data)
     check_writable(output, "--output")
     batch_size = usable_batch_size(batch_size, blocks_per_shard, prepared.manifest)
-    precision = precision or ("bf16-true" if torch.cuda.is_available() else "32-true")
+    precision = precision or default_precision(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     settings = cache_settings(teacher, data, precision, blocks_per_shard)
     if (output / CACHE_MANIFEST).is_file():
         check_same_settings(json.loads((output / CACHE_MANIFEST).read_text()), settings, output)
@@ -110,7 +109,7 @@ def score_teacher(
         write_json(output / ".settings.json", settings)
     fabric.barrier()
 
-    model = load_model(teacher, fabric, TeacherArgs(precision=precision).dtype(fabric.device))
+    model = Teacher(teacher, mode="online", precision=precision).load(fabric)
     width = padded_window(prepared.manifest, model.max_seq_length)
     compile = compiles_by_default(fabric.device) if compile is None else compile
     model = torch.compile(model, dynamic=False) if compile else model

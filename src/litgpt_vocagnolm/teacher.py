@@ -1,21 +1,27 @@
-"""The frozen teacher: its settings (`TeacherArgs`) and its per-token loss; `gpt.load_model` loads it beside the
-student.
+"""The frozen teachers: their settings (`TeacherArgs`), one `Teacher` per teacher (`teachers_of`, which decides once
+how each runs: online, from its cache or not at all) and the per-token loss that scores a batch.
 
 The teacher's whole contribution to VocAgnoLM is one number per teacher token: its cross-entropy on that token. The
 same function computes it online (inside the training step) and offline (`vocagnolm score-teacher`), so the two cannot
 drift. The teacher is never put in the training `state`: it has no optimizer state and is reloaded, never saved.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
+import lightning as L
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from litgpt_vocagnolm.data import TeacherSide
 from litgpt_vocagnolm.errors import InvalidArgument
+from litgpt_vocagnolm.gpt import GPT, load_model
+from litgpt_vocagnolm.methods import GuidanceMethod
 
 PRECISIONS = ("bf16-true", "16-true", "32-true")  # a teacher only runs forward passes: no mixed precision
+Mode = Literal["online", "cached"]
 
 
 @dataclass
@@ -46,9 +52,16 @@ class TeacherArgs:
         """`cache` as a list, one per teacher; empty without one."""
         return as_list(self.cache)
 
-    def dtype(self, device: torch.device) -> torch.dtype:
-        precision = self.precision or ("bf16-true" if device.type == "cuda" else "32-true")
-        return {"bf16-true": torch.bfloat16, "16-true": torch.float16, "32-true": torch.float32}[precision]
+
+def default_precision(device: torch.device) -> str:
+    """A teacher's precision when none is given: "bf16-true" on a GPU, "32-true" elsewhere."""
+    return "bf16-true" if device.type == "cuda" else "32-true"
+
+
+def precision_dtype(precision: str | None, device: torch.device) -> torch.dtype:
+    """The dtype a teacher runs in on `device` at `precision` (one of PRECISIONS; None: `default_precision`)."""
+    precision = precision or default_precision(device)
+    return {"bf16-true": torch.bfloat16, "16-true": torch.float16, "32-true": torch.float32}[precision]
 
 
 def check_precision(precision: str | None, flag: str) -> None:
@@ -58,9 +71,60 @@ def check_precision(precision: str | None, flag: str) -> None:
 
 
 def as_list(value: Path | list[Path] | None) -> list[Path]:
+    """One or several paths as the command line gives them, as a list: the one place they are normalised."""
     if value is None:
         return []
     return [Path(value)] if isinstance(value, (str, Path)) else [Path(v) for v in value]
+
+
+@dataclass
+class Teacher:
+    """One frozen teacher of a run: where it comes from, how it runs and, once loaded online, its model."""
+
+    checkpoint_dir: Path | None = None
+    """Its LitGPT checkpoint: its weights when it runs online, its tokenizer (identity, byte table) always; None
+    when only its cache is given."""
+    cache: Path | None = None
+    """Its loss cache (`vocagnolm score-teacher`), or None."""
+    mode: Mode | None = None
+    """How it scores a batch: "online" (its model runs), "cached" (its losses are read with the batch) or None (it
+    does not score: the method needs no teacher)."""
+    precision: str | None = None
+    """Its precision when online (one of PRECISIONS; None: `default_precision`)."""
+    model: GPT | None = field(default=None, repr=False)
+    """The frozen model, once `load` has built it (online only)."""
+
+    def load(self, fabric: L.Fabric) -> GPT:
+        """Builds the frozen model from `checkpoint_dir` in its precision under `fabric`'s strategy (`gpt.load_model`,
+        which marks it frozen for `distributed.parallelize`) and keeps it."""
+        self.model = load_model(self.checkpoint_dir, fabric, precision_dtype(self.precision, fabric.device))
+        return self.model
+
+    def score(self, side: TeacherSide) -> torch.Tensor:
+        """Its per-token losses on its side of a batch, (B, M) float32 (`teacher_token_loss`): computed by its model
+        online (call under no_grad), read from the batch when cached."""
+        if self.mode == "cached":
+            return side.loss
+        return teacher_token_loss(self.model, side.ids, side.valid)
+
+
+def teacher_mode(args: TeacherArgs, method: GuidanceMethod) -> Mode | None:
+    """How the teachers of a run score its batches, decided here alone: from their caches when `--teacher.cache` is
+    given (`random` reads them too, to tell mapped tokens); online when the method needs their scores and no cache is
+    given; else not at all."""
+    if args.caches:
+        return "cached"
+    return "online" if method.needs_teacher else None
+
+
+def teachers_of(args: TeacherArgs, method: GuidanceMethod) -> list[Teacher]:
+    """The run's teachers, one per `--teacher.checkpoint_dir` or `--teacher.cache` (in the order of the prepared
+    data; `checks.check_setup` refuses lists of different lengths), each running as `teacher_mode` decides."""
+    dirs, caches, mode = args.checkpoint_dirs, args.caches, teacher_mode(args, method)
+    return [
+        Teacher(dirs[k] if dirs else None, caches[k] if caches else None, mode, args.precision)
+        for k in range(max(len(dirs), len(caches)))
+    ]
 
 
 def teacher_token_loss(teacher: nn.Module, teacher_ids: torch.Tensor, teacher_valid: torch.Tensor) -> torch.Tensor:
