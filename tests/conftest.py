@@ -100,29 +100,14 @@ def qwen_teacher(tmp_path_factory) -> Path:
     return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "teacher-qwen", config, QWEN, seed=1)
 
 
+def model_config_fields(config: Config) -> dict:
+    """The fields of a tiny `config` that a --model_config file (or a recipe's `model_config:`) holds."""
+    keys = ("name", "block_size", "vocab_size", "padding_multiple", "n_layer", "n_head", "n_embd")
+    keys += ("rotary_percentage", "parallel_residual", "bias", "norm_class_name", "mlp_class_name", "intermediate_size")
+    return {key: getattr(config, key) for key in keys}
+
+
 def student_config_yaml(path: Path) -> Path:
     """A 1-layer student for TinyLlama's tokenizer, as a --model_config file."""
-    config = tiny_config("student", 32000, block_size=64)
-    path.write_text(
-        json.dumps(
-            {
-                k: getattr(config, k)
-                for k in (
-                    "name",
-                    "block_size",
-                    "vocab_size",
-                    "padding_multiple",
-                    "n_layer",
-                    "n_head",
-                    "n_embd",
-                    "rotary_percentage",
-                    "parallel_residual",
-                    "bias",
-                    "norm_class_name",
-                    "mlp_class_name",
-                    "intermediate_size",
-                )
-            }
-        )
-    )
+    path.write_text(json.dumps(model_config_fields(tiny_config("student", 32000, block_size=64))))
     return path

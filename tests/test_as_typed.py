@@ -43,7 +43,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import BIN, QWEN, ROOT, TINYLLAMA, make_checkpoint, tiny_config
+from conftest import BIN, QWEN, ROOT, TINYLLAMA, make_checkpoint, model_config_fields, tiny_config
 from litgpt import GPT
 from litgpt.args import EvalArgs, TrainArgs
 from litgpt.utils import get_default_supported_precision
@@ -97,24 +97,7 @@ def work(tmp_path_factory) -> SimpleNamespace:
     student_tokenizer = train_student_tokenizer(texts, 512, root / "student-tokenizer")
     teacher = make_checkpoint(root / "teacher", TEACHER, train_teacher_tokenizer(texts, 512, root / "teacher-tok"))
     config = {
-        "model_config": {
-            name: getattr(STUDENT, name)
-            for name in (
-                "name",
-                "block_size",
-                "vocab_size",
-                "padding_multiple",
-                "n_layer",
-                "n_head",
-                "n_embd",
-                "rotary_percentage",
-                "parallel_residual",
-                "bias",
-                "norm_class_name",
-                "mlp_class_name",
-                "intermediate_size",
-            )
-        },
+        "model_config": model_config_fields(STUDENT),
         "tokenizer_dir": "student-tokenizer",
         "data": {"class_path": "litgpt_vocagnolm.data.VocAgnoData", "init_args": {"path": "data"}},
         "train": {"global_batch_size": 2, "micro_batch_size": 1, "max_steps": 2},

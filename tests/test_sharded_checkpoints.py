@@ -11,7 +11,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import BIN, MISTRAL, ROOT, TINYLLAMA, make_checkpoint, prepare_pair, tiny_config
+from conftest import BIN, MISTRAL, ROOT, TINYLLAMA, make_checkpoint, model_config_fields, prepare_pair, tiny_config
 from litgpt.args import TrainArgs
 from litgpt.model import GPT
 from test_checkpoints import setup_args
@@ -28,22 +28,6 @@ from litgpt_vocagnolm.checkpoints import (
 from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.recipe import setup
 from litgpt_vocagnolm.score_teacher import score_teacher
-
-STUDENT_KEYS = (
-    "name",
-    "block_size",
-    "vocab_size",
-    "padding_multiple",
-    "n_layer",
-    "n_head",
-    "n_embd",
-    "rotary_percentage",
-    "parallel_residual",
-    "bias",
-    "norm_class_name",
-    "mlp_class_name",
-    "intermediate_size",
-)  # what a --model_config file holds
 
 
 def train(tmp_path: Path, data: Path, steps: int, **overrides) -> Path:
@@ -222,7 +206,7 @@ def test_every_block_once_and_the_same_losses_on_1_2_3_and_4_processes(tmp_path,
         data,
         mistral_teacher,
         teacher={"checkpoint_dir": str(mistral_teacher), "cache": str(cache)},
-        model_config={k: getattr(config, k) for k in STUDENT_KEYS},
+        model_config=model_config_fields(config),
         initial_checkpoint_dir=str(student),
         data={"class_path": "traced_data.TracedData", "init_args": {"path": str(data), "num_workers": 0}},
     )
