@@ -22,8 +22,8 @@ from typing import Callable
 import numpy as np
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
-from litgpt_vocagnolm.alignment import align, align_batch, token_offsets
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.alignment.lexical import align, align_batch, token_offsets
+from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 FILES = [REPO / "data/gsm8k/train.jsonl", REPO / "data/stackexchange/math_stackexchange_33votes.jsonl"]

@@ -30,9 +30,9 @@ from litgpt.config import Config
 from litgpt.pretrain import initialize_weights
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
-from litgpt_vocagnolm.checkpoints import Checkpointer, find_resume_checkpoint
-from litgpt_vocagnolm.distributed import FSDPArgs, parallelize
-from litgpt_vocagnolm.gpt import GPT
+from litgpt_vocagnolm.models.gpt import GPT
+from litgpt_vocagnolm.training.checkpoints import Checkpointer, find_resume_checkpoint
+from litgpt_vocagnolm.training.distributed import FSDPArgs, parallelize
 
 MB = 1024**2
 LAYOUTS, PHASES = ("sharded", "gathered"), ("save", "resume")

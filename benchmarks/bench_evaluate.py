@@ -32,9 +32,16 @@ import torch
 from litgpt import GPT, Tokenizer
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
-from litgpt_vocagnolm.evaluate import PREFILL_CHUNK, generate_greedy
-from litgpt_vocagnolm.math_tasks import STOP_STRINGS, TASKS, build_prompt, load_examples, load_prompt, parse_question
-from litgpt_vocagnolm.model_configs import llama_config
+from litgpt_vocagnolm.evaluation.evaluate import PREFILL_CHUNK, generate_greedy
+from litgpt_vocagnolm.evaluation.math_tasks import (
+    STOP_STRINGS,
+    TASKS,
+    build_prompt,
+    load_examples,
+    load_prompt,
+    parse_question,
+)
+from litgpt_vocagnolm.models.model_configs import llama_config
 
 TINYLLAMA = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tokenizers" / "tinyllama-1.1b"
 

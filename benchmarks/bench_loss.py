@@ -16,8 +16,8 @@ import torch
 from litgpt.utils import chunked_cross_entropy
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
-from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
-from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
+from litgpt_vocagnolm.loss.cross_entropy import per_token_cross_entropy
+from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss, LossInputs
 
 
 def synthetic_alignment(B: int, T: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,7 @@
 """Tokens/s, MFU and peak memory of the recipe's steps beside the plan, over micro-batches, compiled and eager: a sweep
-of `vocagnolm plan --measure true` (`litgpt_vocagnolm.measure`), which runs the recipe's own loop, `score-teacher`'s
-forward and LitGPT's own step for the same student on one device, with the real configs and random weights.
+of `vocagnolm plan --measure true` (`litgpt_vocagnolm.planning.measure`), which runs the recipe's own loop,
+`score-teacher`'s forward and LitGPT's own step for the same student on one device, with the real configs and random
+weights.
 
 Each setting runs as one GPU of the recipe with one micro-batch per optimizer step (`--devices 1 --num_nodes 1
 --train.global_batch_size` = the micro-batch), and prints `plan --measure`'s table:
@@ -15,7 +16,7 @@ import contextlib
 import io
 from pathlib import Path
 
-from litgpt_vocagnolm.plan import plan
+from litgpt_vocagnolm.planning.plan import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,10 +27,10 @@ from typing import Iterable
 
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
-from litgpt_vocagnolm import prepare
-from litgpt_vocagnolm.data import VocAgnoData
-from litgpt_vocagnolm.documents import FIELD_SEPARATOR
-from litgpt_vocagnolm.order import train_loader
+from litgpt_vocagnolm.data import prepare
+from litgpt_vocagnolm.data.documents import FIELD_SEPARATOR
+from litgpt_vocagnolm.data.order import train_loader
+from litgpt_vocagnolm.data.prepared import VocAgnoData
 
 REPO = Path(__file__).resolve().parent.parent
 FILES = [REPO / "data/gsm8k/train.jsonl", REPO / "data/stackexchange/math_stackexchange_33votes.jsonl"]

@@ -40,9 +40,14 @@ from typing import Iterator, Optional
 import numpy as np
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
-from litgpt_vocagnolm import documents, packing, prepare
-from litgpt_vocagnolm.alignment import encode, encode_batch
-from litgpt_vocagnolm.tokenizer_files import cached_tokenizer, find_tokenizer_file, load_tokenizer, tokenizer_info
+from litgpt_vocagnolm.alignment.lexical import encode, encode_batch
+from litgpt_vocagnolm.alignment.tokenizer_files import (
+    cached_tokenizer,
+    find_tokenizer_file,
+    load_tokenizer,
+    tokenizer_info,
+)
+from litgpt_vocagnolm.data import documents, packing, prepare
 
 REPO = Path(__file__).resolve().parent.parent
 FILES = [REPO / "data/gsm8k/train.jsonl", REPO / "data/stackexchange/math_stackexchange_33votes.jsonl"]

@@ -46,17 +46,17 @@ from litgpt.config import Config
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 from torch.profiler import record_function
 
-from litgpt_vocagnolm.alignment import encode
-from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
-from litgpt_vocagnolm.data import Batch, TeacherSide
-from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, parallelize
-from litgpt_vocagnolm.gpt import GPT
-from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss
-from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss, loss_inputs
-from litgpt_vocagnolm.model_configs import register
-from litgpt_vocagnolm.plan import StepShape, cpu_peak_bytes, estimate_memory, matmul_parameters
-from litgpt_vocagnolm.teacher import Teacher, teacher_token_loss
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.alignment.lexical import encode
+from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.data.prepared import Batch, TeacherSide
+from litgpt_vocagnolm.loss.cross_entropy import per_token_cross_entropy
+from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss
+from litgpt_vocagnolm.models.gpt import GPT
+from litgpt_vocagnolm.models.model_configs import register
+from litgpt_vocagnolm.planning.plan import StepShape, cpu_peak_bytes, estimate_memory, matmul_parameters
+from litgpt_vocagnolm.training.distributed import FSDPArgs, checkpoint_activations, parallelize
+from litgpt_vocagnolm.training.micro_batch import Guide, forward_and_loss, loss_inputs
+from litgpt_vocagnolm.training.teacher import Teacher, teacher_token_loss
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZERS = REPO / "tests" / "fixtures" / "tokenizers"

@@ -36,11 +36,11 @@ from smoke import parse_args
 from torch import Tensor
 from tqdm import tqdm
 
-import litgpt_vocagnolm.score_teacher as score_module
-from litgpt_vocagnolm.data import open_split, padded_window
-from litgpt_vocagnolm.gpt import GPT
-from litgpt_vocagnolm.score_teacher import score_teacher
-from litgpt_vocagnolm.teacher import teacher_token_loss
+import litgpt_vocagnolm.training.score_teacher as score_module
+from litgpt_vocagnolm.data.prepared import open_split, padded_window
+from litgpt_vocagnolm.models.gpt import GPT
+from litgpt_vocagnolm.training.score_teacher import score_teacher
+from litgpt_vocagnolm.training.teacher import teacher_token_loss
 
 LABELS = {
     "forward": "bare forward (no_grad)",

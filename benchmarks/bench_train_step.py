@@ -40,16 +40,16 @@ from litgpt.config import Config
 from litgpt.utils import estimate_flops, flops_per_param, num_parameters, save_config
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
-from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
-from litgpt_vocagnolm.data import Batch, block_tokens, collate_blocks, load_manifest, open_split
-from litgpt_vocagnolm.gpt import GPT, load_model
-from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss
-from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss, loss_inputs
-from litgpt_vocagnolm.model_configs import llama_config
-from litgpt_vocagnolm.prepare import prepare
-from litgpt_vocagnolm.score_teacher import score_teacher
-from litgpt_vocagnolm.stopwatch import Stopwatch
-from litgpt_vocagnolm.teacher import Teacher, teacher_token_loss
+from litgpt_vocagnolm.data.prepare import prepare
+from litgpt_vocagnolm.data.prepared import Batch, block_tokens, collate_blocks, load_manifest, open_split
+from litgpt_vocagnolm.loss.cross_entropy import per_token_cross_entropy
+from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss
+from litgpt_vocagnolm.models.gpt import GPT, load_model
+from litgpt_vocagnolm.models.model_configs import llama_config
+from litgpt_vocagnolm.training.micro_batch import Guide, forward_and_loss, loss_inputs
+from litgpt_vocagnolm.training.score_teacher import score_teacher
+from litgpt_vocagnolm.training.stopwatch import Stopwatch
+from litgpt_vocagnolm.training.teacher import Teacher, teacher_token_loss
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "data" / "gsm8k" / "train.jsonl"

@@ -11,7 +11,7 @@ from litgpt.config import Config
 from litgpt.model import GPT
 from litgpt.utils import save_config
 
-from litgpt_vocagnolm.model_configs import llama_config
+from litgpt_vocagnolm.models.model_configs import llama_config
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the console scripts of this environment
@@ -52,7 +52,7 @@ def gsm8k_sample(tmp_path_factory) -> Path:
 
 
 def prepare_pair(output: Path, corpus: Path, student: Path, teacher: Path, max_seq_length: int = 64) -> Path:
-    from litgpt_vocagnolm.prepare import prepare
+    from litgpt_vocagnolm.data.prepare import prepare
 
     prepare(
         student=student,

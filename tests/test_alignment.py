@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from litgpt_vocagnolm import alignment
-from litgpt_vocagnolm.alignment import (
+from litgpt_vocagnolm.alignment import lexical as alignment
+from litgpt_vocagnolm.alignment.lexical import (
     align,
     align_batch,
     align_text,
@@ -22,7 +22,7 @@ from litgpt_vocagnolm.alignment import (
     token_ios_iou,
     vocab_overlap,
 )
-from litgpt_vocagnolm.tokenizer_files import find_tokenizer_file, load_tokenizer
+from litgpt_vocagnolm.alignment.tokenizer_files import find_tokenizer_file, load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZERS = ROOT / "tests/fixtures/tokenizers"

@@ -49,13 +49,13 @@ from litgpt.args import EvalArgs, TrainArgs
 from litgpt.utils import get_default_supported_precision
 from tokenizers import Tokenizer
 
-from litgpt_vocagnolm.checkpoints import CHECKSUMS, UnreadableCheckpoint
-from litgpt_vocagnolm.data import VocAgnoData, iter_blocks
+from litgpt_vocagnolm.data.prepared import VocAgnoData, iter_blocks
+from litgpt_vocagnolm.data.teacher_cache import TeacherLossCache
 from litgpt_vocagnolm.demo.tokenizer_training import train_student_tokenizer, train_teacher_tokenizer
-from litgpt_vocagnolm.evaluate import evaluate
-from litgpt_vocagnolm.math_tasks import TASKS, load_examples
-from litgpt_vocagnolm.teacher import TeacherArgs
-from litgpt_vocagnolm.teacher_cache import TeacherLossCache
+from litgpt_vocagnolm.evaluation.evaluate import evaluate
+from litgpt_vocagnolm.evaluation.math_tasks import TASKS, load_examples
+from litgpt_vocagnolm.models.weights import CHECKSUMS, UnreadableCheckpoint
+from litgpt_vocagnolm.training.teacher import TeacherArgs
 
 pytestmark = pytest.mark.slow  # console scripts in subprocesses
 STUDENT = tiny_config("student", 512, block_size=2048)  # prepare's default sequence
@@ -310,7 +310,7 @@ def test_demo(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("precision, teacher_precision", [("bf16-true", "16-true"), ("bf16-mixed", "bf16-true")])
 def test_recipe_precisions(work, prepared, tmp_path, precision, teacher_precision):
-    from litgpt_vocagnolm.recipe import setup
+    from litgpt_vocagnolm.training.recipe import setup
 
     setup(
         model_config=STUDENT,
@@ -335,7 +335,7 @@ def test_recipe_precisions(work, prepared, tmp_path, precision, teacher_precisio
 @pytest.mark.parametrize("precision, tolerance", [("bf16-true", 0.05), ("16-true", 0.02)])
 def test_score_teacher_precisions(work, scored, tmp_path, precision, tolerance):
     """The same teacher in half precision scores what the default (float32) did, to the half type's rounding."""
-    from litgpt_vocagnolm.score_teacher import score_teacher
+    from litgpt_vocagnolm.training.score_teacher import score_teacher
 
     score_teacher(
         data=work.root / "data", teacher=work.teacher, output=tmp_path / "cache", precision=precision, num_workers=0

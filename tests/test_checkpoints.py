@@ -12,20 +12,15 @@ import torch.distributed.checkpoint as dcp
 from conftest import MISTRAL, QWEN, TINYLLAMA, make_checkpoint, tiny_config
 from litgpt.args import TrainArgs
 
-from litgpt_vocagnolm import checkpoints, gpt
-from litgpt_vocagnolm.checkpoints import (
-    CHECKSUMS,
-    TRAIN_STATE,
-    UnreadableCheckpoint,
-    file_checksums,
-    find_resume_checkpoint,
-    read_weights,
-)
-from litgpt_vocagnolm.data import VocAgnoData
-from litgpt_vocagnolm.evaluate import evaluate, load_model
-from litgpt_vocagnolm.methods import GuidanceArgs
-from litgpt_vocagnolm.recipe import setup
-from litgpt_vocagnolm.score_teacher import score_teacher
+from litgpt_vocagnolm.data.prepared import VocAgnoData
+from litgpt_vocagnolm.evaluation.evaluate import evaluate, load_model
+from litgpt_vocagnolm.loss.methods import GuidanceArgs
+from litgpt_vocagnolm.models import gpt
+from litgpt_vocagnolm.models.weights import CHECKSUMS, UnreadableCheckpoint, read_weights
+from litgpt_vocagnolm.training import checkpoints
+from litgpt_vocagnolm.training.checkpoints import TRAIN_STATE, file_checksums, find_resume_checkpoint
+from litgpt_vocagnolm.training.recipe import setup
+from litgpt_vocagnolm.training.score_teacher import score_teacher
 
 
 class Payload:

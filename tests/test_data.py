@@ -19,23 +19,23 @@ from conftest import BIN, LLEMMA, MISTRAL, QWEN, ROOT, TINYLLAMA, tiny_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import litgpt_vocagnolm.documents as documents_module
+import litgpt_vocagnolm.data.documents as documents_module
+import litgpt_vocagnolm.data.packing as packing_module
 import litgpt_vocagnolm.files as files_module
-import litgpt_vocagnolm.packing as packing_module
-from litgpt_vocagnolm import prepare as prepare_module
-from litgpt_vocagnolm.alignment import align, chunk_align, encode
-from litgpt_vocagnolm.data import SPLITS, VocAgnoData, iter_blocks, padded_window
-from litgpt_vocagnolm.documents import Stats, find_input_files, plan_units
-from litgpt_vocagnolm.files import file_sha256
-from litgpt_vocagnolm.packing import BlockDtypes, aligned_stream, aligned_streams, pack_blocks
-from litgpt_vocagnolm.prepare import prepare
-from litgpt_vocagnolm.tokenizer_files import (
+from litgpt_vocagnolm.alignment.lexical import align, chunk_align, encode
+from litgpt_vocagnolm.alignment.tokenizer_files import (
     document_specials,
     find_tokenizer_file,
     load_tokenizer,
     same_vocabulary,
     tokenizer_info,
 )
+from litgpt_vocagnolm.data import prepare as prepare_module
+from litgpt_vocagnolm.data.documents import Stats, find_input_files, plan_units
+from litgpt_vocagnolm.data.packing import BlockDtypes, aligned_stream, aligned_streams, pack_blocks
+from litgpt_vocagnolm.data.prepare import prepare
+from litgpt_vocagnolm.data.prepared import SPLITS, VocAgnoData, iter_blocks, padded_window
+from litgpt_vocagnolm.files import file_sha256
 
 STUDENT, TEACHER = TINYLLAMA, QWEN
 BOS, EOS = 1, 151643  # TinyLlama adds BOS only; Qwen2.5 adds nothing, so documents end with its EOS
@@ -791,9 +791,9 @@ def test_tokenizer_mismatch_names_both(prepared):
 def test_a_missing_or_cut_chunk_is_found_before_training(prepared, tmp_path):
     from litgpt.args import TrainArgs
 
-    from litgpt_vocagnolm.checks import check_setup
-    from litgpt_vocagnolm.methods import GuidanceArgs
-    from litgpt_vocagnolm.teacher import TeacherArgs
+    from litgpt_vocagnolm.loss.methods import GuidanceArgs
+    from litgpt_vocagnolm.training.checks import check_setup
+    from litgpt_vocagnolm.training.teacher import TeacherArgs
 
     copy = tmp_path / "copy"
     shutil.copytree(prepared, copy)
@@ -892,7 +892,7 @@ def test_loader_resumes_at_the_next_sample(prepared, num_workers):
 
 
 def test_data_of_another_format_fails_naming_both_versions_and_the_fix(prepared, tmp_path):
-    from litgpt_vocagnolm.data import FORMAT, MANIFEST, load_manifest
+    from litgpt_vocagnolm.data.prepared import FORMAT, MANIFEST, load_manifest
 
     copy = tmp_path / "old"
     copy.mkdir()

@@ -12,12 +12,12 @@ import torch
 from conftest import ROOT
 from test_recipe import metrics
 
-from litgpt_vocagnolm.alignment import vocab_overlap
+from litgpt_vocagnolm.alignment.lexical import vocab_overlap
+from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer, same_vocabulary
 from litgpt_vocagnolm.demo import demo
 from litgpt_vocagnolm.demo.corpus import add_noise, read_corpus, split_heldout
 from litgpt_vocagnolm.demo.settings import QUICK, STUDENTS
 from litgpt_vocagnolm.demo.table import compare
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer, same_vocabulary
 
 METHOD_NAMES = list(STUDENTS)
 SEEDED = ("ce", "vocagnolm", "vocagnolm-2teachers", "vocagnolm-2teachers-byte")
@@ -158,12 +158,12 @@ def test_noise_covers_its_share_and_keeps_length():
 def test_noise_in_the_trained_tokens(quick_run):
     """The noise counts: the demo's blocks and which of their tokens touch noise, against the prepared data and a
     per-token loop over the tokenizer's offsets; methods that train every token count the share of all tokens."""
-    from litgpt_vocagnolm.data import collate_blocks, decode_block, iter_blocks
+    from litgpt_vocagnolm.data.prepared import collate_blocks, decode_block, iter_blocks
     from litgpt_vocagnolm.demo.noise import noise_sample, score_blocks, trained_noise_share
     from litgpt_vocagnolm.demo.settings import DATA
-    from litgpt_vocagnolm.gpt import load_model
-    from litgpt_vocagnolm.loss import teacher_guided_weights
-    from litgpt_vocagnolm.methods import GuidanceArgs
+    from litgpt_vocagnolm.loss.methods import GuidanceArgs
+    from litgpt_vocagnolm.loss.selection import teacher_guided_weights
+    from litgpt_vocagnolm.models.gpt import load_model
 
     out_dir, _ = quick_run
     student_dir, teacher_dir = out_dir / "tokenizers" / "student", out_dir / "tokenizers" / "teacher"

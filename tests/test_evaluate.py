@@ -19,11 +19,10 @@ from litgpt import GPT, Config
 from litgpt.utils import save_config
 from tokenizers import Tokenizer as HFTokenizer
 
-from litgpt_vocagnolm import evaluate as evaluate_module
-from litgpt_vocagnolm.checkpoints import CHECKSUMS, UnreadableCheckpoint, file_checksums
 from litgpt_vocagnolm.errors import InvalidArgument, PathTaken
-from litgpt_vocagnolm.evaluate import bits_per_byte, bits_per_byte_of_documents, evaluate, load_model
-from litgpt_vocagnolm.math_tasks import (
+from litgpt_vocagnolm.evaluation import evaluate as evaluate_module
+from litgpt_vocagnolm.evaluation.evaluate import bits_per_byte, bits_per_byte_of_documents, evaluate, load_model
+from litgpt_vocagnolm.evaluation.math_tasks import (
     TABLE_1,
     TASKS,
     build_prompt,
@@ -35,6 +34,8 @@ from litgpt_vocagnolm.math_tasks import (
     parse_ground_truth,
     parse_question,
 )
+from litgpt_vocagnolm.models.weights import CHECKSUMS, UnreadableCheckpoint
+from litgpt_vocagnolm.training.checkpoints import file_checksums
 
 TOKENIZERS = Path(__file__).parent / "fixtures" / "tokenizers"
 COLUMNS = ["GSM8K", "MATH", "SVAMP", "ASDiv", "MAWPS", "TabMWP", "MathQA", "MMLU-STEM", "SAT"]

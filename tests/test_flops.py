@@ -6,7 +6,7 @@ from lightning.fabric.utilities.throughput import measure_flops
 from litgpt.config import Config
 from litgpt.model import GPT
 
-from litgpt_vocagnolm.flops import forward_flops, training_flops
+from litgpt_vocagnolm.planning.flops import forward_flops, training_flops
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ import torch
 from conftest import QWEN, TINYLLAMA, make_checkpoint, tiny_config
 from tokenizers import Tokenizer as HFTokenizer
 
-from litgpt_vocagnolm import evaluate as evaluate_module
-from litgpt_vocagnolm.evaluate import (
+from litgpt_vocagnolm.evaluation import evaluate as evaluate_module
+from litgpt_vocagnolm.evaluation.evaluate import (
     Continuation,
     default_batch_size,
     evaluate,
@@ -22,7 +22,7 @@ from litgpt_vocagnolm.evaluate import (
     generate_greedy,
     load_model,
 )
-from litgpt_vocagnolm.math_tasks import (
+from litgpt_vocagnolm.evaluation.math_tasks import (
     DATA_DIR,
     STOP_STRINGS,
     TASKS,

@@ -19,9 +19,9 @@ import pytest
 from sympy import N
 from sympy.parsing.sympy_parser import parse_expr
 
-from litgpt_vocagnolm import grading
-from litgpt_vocagnolm.grading import is_correct, math_equal
-from litgpt_vocagnolm.math_tasks import TASKS, extract_answer, load_examples
+from litgpt_vocagnolm.evaluation import grading
+from litgpt_vocagnolm.evaluation.grading import is_correct, math_equal
+from litgpt_vocagnolm.evaluation.math_tasks import TASKS, extract_answer, load_examples
 
 
 def minerva(answer: str) -> str:

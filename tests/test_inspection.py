@@ -6,10 +6,18 @@ import numpy as np
 import pytest
 from jsonargparse import CLI
 
-from litgpt_vocagnolm.alignment import chunk_span_ios_iou, encode
+from litgpt_vocagnolm.alignment.inspection import (
+    KINDS,
+    SAMPLE,
+    alignment_rows,
+    group_kinds,
+    inspect,
+    mapping_groups,
+    pair_report,
+)
+from litgpt_vocagnolm.alignment.lexical import chunk_span_ios_iou, encode
+from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 from litgpt_vocagnolm.errors import UserError
-from litgpt_vocagnolm.inspection import KINDS, SAMPLE, alignment_rows, group_kinds, inspect, mapping_groups, pair_report
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 TOKENIZERS = Path(__file__).resolve().parent / "fixtures/tokenizers"
 TINYLLAMA, QWEN, MISTRAL = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5", TOKENIZERS / "mistral-7b-v0.1"

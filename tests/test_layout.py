@@ -1,4 +1,5 @@
-"""The package's modules import one another one way only: no cycle of any length (README, Layout)."""
+"""The package's sub-packages and modules import one another one way only (README, Layout): each package imports
+only the packages its row of the layout builds on, and no module imports one that imports it back."""
 
 import ast
 import re
@@ -7,25 +8,40 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "litgpt_vocagnolm"
 
+# The shared leaves every package may import: user errors, file hashes and writes.
+SHARED = {"errors", "files"}
+# Each sub-package (a job, a row of the README's layout) and the packages its modules may import besides its own and
+# the shared leaves. Read from the bottom up: the algorithms build on nothing, the commands on the rows above them.
+PACKAGES = {
+    "alignment": set(),
+    "loss": set(),
+    "models": {"alignment", "loss"},
+    "data": {"alignment", "models"},
+    "training": {"alignment", "loss", "models", "data"},
+    "planning": {"alignment", "loss", "models", "data", "training"},
+    "evaluation": {"loss", "models", "data"},
+    "demo": {"alignment", "loss", "models", "data", "training"},
+}
+
 
 def module_name(path: Path) -> str:
-    """`demo/noise.py` -> "demo.noise", `demo/__init__.py` -> "demo", `loss.py` -> "loss"."""
+    """`demo/noise.py` -> "demo.noise", `demo/__init__.py` -> "demo", `errors.py` -> "errors"."""
     parts = path.relative_to(PACKAGE).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports_of_each_module() -> dict[str, set[str]]:
-    """Each module's imports of the package's modules (a package's own `__init__` when its module is named)."""
+    """Each module's imports of the package's modules: `from litgpt_vocagnolm.data import order` imports "data"
+    (its `__init__`) and "data.order"."""
     paths = [p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE]
     modules = {module_name(path) for path in paths}
     graph = {}
     for path in paths:
         found = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("litgpt_vocagnolm."):
-                found.add(node.module.removeprefix("litgpt_vocagnolm."))
-            elif isinstance(node, ast.ImportFrom) and node.module == "litgpt_vocagnolm":
-                found |= {alias.name for alias in node.names}
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("litgpt_vocagnolm"):
+                parent = node.module.removeprefix("litgpt_vocagnolm").removeprefix(".")
+                found |= {parent} | {".".join(filter(None, (parent, alias.name))) for alias in node.names}
             elif isinstance(node, ast.Import):
                 found |= {
                     a.name.removeprefix("litgpt_vocagnolm.")
@@ -36,24 +52,41 @@ def imports_of_each_module() -> dict[str, set[str]]:
     return graph
 
 
+def package_of(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_every_module_lives_in_a_package_but_the_shared_leaves_and_the_command_line():
+    top = {module_name(p) for p in PACKAGE.glob("*.py")} - {""}
+    assert top == SHARED | {"cli", "_hook", "__main__"}
+    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(PACKAGES)
+
+
+def test_each_package_imports_only_the_packages_it_builds_on():
+    found = []
+    for module, imports in imports_of_each_module().items():
+        if module in SHARED | {"cli", "_hook", "__main__"}:
+            continue
+        allowed = PACKAGES[package_of(module)] | {package_of(module)} | SHARED
+        found += [f"{module} imports {other}" for other in sorted(imports) if package_of(other) not in allowed]
+    assert found == []
+
+
 def test_no_module_imports_one_that_imports_it_back():
     graph = imports_of_each_module()
-    # Command lines import their commands only when one runs (by name), and the user errors they catch: a leaf.
-    assert graph["cli"] == {"errors"} and graph["errors"] == set()
+    # The shared leaves import nothing of the package; the command line imports its commands only when one runs (by
+    # name), and the user errors it catches.
+    assert graph["errors"] == set() and graph["files"] == set()
+    assert graph["cli"] == {"errors"}
     try:
-        order = list(TopologicalSorter(graph).static_order())
+        list(TopologicalSorter(graph).static_order())
     except CycleError as error:
         raise AssertionError(f"import cycle: {' -> '.join(error.args[1])}") from None
-    # The algorithms import no command.
-    commands = {"prepare", "recipe", "score_teacher", "evaluate", "demo", "data", "plan", "measure"}
-    for algorithm in ("alignment", "loss", "cross_entropy", "distillation", "methods", "documents", "packing"):
-        assert not graph[algorithm] & commands, algorithm
-    assert order.index("data") < order.index("prepare") < order.index("demo")
     # `plan --measure` drives the recipe's own loop: the measuring imports the recipe, never the other way round.
-    assert {"recipe", "score_teacher"} <= graph["measure"] and "measure" in graph["plan"]
-    assert not any({"plan", "measure"} & graph[m] for m in graph if m not in ("plan", "measure"))
-    # The data order reads blocks through `data` and builds on nothing above it (the recipe and checkpoints use it).
-    assert graph["order"] == {"data", "errors"}
+    assert {"training.recipe", "training.score_teacher"} <= graph["planning.measure"]
+    assert "planning.measure" in graph["planning.plan"]
+    # The data order reads blocks through the prepared data and builds on nothing above it.
+    assert graph["data.order"] == {"data.prepared", "errors"}
     # The demo's parts never import the demo command that runs them.
     assert not any("demo" in graph[m] for m in graph if m.startswith("demo."))
 
@@ -66,7 +99,7 @@ def test_no_module_is_longer_than_600_lines():
 def test_only_the_method_table_lists_method_names():
     """A tuple, list or set of method names (a group of methods, such as `method in ("ce", "uld")`) appears in
     `methods` alone: everything else reads the table. (The demo's students are runs, named after their method.)"""
-    from litgpt_vocagnolm.methods import METHODS
+    from litgpt_vocagnolm.loss.methods import METHODS
 
     found = []
     for path in PACKAGE.rglob("*.py"):
@@ -83,12 +116,12 @@ def test_no_function_takes_more_than_eight_parameters():
     """Outside the console entry points (their signature is the command line), parameters are grouped, as LitGPT
     groups TrainArgs and EvalArgs; keyword-only options count as any other parameter."""
     entry_points = {
-        ("recipe", "setup"),
+        ("training.recipe", "setup"),
         ("demo", "demo"),
-        ("prepare", "prepare"),
-        ("score_teacher", "score_teacher"),
-        ("evaluate", "evaluate"),
-        ("inspection", "inspect"),
+        ("data.prepare", "prepare"),
+        ("training.score_teacher", "score_teacher"),
+        ("evaluation.evaluate", "evaluate"),
+        ("alignment.inspection", "inspect"),
     }
     found = []
     for path in PACKAGE.rglob("*.py"):
@@ -139,16 +172,31 @@ def names_defined(body: list[ast.stmt]) -> dict[str, ast.AST | None]:
 
 def test_every_dotted_reference_in_the_package_points_where_the_name_lives():
     """A backticked `module.name` (or `module.Class.attribute`) in a docstring or comment names a package module that
-    defines that name itself: a name that moved leaves no reference to where it was."""
+    defines that name itself: a name that moved leaves no reference to where it was. A module is named by its path in
+    the package (`training.recipe.fit`) or by its own name alone (`recipe.fit`); a package by its name, and it defines
+    what its `__init__` exports (`data.VocAgnoData`)."""
     trees = {module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in PACKAGE.rglob("*.py")}
+    trees.pop("")
+    by_own_name = {name.rsplit(".", 1)[-1]: name for name in trees if "." in name}
+    assert len(by_own_name) == len([name for name in trees if "." in name]), "two modules share a name"
     found = []
     for path in PACKAGE.rglob("*.py"):
         for span in re.findall(r"`([A-Za-z_][\w.]*\.[A-Za-z_]\w*)(?:\(\))?`", path.read_text(encoding="utf-8")):
-            parts = span.split(".")
+            parts = span.removeprefix("litgpt_vocagnolm.").split(".")
+            if parts[0] in by_own_name and parts[0] not in trees:
+                parts = by_own_name[parts[0]].split(".") + parts[1:]
             cuts = [cut for cut in range(len(parts) - 1, 0, -1) if ".".join(parts[:cut]) in trees]
-            if not cuts or parts[-1] == "py":  # not a module of the package, or a file's name
+            if not cuts or parts[-1] in ("py", "md", "csv", "json", "yaml"):  # not a module of the package, or a file
                 continue
-            names = names_defined(trees[".".join(parts[: cuts[0]])].body)
+            module = ".".join(parts[: cuts[0]])
+            names = names_defined(trees[module].body)
+            if module in PACKAGES:  # a package's `__init__` defines what it exports
+                names |= {
+                    a.asname or a.name: None
+                    for n in trees[module].body
+                    if isinstance(n, ast.ImportFrom)
+                    for a in n.names
+                }
             rest = parts[cuts[0] :]
             node = names.get(rest[0], "missing") if rest[0] in names else "missing"
             if node == "missing" or (

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from litgpt_vocagnolm import cross_entropy as cross_entropy_module
-from litgpt_vocagnolm.cross_entropy import linear_cross_entropy, per_token_cross_entropy
-from litgpt_vocagnolm.gpt import GPT
-from litgpt_vocagnolm.teacher import teacher_token_loss
+from litgpt_vocagnolm.loss import cross_entropy as cross_entropy_module
+from litgpt_vocagnolm.loss.cross_entropy import linear_cross_entropy, per_token_cross_entropy
+from litgpt_vocagnolm.models.gpt import GPT
+from litgpt_vocagnolm.training.teacher import teacher_token_loss
 
 QWEN_VOCABULARY = 151665  # Qwen2.5's tokenizer; the model pads it to 151680
 

@@ -10,17 +10,17 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from litgpt_vocagnolm.cross_entropy import per_token_cross_entropy
-from litgpt_vocagnolm.distillation import kld_loss, paired_teacher_positions, uld_loss
 from litgpt_vocagnolm.errors import InvalidArgument
-from litgpt_vocagnolm.loss import (
+from litgpt_vocagnolm.loss.cross_entropy import per_token_cross_entropy
+from litgpt_vocagnolm.loss.distillation import kld_loss, paired_teacher_positions, uld_loss
+from litgpt_vocagnolm.loss.methods import METHODS, GuidanceArgs, GuidedLoss, LossInputs
+from litgpt_vocagnolm.loss.selection import (
     SelectionArgs,
     aggregate_teacher_loss,
     random_selection,
     select_top_k,
     teacher_guided_weights,
 )
-from litgpt_vocagnolm.methods import METHODS, GuidanceArgs, GuidedLoss, LossInputs
 
 NAN = float("nan")
 
@@ -601,7 +601,7 @@ def test_guidance_args_on_the_command_line():
 
 def test_the_readme_example_of_a_new_method():
     """README, "Adding a guidance method": the worked example's loss function, as written there, against a loop."""
-    from litgpt_vocagnolm.methods import GuidanceMethod, LossInputs, MethodLoss
+    from litgpt_vocagnolm.loss.methods import GuidanceMethod, LossInputs, MethodLoss
 
     def top_k_by_student_loss(guided: "GuidedLoss", ls, valid, inputs: LossInputs) -> MethodLoss:
         """The top-k valid tokens by the student's own loss."""

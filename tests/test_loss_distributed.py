@@ -8,8 +8,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_loss import guided_loss_of_logits, one_teacher_weights
 
-from litgpt_vocagnolm.loss import aggregate_teacher_loss, random_selection, selection_generator
-from litgpt_vocagnolm.methods import GuidanceArgs
+from litgpt_vocagnolm.loss.methods import GuidanceArgs
+from litgpt_vocagnolm.loss.selection import aggregate_teacher_loss, random_selection, selection_generator
 
 WORLD = 2
 SETTINGS = [(top_k, aggregation) for top_k in (0.1, 0.4, 1.0) for aggregation in ("max", "mean")]

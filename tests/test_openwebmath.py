@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import QWEN, ROOT, TINYLLAMA
 
-from litgpt_vocagnolm.alignment import encode
-from litgpt_vocagnolm.data import load_manifest
-from litgpt_vocagnolm.dry_run import PAPER_TOKENS, Packing, measure_prepare, text_bytes
-from litgpt_vocagnolm.packing import BlockDtypes
-from litgpt_vocagnolm.prepare import prepare
-from litgpt_vocagnolm.tokenizer_files import find_tokenizer_file, load_tokenizer, tokenizer_info
+from litgpt_vocagnolm.alignment.lexical import encode
+from litgpt_vocagnolm.alignment.tokenizer_files import find_tokenizer_file, load_tokenizer, tokenizer_info
+from litgpt_vocagnolm.data.dry_run import PAPER_TOKENS, Packing, measure_prepare, text_bytes
+from litgpt_vocagnolm.data.packing import BlockDtypes
+from litgpt_vocagnolm.data.prepare import prepare
+from litgpt_vocagnolm.data.prepared import load_manifest
 
 SCHEMA = pa.schema([("url", pa.string()), ("text", pa.string()), ("date", pa.string()), ("metadata", pa.string())])
 
@@ -112,8 +112,8 @@ def test_teacher_flops_from_its_checkpoint_config(tmp_path):
     from litgpt.config import Config
     from litgpt.utils import save_config
 
-    from litgpt_vocagnolm.dry_run import teacher_flops_per_token
-    from litgpt_vocagnolm.plan import matmul_parameters
+    from litgpt_vocagnolm.data.dry_run import teacher_flops_per_token
+    from litgpt_vocagnolm.planning.plan import matmul_parameters
 
     config = Config.from_name("Qwen2.5-Math-7B")
     save_config(config, tmp_path)

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from litgpt_vocagnolm.data import VocAgnoData, iter_blocks
+from litgpt_vocagnolm.data.order import GlobalOrder, RankBatches, accumulation, train_loader, val_loader
+from litgpt_vocagnolm.data.prepared import VocAgnoData, iter_blocks
 from litgpt_vocagnolm.errors import InvalidArgument
-from litgpt_vocagnolm.order import GlobalOrder, RankBatches, accumulation, train_loader, val_loader
 
 
 def train_steps(order: GlobalOrder, start: int, shape: tuple[int, int, int], steps: int) -> list[list[list[int]]]:

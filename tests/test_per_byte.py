@@ -12,15 +12,15 @@ from test_teachers import teachers_and_tokens
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
-from litgpt_vocagnolm.alignment import token_byte_lengths
-from litgpt_vocagnolm.checks import check_setup
-from litgpt_vocagnolm.data import VocAgnoData, byte_tables
-from litgpt_vocagnolm.gpt import GPT
-from litgpt_vocagnolm.loss import TokenBytes, teacher_reference
-from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
-from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
-from litgpt_vocagnolm.teacher import Teacher, TeacherArgs
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.alignment.lexical import token_byte_lengths
+from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.data.prepared import VocAgnoData, byte_tables
+from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss, LossInputs
+from litgpt_vocagnolm.loss.selection import TokenBytes, teacher_reference
+from litgpt_vocagnolm.models.gpt import GPT
+from litgpt_vocagnolm.training.checks import check_setup
+from litgpt_vocagnolm.training.micro_batch import Guide, forward_and_loss
+from litgpt_vocagnolm.training.teacher import Teacher, TeacherArgs
 
 TEXT = "Let $f(x) = x^2 + 3x$; then f'(x) = 2x + 3 and ∫₀¹ f = 11/6 ≈ 1.83 — naïve café, 数学."
 

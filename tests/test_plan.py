@@ -9,9 +9,9 @@ import pytest
 from conftest import BIN, ROOT, TINYLLAMA
 from litgpt.config import Config
 
-from litgpt_vocagnolm.distributed import FSDPArgs
-from litgpt_vocagnolm.model_configs import llama_config
-from litgpt_vocagnolm.plan import StepShape, estimate_memory, matmul_parameters, parameters
+from litgpt_vocagnolm.models.model_configs import llama_config
+from litgpt_vocagnolm.planning.plan import StepShape, estimate_memory, matmul_parameters, parameters
+from litgpt_vocagnolm.training.distributed import FSDPArgs
 
 PAPER_RECIPE = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b-instruct.yaml"
 WORKS = "online|cached|student only|scoring|LitGPT's step"
@@ -31,7 +31,7 @@ def test_parameter_counts_equal_litgpt_models(name):
     import torch
     from litgpt.model import GPT
 
-    from litgpt_vocagnolm.model_configs import register
+    from litgpt_vocagnolm.models.model_configs import register
 
     register()
     config = Config.from_name(name)
@@ -82,7 +82,7 @@ def test_plan_command_on_the_paper_recipe():
     assert "32 GPUs (4 x 8)" in out.stdout and "micro-batch 8 x 2048" in out.stdout
     largest = int(re.search(r"Largest micro-batch that fits 80 GB: (\d+)", out.stdout).group(1))
 
-    from litgpt_vocagnolm.model_configs import register
+    from litgpt_vocagnolm.models.model_configs import register
 
     register()
     student, teacher = Config.from_name("tiny-llama-1.1b"), Config.from_name("Qwen2.5-Math-7B-Instruct")
@@ -107,7 +107,7 @@ def test_plan_command_on_the_paper_recipe():
 def test_plan_counts_no_teacher_for_a_method_that_loads_none(capsys):
     """`random` draws among the mapped tokens: like `ce` it loads no teacher, so its step holds none (the table says
     so); `vocagnolm` with the same recipe runs its teacher online."""
-    from litgpt_vocagnolm.plan import plan
+    from litgpt_vocagnolm.planning.plan import plan
 
     recipe = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b-instruct.yaml"
     printed = {}
@@ -124,7 +124,7 @@ def test_plan_counts_no_teacher_for_a_method_that_loads_none(capsys):
 def test_estimate_gives_the_peaks_measured_on_an_h100_compiled_and_eager(micro_batch, compiled_gb, eager_gb):
     """The online step's peaks on one H100 (README, "At the device's pace": TinyLlama-1.1B with Qwen2.5-Math-7B,
     sequence 2048, window 2560, one GPU), compiled and eager: the estimate is within a few percent of each, above."""
-    from litgpt_vocagnolm.model_configs import register
+    from litgpt_vocagnolm.models.model_configs import register
 
     register()
     student, teacher = Config.from_name("tiny-llama-1.1b"), Config.from_name("Qwen2.5-Math-7B")
@@ -136,7 +136,7 @@ def test_estimate_gives_the_peaks_measured_on_an_h100_compiled_and_eager(micro_b
 def test_plan_of_a_compiled_recipe_offers_a_larger_micro_batch(capsys):
     """The paper recipe compiles: its plan counts what compiled blocks hold, and so fits more sequences than the same
     recipe run eager."""
-    from litgpt_vocagnolm.plan import plan
+    from litgpt_vocagnolm.planning.plan import plan
 
     largest = {}
     for compile in ("true", "false"):
@@ -200,7 +200,7 @@ def test_plan_measure_with_a_teacher_runs_online_cached_and_scoring(
 ):
     """The tiny recipe guided by a tiny teacher checkpoint, on prepared data: the online step (the recipe's), the
     cached one and scoring are measured too, and the cached step is the one set against LitGPT's."""
-    from litgpt_vocagnolm.plan import plan
+    from litgpt_vocagnolm.planning.plan import plan
 
     plan(
         [

@@ -17,9 +17,9 @@ from conftest import BIN, LLEMMA, MISTRAL, QWEN, ROOT, TINYLLAMA, make_checkpoin
 from jsonargparse import CLI, capture_parser
 from test_loss_distributed import free_port
 
-from litgpt_vocagnolm.methods import GuidanceArgs
-from litgpt_vocagnolm.recipe import setup
-from litgpt_vocagnolm.teacher import Teacher, TeacherArgs
+from litgpt_vocagnolm.loss.methods import GuidanceArgs
+from litgpt_vocagnolm.training.recipe import setup
+from litgpt_vocagnolm.training.teacher import Teacher, TeacherArgs
 
 TESTS = Path(__file__).resolve().parent
 
@@ -366,7 +366,7 @@ def test_sigusr1_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, tiny
 def _setup_error(tmp_path, data, teacher, **kwargs) -> str:
     from litgpt.args import TrainArgs
 
-    from litgpt_vocagnolm.data import VocAgnoData
+    from litgpt_vocagnolm.data.prepared import VocAgnoData
 
     args = dict(
         model_name="pythia-14m",
@@ -409,8 +409,8 @@ def test_bad_configuration_fails_before_any_model(tmp_path, tinyllama_mistral_da
 def test_same_vocabulary_methods_pass_the_checks_with_llemma(tinyllama_llemma_data, llemma_teacher):
     from litgpt.args import TrainArgs
 
-    from litgpt_vocagnolm.checks import check_setup
-    from litgpt_vocagnolm.data import VocAgnoData
+    from litgpt_vocagnolm.data.prepared import VocAgnoData
+    from litgpt_vocagnolm.training.checks import check_setup
 
     train = TrainArgs(max_tokens=1000, max_norm=1.0)
     for method in ("rho1", "kld"):
@@ -472,7 +472,7 @@ def test_a_run_shorter_than_its_warm_up_trains_and_ends(tmp_path, tinyllama_mist
     step and no final/ is written."""
     from litgpt.args import EvalArgs, TrainArgs
 
-    from litgpt_vocagnolm.data import VocAgnoData
+    from litgpt_vocagnolm.data.prepared import VocAgnoData
 
     lr, min_lr = 1e-2, 1e-3
     setup(
@@ -598,10 +598,10 @@ def test_sbatch_scripts_make_their_log_directory_then_submit_themselves(tmp_path
 def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_data, tinyllama_llemma_data):
     """One micro-batch of real prepared data per method: finite loss, gradients on the student only. rho1 and kld
     with Table 1's same-vocabulary teacher, Llemma (32,016 tokens: TinyLlama's 32,000 and 16 more)."""
-    from litgpt_vocagnolm.data import VocAgnoData
-    from litgpt_vocagnolm.gpt import GPT
-    from litgpt_vocagnolm.methods import GuidedLoss
-    from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
+    from litgpt_vocagnolm.data.prepared import VocAgnoData
+    from litgpt_vocagnolm.loss.methods import GuidedLoss
+    from litgpt_vocagnolm.models.gpt import GPT
+    from litgpt_vocagnolm.training.micro_batch import Guide, forward_and_loss
 
     same_vocab = method in ("rho1", "kld")
     guidance = GuidanceArgs(method=method, num_chunks=4)
@@ -635,7 +635,7 @@ def test_a_warning_after_the_run_does_not_kill_the_finished_process():
     failed). Leaving `stop_signal` ignores it where the default would end the process, and keeps a caller's handler."""
     import signal
 
-    from litgpt_vocagnolm.slurm import stop_signal
+    from litgpt_vocagnolm.training.slurm import stop_signal
 
     previous = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
     try:

@@ -9,9 +9,9 @@ import pytest
 from conftest import MISTRAL, make_checkpoint, tiny_config
 from test_teacher_cache import score
 
-from litgpt_vocagnolm.data import iter_blocks
-from litgpt_vocagnolm.score_teacher import score_teacher
-from litgpt_vocagnolm.teacher_cache import TeacherLossCache, check_cache
+from litgpt_vocagnolm.data.prepared import iter_blocks
+from litgpt_vocagnolm.data.teacher_cache import TeacherLossCache, check_cache
+from litgpt_vocagnolm.training.score_teacher import score_teacher
 
 
 def cache_bytes(cache: Path) -> dict[str, bytes]:
@@ -100,7 +100,7 @@ def test_the_teacher_is_compiled_by_default_on_cuda_only(
     its first forward: whether it compiled is decided by then.)"""
     import torch
 
-    from litgpt_vocagnolm import score_teacher as command
+    from litgpt_vocagnolm.training import score_teacher as command
 
     class FirstForward(Exception):
         pass

@@ -18,16 +18,11 @@ from test_checkpoints import setup_args
 from test_recipe import litgpt_pretrain, metrics, recipe_config
 from traced_data import trained
 
-from litgpt_vocagnolm.checkpoints import (
-    CHECKSUMS,
-    TRAIN_STATE,
-    check_checkpoint_dir,
-    data_position,
-    find_resume_checkpoint,
-)
 from litgpt_vocagnolm.errors import InvalidArgument
-from litgpt_vocagnolm.recipe import setup
-from litgpt_vocagnolm.score_teacher import score_teacher
+from litgpt_vocagnolm.models.weights import CHECKSUMS, check_checkpoint_dir
+from litgpt_vocagnolm.training.checkpoints import TRAIN_STATE, data_position, find_resume_checkpoint
+from litgpt_vocagnolm.training.recipe import setup
+from litgpt_vocagnolm.training.score_teacher import score_teacher
 
 
 def train(tmp_path: Path, data: Path, steps: int, **overrides) -> Path:

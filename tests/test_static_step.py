@@ -9,11 +9,11 @@ import torch._dynamo
 from conftest import TINYLLAMA, tiny_config
 from litgpt.args import EvalArgs, TrainArgs
 
-import litgpt_vocagnolm.distributed
-from litgpt_vocagnolm import recipe
-from litgpt_vocagnolm.data import VocAgnoData, padded_window
-from litgpt_vocagnolm.methods import GuidanceArgs
-from litgpt_vocagnolm.teacher import TeacherArgs
+import litgpt_vocagnolm.training.distributed
+from litgpt_vocagnolm.data.prepared import VocAgnoData, padded_window
+from litgpt_vocagnolm.loss.methods import GuidanceArgs
+from litgpt_vocagnolm.training import recipe
+from litgpt_vocagnolm.training.teacher import TeacherArgs
 
 
 def train(tmp_path, data, teacher, steps: int, *, compile: bool = False, log_interval: int = 1) -> None:
@@ -62,7 +62,7 @@ def test_windows_are_padded_to_one_length_per_run(tinyllama_qwen_data):
 
 def test_compiled_step_compiles_once(tmp_path, monkeypatch, tinyllama_qwen_data, qwen_teacher):
     """20 steps compile no graph that the first step did not: the windows' lengths vary, the shapes do not."""
-    monkeypatch.setattr(litgpt_vocagnolm.distributed, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(litgpt_vocagnolm.training.distributed, "COMPILE_BACKEND", "aot_eager")
     graphs = []
     for steps in (1, 20):
         torch._dynamo.reset()
@@ -95,7 +95,7 @@ def test_no_host_sync_outside_log_steps(tmp_path, monkeypatch, tinyllama_qwen_da
             # After the first step (set-up may sync). AdamW's step counters live on the host (`capturable=False`, and
             # CUDA runs use the fused AdamW), and so does the data order the loader's sampler reads (`order.py`, a
             # permutation made on the CPU on every device): reading them waits on nothing.
-            host = "torch/optim/" in caller.filename or caller.filename.endswith("litgpt_vocagnolm/order.py")
+            host = "torch/optim/" in caller.filename or caller.filename.endswith("litgpt_vocagnolm/data/order.py")
             if counts["step"] >= 1 and not host:
                 counts["sync"].append(f"{name} in {Path(caller.filename).name}:{caller.lineno}")
             return original(self, *args, **kwargs)

@@ -16,8 +16,8 @@ from litgpt.config import Config
 from litgpt.model import GPT
 from test_recipe import litgpt_pretrain, metrics, recipe_config
 
-from litgpt_vocagnolm.data import iter_blocks
-from litgpt_vocagnolm.teacher_cache import TeacherLossCache, check_cache
+from litgpt_vocagnolm.data.prepared import iter_blocks
+from litgpt_vocagnolm.data.teacher_cache import TeacherLossCache, check_cache
 
 
 def score(data: Path, teacher: Path, output: Path, *args: str) -> subprocess.CompletedProcess:
@@ -165,8 +165,8 @@ def test_training_with_the_cache_follows_the_online_teacher(tmp_path, cache, tin
 
 
 def test_a_cache_of_another_format_fails_naming_both_versions_and_the_fix(tmp_path, cache, tinyllama_mistral_data):
-    from litgpt_vocagnolm.data import MANIFEST
-    from litgpt_vocagnolm.teacher_cache import CACHE_FORMAT, CACHE_MANIFEST, check_cache
+    from litgpt_vocagnolm.data.prepared import MANIFEST
+    from litgpt_vocagnolm.data.teacher_cache import CACHE_FORMAT, CACHE_MANIFEST, check_cache
 
     old = tmp_path / "old"
     shutil.copytree(cache, old)

@@ -13,13 +13,18 @@ from litgpt.args import TrainArgs
 from test_recipe import litgpt_pretrain, metrics, recipe_config
 from test_teacher_cache import score
 
-from litgpt_vocagnolm.checks import check_setup
-from litgpt_vocagnolm.data import BlockDataset, VocAgnoData
-from litgpt_vocagnolm.gpt import GPT
-from litgpt_vocagnolm.loss import SelectionArgs, aggregate_teacher_loss, teacher_guided_weights, teacher_reference
-from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
-from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
-from litgpt_vocagnolm.teacher import Teacher, TeacherArgs, teacher_token_loss
+from litgpt_vocagnolm.data.prepared import BlockDataset, VocAgnoData
+from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss, LossInputs
+from litgpt_vocagnolm.loss.selection import (
+    SelectionArgs,
+    aggregate_teacher_loss,
+    teacher_guided_weights,
+    teacher_reference,
+)
+from litgpt_vocagnolm.models.gpt import GPT
+from litgpt_vocagnolm.training.checks import check_setup
+from litgpt_vocagnolm.training.micro_batch import Guide, forward_and_loss
+from litgpt_vocagnolm.training.teacher import Teacher, TeacherArgs, teacher_token_loss
 
 
 def guided_loss(args: GuidanceArgs, ls: torch.Tensor, valid: torch.Tensor, **inputs) -> tuple:
@@ -235,7 +240,7 @@ def test_online_teachers_score_their_own_windows(
     """forward_and_loss with two online teachers is guided_loss on each teacher's own per-token losses."""
     from litgpt.config import Config
 
-    from litgpt_vocagnolm.checkpoints import load_weights
+    from litgpt_vocagnolm.models.weights import load_weights
 
     data = VocAgnoData(tinyllama_qwen_data, num_workers=0, other_teachers=[tinyllama_mistral_data])
     data.connect(batch_size=2, max_seq_length=64)

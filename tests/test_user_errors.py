@@ -108,7 +108,7 @@ def test_only_user_errors_lose_their_traceback(capsys):
     ],
 )
 def test_prepare_refuses_numbers_out_of_range(tmp_path, option, value):
-    from litgpt_vocagnolm.prepare import prepare
+    from litgpt_vocagnolm.data.prepare import prepare
 
     with pytest.raises(InvalidArgument, match=f"--{option} must"):
         prepare(
@@ -121,7 +121,7 @@ def test_prepare_refuses_numbers_out_of_range(tmp_path, option, value):
 
 
 def test_prepare_refuses_an_output_it_cannot_create(tmp_path, gsm8k_sample):
-    from litgpt_vocagnolm.prepare import prepare
+    from litgpt_vocagnolm.data.prepare import prepare
 
     (tmp_path / "a-file").write_text("mine")
     with pytest.raises(PathTaken, match="a-file is a file, not a folder"):
@@ -130,7 +130,7 @@ def test_prepare_refuses_an_output_it_cannot_create(tmp_path, gsm8k_sample):
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_prepare_refuses_a_read_only_output(tmp_path, gsm8k_sample):
-    from litgpt_vocagnolm.prepare import prepare
+    from litgpt_vocagnolm.data.prepare import prepare
 
     (tmp_path / "locked").mkdir(mode=0o555)
     with pytest.raises(InvalidArgument, match="is not writable"):
@@ -138,7 +138,7 @@ def test_prepare_refuses_a_read_only_output(tmp_path, gsm8k_sample):
 
 
 def test_prepare_names_a_text_file_named_parquet(tmp_path):
-    from litgpt_vocagnolm.prepare import prepare
+    from litgpt_vocagnolm.data.prepare import prepare
 
     (tmp_path / "notes.parquet").write_text("just text\n")
     with pytest.raises(InvalidArgument, match=r"--input .*notes.parquet: .*Give Parquet files .*name text files .txt"):
@@ -147,7 +147,7 @@ def test_prepare_names_a_text_file_named_parquet(tmp_path):
 
 
 def test_prepare_caps_a_teacher_window_beyond_what_a_block_holds(tmp_path, gsm8k_sample, capsys):
-    from litgpt_vocagnolm.prepare import prepare
+    from litgpt_vocagnolm.data.prepare import prepare
 
     prepare(
         student=TINYLLAMA,
@@ -184,7 +184,7 @@ def test_prepare_caps_a_teacher_window_beyond_what_a_block_holds(tmp_path, gsm8k
     ],
 )
 def test_recipe_refuses_numbers_out_of_range(tmp_path, train, eval, devices, num_nodes, flag):
-    from litgpt_vocagnolm.recipe import setup
+    from litgpt_vocagnolm.training.recipe import setup
 
     with pytest.raises(InvalidArgument, match=f"{flag} must"):
         setup(
@@ -206,7 +206,7 @@ def test_recipe_refuses_numbers_out_of_range(tmp_path, train, eval, devices, num
     ],
 )
 def test_recipe_refuses_an_optimizer_it_cannot_build_before_loading_anything(tmp_path, optimizer, message):
-    from litgpt_vocagnolm.recipe import setup
+    from litgpt_vocagnolm.training.recipe import setup
 
     with pytest.raises(InvalidArgument, match=re.escape(message)):
         setup(model_name="pythia-14m", out_dir=tmp_path / "out", optimizer=optimizer)
@@ -214,7 +214,7 @@ def test_recipe_refuses_an_optimizer_it_cannot_build_before_loading_anything(tmp
 
 
 def test_recipe_refuses_an_out_dir_it_cannot_create_before_loading_anything(tmp_path):
-    from litgpt_vocagnolm.recipe import setup
+    from litgpt_vocagnolm.training.recipe import setup
 
     (tmp_path / "a-file").write_text("mine")
     with pytest.raises(PathTaken, match="a-file is a file, not a folder"):
@@ -222,7 +222,7 @@ def test_recipe_refuses_an_out_dir_it_cannot_create_before_loading_anything(tmp_
 
 
 def test_damaged_chunk_names_the_file_and_the_fix(tmp_path, tinyllama_mistral_data):
-    from litgpt_vocagnolm.data import VocAgnoData
+    from litgpt_vocagnolm.data.prepared import VocAgnoData
 
     data = shutil.copytree(tinyllama_mistral_data, tmp_path / "data")
     chunk = data / "train" / json.loads((data / "train" / "index.json").read_text())["chunks"][0]["filename"]
@@ -255,7 +255,7 @@ def test_damaged_chunk_names_the_file_and_the_fix(tmp_path, tinyllama_mistral_da
     ],
 )
 def test_plan_refuses_what_cannot_run(args, message, capsys):
-    from litgpt_vocagnolm.plan import plan
+    from litgpt_vocagnolm.planning.plan import plan
 
     with pytest.raises(InvalidArgument) as error:
         plan(["--config", str(PAPER_RECIPE), *args])
@@ -275,7 +275,7 @@ def test_plan_refuses_what_cannot_run(args, message, capsys):
     ],
 )
 def test_inspect_refuses_output_files_it_cannot_write(tmp_path, capsys, option, name, error, message):
-    from litgpt_vocagnolm.inspection import inspect
+    from litgpt_vocagnolm.alignment.inspection import inspect
 
     (tmp_path / "a-folder").mkdir()
     with pytest.raises(error, match=re.escape(message.format(path=tmp_path / name))):
@@ -284,7 +284,7 @@ def test_inspect_refuses_output_files_it_cannot_write(tmp_path, capsys, option, 
 
 
 def test_inspect_writes_into_a_folder_it_creates(tmp_path):
-    from litgpt_vocagnolm.inspection import inspect
+    from litgpt_vocagnolm.alignment.inspection import inspect
 
     inspect(student=TINYLLAMA, teacher=MISTRAL, json=tmp_path / "new" / "figures.json", rows=0)
     assert json.loads((tmp_path / "new" / "figures.json").read_text())["iou"] > 0
@@ -300,7 +300,7 @@ def test_convert_on_a_missing_folder_says_so():
 
 
 def test_convert_names_an_unknown_config(tmp_path):
-    from litgpt_vocagnolm.model_configs import convert_to_litgpt
+    from litgpt_vocagnolm.models.model_configs import convert_to_litgpt
 
     (tmp_path / "my-model").mkdir()
     with pytest.raises(
@@ -313,7 +313,7 @@ def test_convert_names_an_unknown_config(tmp_path):
 def test_convert_refuses_a_folder_without_hugging_face_weights(tmp_path):
     from conftest import make_checkpoint, tiny_config
 
-    from litgpt_vocagnolm.model_configs import convert_to_litgpt
+    from litgpt_vocagnolm.models.model_configs import convert_to_litgpt
 
     (tmp_path / "llemma_7b").mkdir()
     (tmp_path / "llemma_7b" / "config.json").write_text("{}")
@@ -427,7 +427,7 @@ def test_a_demo_budget_beyond_the_corpus_is_a_user_error():
 def test_bits_per_byte_names_a_tokenizer_without_bos_or_eos():
     from types import SimpleNamespace
 
-    from litgpt_vocagnolm.evaluate import bits_per_byte_of_documents
+    from litgpt_vocagnolm.evaluation.evaluate import bits_per_byte_of_documents
 
     with pytest.raises(InvalidArgument, match="--bpb needs a tokenizer with a BOS or EOS token"):
         bits_per_byte_of_documents(None, SimpleNamespace(bos_id=None, eos_id=None), ["text"], batch_size=1)

@@ -11,7 +11,7 @@ import pytest
 from conftest import MISTRAL, make_checkpoint, tiny_config
 
 from litgpt_vocagnolm.errors import InvalidArgument, UserError
-from litgpt_vocagnolm.score_teacher import score_teacher
+from litgpt_vocagnolm.training.score_teacher import score_teacher
 
 
 @pytest.mark.parametrize(

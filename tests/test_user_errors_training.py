@@ -14,11 +14,11 @@ from conftest import MISTRAL, TINYLLAMA, make_checkpoint, tiny_config
 from litgpt.args import TrainArgs
 from test_checkpoints import setup_args
 
-from litgpt_vocagnolm.checkpoints import export, resume_history
-from litgpt_vocagnolm.data import VocAgnoData
+from litgpt_vocagnolm.data.prepared import VocAgnoData
 from litgpt_vocagnolm.errors import InvalidArgument, PathTaken, UserError
-from litgpt_vocagnolm.methods import GuidanceArgs
-from litgpt_vocagnolm.recipe import setup
+from litgpt_vocagnolm.loss.methods import GuidanceArgs
+from litgpt_vocagnolm.training.checkpoints import export, resume_history
+from litgpt_vocagnolm.training.recipe import setup
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_a_fresh_run_into_a_finished_out_dir_is_a_user_error(finished_run, tinyl
     ],
 )
 def test_a_resume_that_changes_the_run_is_a_user_error(finished_run, tinyllama_mistral_data, overrides, message):
-    from litgpt_vocagnolm.teacher import TeacherArgs
+    from litgpt_vocagnolm.training.teacher import TeacherArgs
 
     if "teacher" in overrides:
         overrides["teacher"] = TeacherArgs(
@@ -167,7 +167,7 @@ def test_a_damaged_final_checkpoint_is_refused_where_it_is_loaded(tmp_path, fini
 
 
 def test_a_teacher_shorter_than_the_windows_is_refused_before_any_model(tmp_path, tinyllama_mistral_data):
-    from litgpt_vocagnolm.teacher import TeacherArgs
+    from litgpt_vocagnolm.training.teacher import TeacherArgs
 
     short = json.loads((tinyllama_mistral_data / "manifest.json").read_text())["teacher_max_length"] - 1
     teacher = make_checkpoint(tmp_path / "short", tiny_config("t", 32000, block_size=short), MISTRAL)

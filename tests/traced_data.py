@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from litgpt_vocagnolm.data import BlockDataset, VocAgnoData
+from litgpt_vocagnolm.data.prepared import BlockDataset, VocAgnoData
 
 
 class TracedBlocks(Dataset):

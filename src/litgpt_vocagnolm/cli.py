@@ -20,24 +20,28 @@ UNION_OF_NO_TYPES = "Cannot take a Union of no types."
 COMMANDS: dict[str, tuple[str | None, str]] = {
     "pretrain": (None, "Run a registered recipe (default: vocagnolm); the same as `litgpt pretrain --recipe NAME`"),
     "inspect": (
-        "litgpt_vocagnolm.inspection:inspect",
+        "litgpt_vocagnolm.alignment.inspection:inspect",
         "How two tokenizers cut a text and how Token-level Lexical Alignment maps them",
     ),
-    "prepare": ("litgpt_vocagnolm.prepare:prepare", "Tokenize with both tokenizers, align, and write LitData shards"),
+    "prepare": (
+        "litgpt_vocagnolm.data.prepare:prepare",
+        "Tokenize with both tokenizers, align, and write LitData shards",
+    ),
     "score-teacher": (
-        "litgpt_vocagnolm.score_teacher:score_teacher",
+        "litgpt_vocagnolm.training.score_teacher:score_teacher",
         "Score prepared data once with the teacher; train with --teacher.cache instead of a live teacher",
     ),
     "plan": (
-        "litgpt_vocagnolm.plan:plan",  # takes the recipe's command line: it builds its parser from the recipe's
+        # takes the recipe's command line: it builds its parser from the recipe's
+        "litgpt_vocagnolm.planning.plan:plan",
         "Per-GPU memory of a recipe's step and the largest micro-batch that fits, before submitting it",
     ),
     "evaluate": (
-        "litgpt_vocagnolm.evaluate:evaluate",
+        "litgpt_vocagnolm.evaluation.evaluate:evaluate",
         "Accuracy on the paper's 9 math benchmarks (few-shot CoT) and bits per byte",
     ),
     "export": (
-        "litgpt_vocagnolm.checkpoints:export",
+        "litgpt_vocagnolm.training.checkpoints:export",
         "A sharded training checkpoint (step-*) as one lit_model.pth for litgpt generate / convert_from_litgpt",
     ),
     "demo": (
@@ -45,7 +49,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
         "The whole method in miniature on a CPU: teacher, students per method, table, plot",
     ),
     "convert_to_litgpt": (
-        "litgpt_vocagnolm.model_configs:convert_to_litgpt",
+        "litgpt_vocagnolm.models.model_configs:convert_to_litgpt",
         "litgpt convert_to_litgpt, also for llemma_7b, deepseek-math-7b-* and Mistral-7B-ProXMath",
     ),
 }

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import BIN, QWEN, ROOT, TINYLLAMA, prepare_pair
 
-from litgpt_vocagnolm.teacher_cache import CACHE_MANIFEST
+from litgpt_vocagnolm.data.teacher_cache import CACHE_MANIFEST
 
 pytestmark = pytest.mark.slurm
 

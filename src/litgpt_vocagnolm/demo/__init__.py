@@ -43,7 +43,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from litgpt_vocagnolm.data import byte_tables
+from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.data.prepared import byte_tables
 from litgpt_vocagnolm.demo.corpus import add_noise, documents_for, read_corpus, split_heldout, write_texts
 from litgpt_vocagnolm.demo.noise import noise_sample, score_blocks, trained_noise_share
 from litgpt_vocagnolm.demo.plot import plot
@@ -65,9 +66,8 @@ from litgpt_vocagnolm.demo.tokenizer_training import (
 )
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, check_writable
 from litgpt_vocagnolm.files import write_json
-from litgpt_vocagnolm.loss import check_top_k
-from litgpt_vocagnolm.methods import GuidanceArgs
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.loss.methods import GuidanceArgs
+from litgpt_vocagnolm.loss.selection import check_top_k
 
 # What the demo writes in out_dir, and the record that says a folder holds only that (so a rerun may replace it).
 OUTPUTS = ("corpus", "tokenizers", "data", "runs", "results.csv", "results.md", "bpb.png")

@@ -9,9 +9,9 @@ from typing import Iterable
 
 import numpy as np
 
+from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 from litgpt_vocagnolm.demo.settings import CORPUS
 from litgpt_vocagnolm.errors import InvalidArgument
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 NOISE_CHARACTERS = np.array([ord(c) for c in string.ascii_letters + string.digits], dtype=np.uint32)
 

@@ -8,18 +8,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from litgpt_vocagnolm.alignment import encode
-from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX
-from litgpt_vocagnolm.data import batch_of_blocks
+from litgpt_vocagnolm.alignment.lexical import encode
+from litgpt_vocagnolm.alignment.tokenizer_files import cached_tokenizer, find_tokenizer_file, tokenizer_info
+from litgpt_vocagnolm.data.documents import Segment, Stats
+from litgpt_vocagnolm.data.packing import BlockDtypes, aligned_streams, pack_blocks
+from litgpt_vocagnolm.data.prepared import batch_of_blocks
 from litgpt_vocagnolm.demo.settings import DemoSizes
-from litgpt_vocagnolm.documents import Segment, Stats
-from litgpt_vocagnolm.gpt import load_model
-from litgpt_vocagnolm.loss import selection_generator
-from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss
-from litgpt_vocagnolm.micro_batch import loss_inputs
-from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
-from litgpt_vocagnolm.teacher import teacher_token_loss
-from litgpt_vocagnolm.tokenizer_files import cached_tokenizer, find_tokenizer_file, tokenizer_info
+from litgpt_vocagnolm.loss.cross_entropy import IGNORE_INDEX
+from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss
+from litgpt_vocagnolm.loss.selection import selection_generator
+from litgpt_vocagnolm.models.gpt import load_model
+from litgpt_vocagnolm.training.micro_batch import loss_inputs
+from litgpt_vocagnolm.training.teacher import teacher_token_loss
 
 
 def noise_sample(
@@ -80,7 +80,7 @@ def trained_noise_share(
     in the blocks of `samples` (one list per teacher, the same student blocks with that teacher's windows scored by
     `score_blocks`), micro-batch by micro-batch as training ranks them; `random` draws as its run did, without the
     teacher's losses. A method that selects no tokens (`selects` False in `methods.METHODS`) trains every token.
-    `byte_tables` (`data.byte_tables`: the student's, then each teacher's) for `compare="byte"`.
+    `byte_tables` (`prepared.byte_tables`: the student's, then each teacher's) for `compare="byte"`.
 
     A selection depends on the student, which changes as it trains: this is the last step's, not the run's average.
     """

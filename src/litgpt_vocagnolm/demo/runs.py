@@ -14,14 +14,14 @@ import torch
 from litgpt.args import EvalArgs, TrainArgs
 from litgpt.config import Config
 
-from litgpt_vocagnolm.data import VocAgnoData, load_manifest
+from litgpt_vocagnolm.data.prepare import prepare
+from litgpt_vocagnolm.data.prepared import VocAgnoData, load_manifest
 from litgpt_vocagnolm.demo.settings import DemoSizes
-from litgpt_vocagnolm.methods import GuidanceArgs
-from litgpt_vocagnolm.model_configs import llama_config
-from litgpt_vocagnolm.prepare import prepare
-from litgpt_vocagnolm.recipe import setup
-from litgpt_vocagnolm.score_teacher import score_teacher
-from litgpt_vocagnolm.teacher import TeacherArgs
+from litgpt_vocagnolm.loss.methods import GuidanceArgs
+from litgpt_vocagnolm.models.model_configs import llama_config
+from litgpt_vocagnolm.training.recipe import setup
+from litgpt_vocagnolm.training.score_teacher import score_teacher
+from litgpt_vocagnolm.training.teacher import TeacherArgs
 
 LEARNING_RATE = 2e-3  # AdamW, cosine to a tenth of it; tiny models take a large rate
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from litgpt_vocagnolm.errors import InvalidArgument, at_least
-from litgpt_vocagnolm.methods import METHODS, GuidanceMethod
+from litgpt_vocagnolm.loss.methods import METHODS, GuidanceMethod
 
 REPOSITORY = Path(__file__).resolve().parents[3]  # in a clone
 DATA = REPOSITORY / "data"  # the shipped corpora

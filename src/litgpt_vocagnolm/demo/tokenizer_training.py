@@ -7,10 +7,10 @@ from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from litgpt_vocagnolm.alignment import vocab_overlap
+from litgpt_vocagnolm.alignment.lexical import vocab_overlap
+from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 from litgpt_vocagnolm.demo.settings import PAPER_PAIR, STUDENT_VOCAB_MIN
 from litgpt_vocagnolm.errors import InvalidArgument
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 # Qwen2.5's pre-tokenizer: letters, single digits, punctuation runs, whitespace (tests/fixtures/tokenizers/qwen2.5).
 QWEN_PATTERN = (

@@ -23,8 +23,8 @@ from litgpt.config import Config
 from litgpt.pretrain import initialize_weights
 from torch import Tensor, nn
 
-from litgpt_vocagnolm.checkpoints import load_weights
-from litgpt_vocagnolm.cross_entropy import linear_cross_entropy
+from litgpt_vocagnolm.loss.cross_entropy import linear_cross_entropy
+from litgpt_vocagnolm.models.weights import load_weights
 
 
 class GPT(litgpt.model.GPT):

@@ -25,9 +25,16 @@ from typing import Any, Iterator, Literal, Optional, Union
 import numpy as np
 from litdata import optimize
 
-from litgpt_vocagnolm.alignment import encode, token_byte_lengths
-from litgpt_vocagnolm.data import FORMAT, MANIFEST, PARTIAL, SPLITS
-from litgpt_vocagnolm.documents import (
+from litgpt_vocagnolm.alignment.lexical import encode, token_byte_lengths
+from litgpt_vocagnolm.alignment.tokenizer_files import (
+    TokenizerInfo,
+    cached_tokenizer,
+    find_tokenizer_file,
+    same_vocabulary,
+    tokenizer_info,
+    tokenizer_sha256,
+)
+from litgpt_vocagnolm.data.documents import (
     Stats,
     Unit,
     check_input_file,
@@ -40,19 +47,12 @@ from litgpt_vocagnolm.documents import (
     smallest_hash,
     split_documents,
 )
-from litgpt_vocagnolm.dry_run import Packing, format_dry_run, measure_prepare
+from litgpt_vocagnolm.data.dry_run import Packing, format_dry_run, measure_prepare
+from litgpt_vocagnolm.data.packing import BlockDtypes, aligned_streams, pack_blocks
+from litgpt_vocagnolm.data.prepared import FORMAT, MANIFEST, PARTIAL, SPLITS
+from litgpt_vocagnolm.data.workers import START_METHOD, optimize_environment
 from litgpt_vocagnolm.errors import InvalidArgument, PathTaken, at_least, check_writable
 from litgpt_vocagnolm.files import file_fingerprint, file_sha256, write_json
-from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
-from litgpt_vocagnolm.tokenizer_files import (
-    TokenizerInfo,
-    cached_tokenizer,
-    find_tokenizer_file,
-    same_vocabulary,
-    tokenizer_info,
-    tokenizer_sha256,
-)
-from litgpt_vocagnolm.workers import START_METHOD, optimize_environment
 
 LITDATA_CHUNK_BYTES = "64MB"  # LitData's chunk (file) size; each worker holds one in memory while it fills it
 RATIO_SAMPLE_CHARS = 1 << 16  # text encoded up front to measure the teacher/student token ratio

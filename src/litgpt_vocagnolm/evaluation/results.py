@@ -1,7 +1,7 @@
 """`vocagnolm evaluate`'s results files in its `--out_dir`: merged, never rewritten.
 
 results.csv holds one row per (checkpoint, task, settings, limit), bpb.csv one per (checkpoint, file, precision). A
-checkpoint is named by the sha256 of its weights (`checkpoints.verified_weights_sha256`), not by its path alone: a
+checkpoint is named by the sha256 of its weights (`weights.verified_weights_sha256`), not by its path alone: a
 checkpoint trained again in the same folder keeps rows of its own, and a copy of one elsewhere is the same
 checkpoint. Each new row is merged into the file as it is on disk at that moment, which then is replaced whole
 (`os.replace`): a run killed while writing leaves the previous file. results.md and bpb.md are drawn from them.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from litgpt_vocagnolm.errors import PathTaken
-from litgpt_vocagnolm.math_tasks import TASKS
+from litgpt_vocagnolm.evaluation.math_tasks import TASKS
 
 RESULT_FIELDS = (
     "task",

@@ -9,7 +9,7 @@ import lightning as L
 import torch
 import torch.nn as nn
 
-from litgpt_vocagnolm.gpt import GPT
+from litgpt_vocagnolm.models.gpt import GPT
 
 COMPILE_BACKEND = "inductor"  # what `compile_blocks` compiles with (a test picks the lighter "aot_eager")
 

@@ -45,18 +45,25 @@ from litgpt.utils import (
     parse_devices,
 )
 
-from litgpt_vocagnolm import order
-from litgpt_vocagnolm.checkpoints import (
+from litgpt_vocagnolm.data import order
+from litgpt_vocagnolm.data.prepared import Batch, VocAgnoData, byte_tables
+from litgpt_vocagnolm.errors import check_writable, given_by
+from litgpt_vocagnolm.loss.cross_entropy import IGNORE_INDEX
+from litgpt_vocagnolm.loss.methods import GuidanceArgs
+from litgpt_vocagnolm.loss.selection import bits_per_byte
+from litgpt_vocagnolm.models.gpt import new_model
+from litgpt_vocagnolm.models.model_configs import register
+from litgpt_vocagnolm.models.weights import load_weights
+from litgpt_vocagnolm.training.checkpoints import (
     Checkpointer,
     check_out_dir,
     data_position,
     find_resume_checkpoint,
     hyperparameters,
-    load_weights,
     previous_checkpoints,
     resume_history,
 )
-from litgpt_vocagnolm.checks import (
+from litgpt_vocagnolm.training.checks import (
     check_optimizer,
     check_run_args,
     check_setup,
@@ -64,18 +71,17 @@ from litgpt_vocagnolm.checks import (
     resolve_model_config,
     tokenizer_pair_summary,
 )
-from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX
-from litgpt_vocagnolm.data import Batch, VocAgnoData, byte_tables
-from litgpt_vocagnolm.distributed import FSDPArgs, checkpoint_activations, compile_blocks, mean_over_ranks, parallelize
-from litgpt_vocagnolm.errors import check_writable, given_by
-from litgpt_vocagnolm.gpt import new_model
-from litgpt_vocagnolm.loss import bits_per_byte
-from litgpt_vocagnolm.methods import GuidanceArgs
-from litgpt_vocagnolm.micro_batch import Guide
-from litgpt_vocagnolm.model_configs import register
-from litgpt_vocagnolm.slurm import requeue_and_exit, stop_signal
-from litgpt_vocagnolm.step import Loop, Step, train_step
-from litgpt_vocagnolm.teacher import TeacherArgs, teachers_of
+from litgpt_vocagnolm.training.distributed import (
+    FSDPArgs,
+    checkpoint_activations,
+    compile_blocks,
+    mean_over_ranks,
+    parallelize,
+)
+from litgpt_vocagnolm.training.micro_batch import Guide
+from litgpt_vocagnolm.training.slurm import requeue_and_exit, stop_signal
+from litgpt_vocagnolm.training.step import Loop, Step, train_step
+from litgpt_vocagnolm.training.teacher import TeacherArgs, teachers_of
 
 
 @dataclass

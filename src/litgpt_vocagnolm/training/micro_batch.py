@@ -9,10 +9,10 @@ import lightning as L
 import torch
 import torch.nn as nn
 
-from litgpt_vocagnolm.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
-from litgpt_vocagnolm.data import Batch
-from litgpt_vocagnolm.methods import GuidanceArgs, GuidedLoss, LossInputs
-from litgpt_vocagnolm.teacher import Teacher
+from litgpt_vocagnolm.data.prepared import Batch
+from litgpt_vocagnolm.loss.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
+from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss, LossInputs
+from litgpt_vocagnolm.training.teacher import Teacher
 
 
 @dataclass
@@ -21,7 +21,7 @@ class Guide:
 
     teachers: list[Teacher]
     """The scoring teachers (online or cached: `teacher.teachers_of`), one per teacher side of a batch
-    (`data.Batch.teachers`); empty when none scores."""
+    (`prepared.Batch.teachers`); empty when none scores."""
     loss: GuidedLoss
     """Built once from the run's arguments (`methods.GuidedLoss`)."""
 
@@ -35,7 +35,7 @@ class Guide:
         byte_tables: Sequence[torch.Tensor] = (),
     ) -> "Guide":
         """The guide of a run on `fabric`: its rank, and its all_gather for `--guidance.scope global`; `vocab_size`
-        (the student tokenizer's) for `kld`, `byte_tables` (`data.byte_tables`) for `--guidance.compare byte`; of
+        (the student tokenizer's) for `kld`, `byte_tables` (`prepared.byte_tables`) for `--guidance.compare byte`; of
         `teachers`, those that score (`Teacher.mode`)."""
         all_gather = fabric.all_gather if guidance.scope == "global" else None
         loss = GuidedLoss(
@@ -53,7 +53,7 @@ def forward_and_loss(
     teacher_timer: contextlib.AbstractContextManager = contextlib.nullcontext(),
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch: teacher scores (`Teacher.score`: online, timed by `teacher_timer`, or cached), student forward,
-    guided loss (`generator`: `random`'s draws). `batch`: a loader's (`data.Batch.of`). Returns the weighted loss sum,
+    guided loss (`generator`: `random`'s draws). `batch`: a loader's (`prepared.Batch.of`). Returns the weighted loss sum,
     the weight sum and detached metrics (see `methods.GuidedLoss`)."""
     batch, method, teachers = Batch.of(batch), guide.loss.args.spec, guide.teachers
     sides = batch.teachers

@@ -41,16 +41,17 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from litgpt.config import Config
 from litgpt.utils import chunked_cross_entropy, instantiate_torch_optimizer
 
-from litgpt_vocagnolm.checkpoints import Checkpointer, load_weights
-from litgpt_vocagnolm.data import MANIFEST, Batch, TeacherSide, VocAgnoData, byte_tables
-from litgpt_vocagnolm.distributed import checkpoint_activations, compile_blocks
-from litgpt_vocagnolm.flops import forward_flops, training_flops
-from litgpt_vocagnolm.gpt import frozen_model, load_model, new_model
-from litgpt_vocagnolm.micro_batch import Guide
-from litgpt_vocagnolm.recipe import Run, fit
-from litgpt_vocagnolm.score_teacher import compiles_by_default
-from litgpt_vocagnolm.teacher import Teacher, precision_dtype, teacher_token_loss
-from litgpt_vocagnolm.teacher_cache import CACHE_MANIFEST
+from litgpt_vocagnolm.data.prepared import MANIFEST, Batch, TeacherSide, VocAgnoData, byte_tables
+from litgpt_vocagnolm.data.teacher_cache import CACHE_MANIFEST
+from litgpt_vocagnolm.models.gpt import frozen_model, load_model, new_model
+from litgpt_vocagnolm.models.weights import load_weights
+from litgpt_vocagnolm.planning.flops import forward_flops, training_flops
+from litgpt_vocagnolm.training.checkpoints import Checkpointer
+from litgpt_vocagnolm.training.distributed import checkpoint_activations, compile_blocks
+from litgpt_vocagnolm.training.micro_batch import Guide
+from litgpt_vocagnolm.training.recipe import Run, fit
+from litgpt_vocagnolm.training.score_teacher import compiles_by_default
+from litgpt_vocagnolm.training.teacher import Teacher, precision_dtype, teacher_token_loss
 
 GB = 1e9
 TIMED_STEPS = 2  # optimizer steps timed per kind of work, after the warm-up

@@ -27,7 +27,7 @@ from typing import Iterable, NamedTuple, Optional, Sequence, Union
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 
 METASPACE = "\u2581"  # "▁", SentencePiece's space marker
 # Byte length given to added and unknown tokens: any text holding one fails the byte-total check of the derived
@@ -153,7 +153,7 @@ def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
     """(V,) int64: the UTF-8 bytes of text that each token id covers; 0 for added and special tokens (they cover none)
     and for the unknown token (it covers any).
 
-    What the per-byte comparison of teachers divides by (`loss.teacher_reference`). The byte-level and Metaspace BPE
+    What the per-byte comparison of teachers divides by (`selection.teacher_reference`). The byte-level and Metaspace BPE
     tokenizers of `encode`'s fast path count exactly (a byte-level character or a `<0x..>` piece is one byte, "▁" the
     space it stands for); any other tokenizer counts the bytes of each token decoded alone.
     """

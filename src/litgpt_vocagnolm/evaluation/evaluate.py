@@ -25,13 +25,9 @@ import torch.nn.functional as F
 from litgpt.model import KVCache
 from tqdm import tqdm
 
-from litgpt_vocagnolm import gpt
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, verified_weights_sha256
-from litgpt_vocagnolm.documents import parse_text_key, read_whole_files
+from litgpt_vocagnolm.data.documents import parse_text_key, read_whole_files
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, check_writable
-from litgpt_vocagnolm.evaluate_results import check_results_files, predictions_name, record_accuracy, record_bpb
-from litgpt_vocagnolm.loss import bits_per_byte
-from litgpt_vocagnolm.math_tasks import (
+from litgpt_vocagnolm.evaluation.math_tasks import (
     DATA_DIR,
     STOP_STRINGS,
     TABLE_1,
@@ -46,6 +42,10 @@ from litgpt_vocagnolm.math_tasks import (
     parse_ground_truth,
     parse_question,
 )
+from litgpt_vocagnolm.evaluation.results import check_results_files, predictions_name, record_accuracy, record_bpb
+from litgpt_vocagnolm.loss.selection import bits_per_byte
+from litgpt_vocagnolm.models import gpt
+from litgpt_vocagnolm.models.weights import check_checkpoint_dir, verified_weights_sha256
 
 # Prompt positions per prefill forward, and prompts prefilled together in it at most: a prefill's activations are
 # those of PREFILL_ROWS x PREFILL_CHUNK tokens.

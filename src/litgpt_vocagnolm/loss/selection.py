@@ -29,7 +29,7 @@ AllGather = Callable[[Tensor], Tensor]
 
 
 class TokenBytes(NamedTuple):
-    """The UTF-8 bytes of text each token of a batch covers (`alignment.token_byte_lengths`): what puts teachers that
+    """The UTF-8 bytes of text each token of a batch covers (`lexical.token_byte_lengths`): what puts teachers that
     cut the same text into longer or shorter tokens on one scale (`teacher_reference`)."""
 
     student: Tensor

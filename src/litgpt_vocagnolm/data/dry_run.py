@@ -22,10 +22,10 @@ import torch
 from litgpt.config import Config
 from litgpt.model import GPT
 
-from litgpt_vocagnolm.documents import FIELD_SEPARATOR, Segment, Stats, Unit, file_pieces, split_documents
+from litgpt_vocagnolm.alignment.tokenizer_files import TokenizerInfo
+from litgpt_vocagnolm.data.documents import FIELD_SEPARATOR, Segment, Stats, Unit, file_pieces, split_documents
+from litgpt_vocagnolm.data.packing import BlockDtypes, aligned_streams, pack_blocks
 from litgpt_vocagnolm.errors import InvalidArgument
-from litgpt_vocagnolm.packing import BlockDtypes, aligned_streams, pack_blocks
-from litgpt_vocagnolm.tokenizer_files import TokenizerInfo
 
 SAMPLE_CHARS = 2 << 20  # characters of the input that the dry run prepares and times
 PAPER_TOKENS = 15e9  # the paper's training budget (train.max_tokens in recipes/), in student tokens

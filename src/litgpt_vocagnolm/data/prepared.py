@@ -19,11 +19,16 @@ from litdata import StreamingDataLoader, StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
 from litgpt.data import DataModule
 
-from litgpt_vocagnolm.alignment import chunk_align, token_byte_lengths
+from litgpt_vocagnolm.alignment.lexical import chunk_align, token_byte_lengths
+from litgpt_vocagnolm.alignment.tokenizer_files import (
+    find_tokenizer_file,
+    load_tokenizer,
+    same_vocabulary,
+    tokenizer_sha256,
+)
+from litgpt_vocagnolm.data.teacher_cache import TeacherLossCache
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
 from litgpt_vocagnolm.files import file_sha256
-from litgpt_vocagnolm.teacher_cache import TeacherLossCache
-from litgpt_vocagnolm.tokenizer_files import find_tokenizer_file, load_tokenizer, same_vocabulary, tokenizer_sha256
 
 # LitData asks PyPI for a newer version of itself whenever a dataset is written or opened (30 s timeout): a network
 # call in every run and loader worker, which stalls firewalled cluster nodes. Nothing here should reach the network.
@@ -42,8 +47,8 @@ def block_tokens(manifest: dict) -> int:
 
 
 def byte_tables(student_dir: Path, teacher_dirs: Sequence[Path], device: torch.device) -> list[torch.Tensor]:
-    """The UTF-8 bytes each token id covers (`alignment.token_byte_lengths`), (V,) int64 on `device`: the student's
-    tokenizer's, then each teacher's; `loss.TokenBytes.look_up` reads a batch's from them (`--guidance.compare
+    """The UTF-8 bytes each token id covers (`lexical.token_byte_lengths`), (V,) int64 on `device`: the student's
+    tokenizer's, then each teacher's; `selection.TokenBytes.look_up` reads a batch's from them (`--guidance.compare
     byte`)."""
     return [torch.from_numpy(token_byte_lengths(load_tokenizer(d))).to(device) for d in (student_dir, *teacher_dirs)]
 

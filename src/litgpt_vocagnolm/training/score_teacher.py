@@ -14,13 +14,8 @@ from litgpt.utils import parse_devices
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir
-from litgpt_vocagnolm.checks import check_teacher_block_size
-from litgpt_vocagnolm.data import MANIFEST, BlockDataset, VocAgnoData, check_split, padded_window
-from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, check_writable
-from litgpt_vocagnolm.files import file_sha256, write_json
-from litgpt_vocagnolm.teacher import Teacher, check_precision, default_precision, teacher_token_loss
-from litgpt_vocagnolm.teacher_cache import (
+from litgpt_vocagnolm.data.prepared import MANIFEST, BlockDataset, VocAgnoData, check_split, padded_window
+from litgpt_vocagnolm.data.teacher_cache import (
     CACHE_FORMAT,
     CACHE_MANIFEST,
     check_cache,
@@ -29,6 +24,11 @@ from litgpt_vocagnolm.teacher_cache import (
     shard_files,
     weights_sha256,
 )
+from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, check_writable
+from litgpt_vocagnolm.files import file_sha256, write_json
+from litgpt_vocagnolm.models.weights import check_checkpoint_dir
+from litgpt_vocagnolm.training.checks import check_teacher_block_size
+from litgpt_vocagnolm.training.teacher import Teacher, check_precision, default_precision, teacher_token_loss
 
 
 def score_teacher(

@@ -10,16 +10,17 @@ from litgpt.config import Config
 from litgpt.data import DataModule
 from litgpt.utils import instantiate_torch_optimizer
 
-from litgpt_vocagnolm.alignment import vocab_overlap
-from litgpt_vocagnolm.checkpoints import check_checkpoint_dir, check_resume_path, check_vocab_size, read_weights
-from litgpt_vocagnolm.data import MANIFEST, VocAgnoData
+from litgpt_vocagnolm.alignment.lexical import vocab_overlap
+from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.data.prepared import MANIFEST, VocAgnoData
+from litgpt_vocagnolm.data.teacher_cache import check_cache
 from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, given_by
-from litgpt_vocagnolm.gpt import GPT
-from litgpt_vocagnolm.methods import GuidanceArgs, method_names
-from litgpt_vocagnolm.model_configs import config_named
-from litgpt_vocagnolm.teacher import TeacherArgs, teacher_mode
-from litgpt_vocagnolm.teacher_cache import check_cache
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.loss.methods import GuidanceArgs, method_names
+from litgpt_vocagnolm.models.gpt import GPT
+from litgpt_vocagnolm.models.model_configs import config_named
+from litgpt_vocagnolm.models.weights import check_checkpoint_dir, check_vocab_size, read_weights
+from litgpt_vocagnolm.training.checkpoints import check_resume_path
+from litgpt_vocagnolm.training.teacher import TeacherArgs, teacher_mode
 
 
 def resolve_model_config(model_name: str | None, model_config: Config | None) -> Config:

@@ -21,9 +21,9 @@ from typing import Optional
 
 import numpy as np
 
-from litgpt_vocagnolm.checkpoints import checkpoint_fingerprint
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
 from litgpt_vocagnolm.files import file_sha256
+from litgpt_vocagnolm.models.weights import checkpoint_fingerprint
 
 CACHE_FORMAT = "vocagnolm-teacher-loss/1"
 CACHE_MANIFEST = "manifest.json"

@@ -37,7 +37,7 @@ from pathlib import Path
 from word2number import w2n
 
 from litgpt_vocagnolm.errors import InvalidArgument
-from litgpt_vocagnolm.grading import check_latex_parser, is_correct, math_equal  # noqa: F401 (evaluate's imports)
+from litgpt_vocagnolm.evaluation.grading import check_latex_parser, is_correct, math_equal  # noqa: F401 (evaluate's imports)
 
 DATA_DIR = Path(__file__).parent / "eval_data"
 PROMPT_DIR = DATA_DIR / "prompts"

@@ -15,10 +15,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from litgpt_vocagnolm.data import TeacherSide
+from litgpt_vocagnolm.data.prepared import TeacherSide
 from litgpt_vocagnolm.errors import InvalidArgument
-from litgpt_vocagnolm.gpt import GPT, load_model
-from litgpt_vocagnolm.methods import GuidanceMethod
+from litgpt_vocagnolm.loss.methods import GuidanceMethod
+from litgpt_vocagnolm.models.gpt import GPT, load_model
 
 PRECISIONS = ("bf16-true", "16-true", "32-true")  # a teacher only runs forward passes: no mixed precision
 Mode = Literal["online", "cached"]

@@ -21,9 +21,9 @@ from typing import Callable, Literal, NamedTuple, Sequence, get_args
 import torch
 from torch import Tensor
 
-from litgpt_vocagnolm.distillation import kld_loss, paired_teacher_positions, uld_loss
 from litgpt_vocagnolm.errors import InvalidArgument
-from litgpt_vocagnolm.loss import (
+from litgpt_vocagnolm.loss.distillation import kld_loss, paired_teacher_positions, uld_loss
+from litgpt_vocagnolm.loss.selection import (
     Aggregation,
     AllGather,
     Combine,
@@ -45,7 +45,7 @@ class LossInputs(NamedTuple):
     """What one micro-batch brings besides the student's per-token loss (`micro_batch.loss_inputs` builds it from a
     batch);
     a method's table entry names the fields its loss needs (`GuidanceMethod.inputs`). Lists hold one tensor per
-    teacher, in the order of the data (`data.Batch.teachers`)."""
+    teacher, in the order of the data (`prepared.Batch.teachers`)."""
 
     teacher_losses: list[Tensor] | None = None
     """(B, M_k) each teacher's per-token loss, NaN = unavailable."""
@@ -58,7 +58,7 @@ class LossInputs(NamedTuple):
     token_bytes: TokenBytes | None = None
     """`--guidance.compare byte`: the bytes each student and teacher token covers (`GuidedLoss.token_bytes`)."""
     generator: torch.Generator | None = None
-    """random's draws, on the student loss's device (`loss.selection_generator`: seeded by position)."""
+    """random's draws, on the student loss's device (`selection.selection_generator`: seeded by position)."""
 
 
 class MethodLoss(NamedTuple):
@@ -127,7 +127,7 @@ def cross_entropy_only(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: 
 
 
 def top_k_by_excess(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
-    """The top-k mapped tokens by excess loss over the teachers' reference (`loss.teacher_guided_selection`)."""
+    """The top-k mapped tokens by excess loss over the teachers' reference (`selection.teacher_guided_selection`)."""
     selection = teacher_guided_selection(
         ls.detach(),
         inputs.teacher_losses,
@@ -349,7 +349,7 @@ class GuidanceArgs:
 
     @property
     def selection(self) -> SelectionArgs:
-        """The top-k's settings, for `loss.teacher_guided_selection`."""
+        """The top-k's settings, for `selection.teacher_guided_selection`."""
         return SelectionArgs(self.top_k, self.aggregation, self.unmapped, self.scope, self.combine)
 
     @property
@@ -401,18 +401,18 @@ class GuidedLoss:
     args: GuidanceArgs
     """The method and its options."""
     all_gather: AllGather | None = None
-    """scope="global": stacks a tensor from every data-parallel rank (`fabric.all_gather`; see `loss.select_top_k`)."""
+    """scope="global": stacks a tensor from every data-parallel rank (`fabric.all_gather`; see `selection.select_top_k`)."""
     rank: int = 0
     """This process's index in the `all_gather` result (`fabric.global_rank`)."""
     vocab_size: int | None = None
     """kld: the student tokenizer's vocabulary size; ids below it are compared (see `distillation.kld_loss`)."""
     byte_tables: Sequence[Tensor] = ()
-    """`--guidance.compare byte`: the UTF-8 bytes of each token id (`data.byte_tables`), (V,) each: the student's,
+    """`--guidance.compare byte`: the UTF-8 bytes of each token id (`prepared.byte_tables`), (V,) each: the student's,
     then each teacher's."""
 
     @property
     def selection(self) -> SelectionArgs:
-        """The top-k's settings (`loss.teacher_guided_selection`)."""
+        """The top-k's settings (`selection.teacher_guided_selection`)."""
         return self.args.selection
 
     def token_bytes(self, targets: Tensor, teacher_ids: Sequence[Tensor]) -> TokenBytes | None:
@@ -433,7 +433,7 @@ class GuidedLoss:
             inputs: the micro-batch's tensors; the fields the method's entry names (`GuidanceMethod.inputs`) must be
                 given. random takes `teacher_losses` optionally (without them a token is mapped when a range is
                 non-empty); rho1 takes `ranges` optionally (token i -> [i, i + 1)). Several teachers' losses are
-                combined by `args.combine` (see `loss.teacher_reference`).
+                combined by `args.combine` (see `selection.teacher_reference`).
         """
         method = self.args.spec
         if self.args.compare == "byte" and inputs.token_bytes is None:

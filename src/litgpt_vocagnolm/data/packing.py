@@ -1,7 +1,7 @@
 """Aligned streams -> blocks: both tokenizations of a batch of documents back to back, cut into student blocks.
 
 A batch of documents, in segments of at most `documents.SEGMENT_CHARS` characters, is tokenized by both tokenizers
-(`encode_segments`), aligned (`alignment.align_batch`) and laid end to end as one `AlignedStream`, each document with
+(`encode_segments`), aligned (`lexical.align_batch`) and laid end to end as one `AlignedStream`, each document with
 the BOS/EOS its tokenizers add (tokenizer_config.json: `add_bos_token`, `add_eos_token`; Llama adds BOS only; a
 tokenizer configured to add neither, as Qwen2.5, ends each document with its EOS instead, so that both sides still see
 where documents meet). Added tokens are unmapped, and no student token maps into another document. `pack_blocks` cuts
@@ -17,7 +17,7 @@ A block, as stored (one LitData item; n <= block_tokens, shorter only for the la
     range_lengths  (n,) uint8, the range's length; 0 = unmapped (added tokens, and tokens whose teacher tokens lie
                    past teacher_max_length or number more than 255)
     num_bytes      int, the UTF-8 bytes of the text that the block's target tokens (positions 1..n-1) cover
-The alignment costs 3 bytes per student token. `data.decode_block` turns a block back into plain arrays.
+The alignment costs 3 bytes per student token. `prepared.decode_block` turns a block back into plain arrays.
 """
 
 from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence
@@ -25,9 +25,9 @@ from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
-from litgpt_vocagnolm.alignment import align_batch, encode, encode_batch
-from litgpt_vocagnolm.documents import Segment, Stats
-from litgpt_vocagnolm.tokenizer_files import TokenizerInfo, cached_tokenizer
+from litgpt_vocagnolm.alignment.lexical import align_batch, encode, encode_batch
+from litgpt_vocagnolm.alignment.tokenizer_files import TokenizerInfo, cached_tokenizer
+from litgpt_vocagnolm.data.documents import Segment, Stats
 
 BATCH_CHARS = 1 << 18  # text tokenized per `encode_batch` call
 MAX_RANGE_LENGTH = 255  # range_lengths is uint8

@@ -18,10 +18,10 @@ from litgpt.args import TrainArgs
 from litgpt.utils import CycleIterator
 from torch.distributed.tensor import DTensor
 
-from litgpt_vocagnolm import order
-from litgpt_vocagnolm.loss import selection_generator
-from litgpt_vocagnolm.micro_batch import Guide, forward_and_loss
-from litgpt_vocagnolm.stopwatch import Stopwatch
+from litgpt_vocagnolm.data import order
+from litgpt_vocagnolm.loss.selection import selection_generator
+from litgpt_vocagnolm.training.micro_batch import Guide, forward_and_loss
+from litgpt_vocagnolm.training.stopwatch import Stopwatch
 
 
 @dataclass

@@ -19,9 +19,9 @@ from typing import Optional
 import numpy as np
 from tokenizers import Tokenizer
 
-from litgpt_vocagnolm.alignment import align, chunk_align, chunk_span_ios_iou, encode, ios_iou
+from litgpt_vocagnolm.alignment.lexical import align, chunk_align, chunk_span_ios_iou, encode, ios_iou
+from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, check_output_file
-from litgpt_vocagnolm.tokenizer_files import load_tokenizer
 
 # Written for this project: word problems, LaTeX and the Unicode that math text carries.
 SAMPLE = """\

@@ -42,10 +42,10 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 from litgpt.config import Config
 
-from litgpt_vocagnolm.cross_entropy import TILE_ELEMENTS
-from litgpt_vocagnolm.distributed import FSDPArgs
 from litgpt_vocagnolm.errors import InvalidArgument, at_least
-from litgpt_vocagnolm.gpt import GPT
+from litgpt_vocagnolm.loss.cross_entropy import TILE_ELEMENTS
+from litgpt_vocagnolm.models.gpt import GPT
+from litgpt_vocagnolm.training.distributed import FSDPArgs
 
 GB = 1e9
 
@@ -383,12 +383,12 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     """
     from jsonargparse import CLI, ArgumentParser, capture_parser
 
-    from litgpt_vocagnolm.checks import check_run_args, resolve_model_config
-    from litgpt_vocagnolm.data import VocAgnoData, load_manifest, padded_window
-    from litgpt_vocagnolm.measure import Setting, largest_micro_batch, measure
-    from litgpt_vocagnolm.model_configs import config_named, register
-    from litgpt_vocagnolm.recipe import setup
-    from litgpt_vocagnolm.teacher import teacher_mode
+    from litgpt_vocagnolm.data.prepared import VocAgnoData, load_manifest, padded_window
+    from litgpt_vocagnolm.models.model_configs import config_named, register
+    from litgpt_vocagnolm.planning.measure import Setting, largest_micro_batch, measure
+    from litgpt_vocagnolm.training.checks import check_run_args, resolve_model_config
+    from litgpt_vocagnolm.training.recipe import setup
+    from litgpt_vocagnolm.training.teacher import teacher_mode
 
     register()
     parser = capture_parser(lambda: CLI(setup, args=[], parser_class=parser_class or ArgumentParser))

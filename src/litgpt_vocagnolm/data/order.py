@@ -11,7 +11,7 @@ consumed since the run began, over all ranks.
   of G = B·W·A blocks gives each of the W ranks A micro-batches (`accumulation`). The blocks of a step, and their
   micro-batches, do not depend on W: 1, 2 or 4 ranks train the same steps.
 - Each rank's loader reads only its own micro-batches (`train_loader`): a `DataLoader` whose batch sampler
-  (`RankBatches`) yields their block indices and whose workers read those blocks by index (`data.BlockDataset`, with
+  (`RankBatches`) yields their block indices and whose workers read those blocks by index (`prepared.BlockDataset`, with
   every teacher's data and loss cache at the same index). Workers do not change the order: the loader hands batches
   back in the sampler's order.
 - What a checkpoint saves is the position alone; the epoch is `position // N`. Resuming from it continues exactly
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from litgpt_vocagnolm.data import VocAgnoData, block_tokens, collate_blocks, padded_window
+from litgpt_vocagnolm.data.prepared import VocAgnoData, block_tokens, collate_blocks, padded_window
 from litgpt_vocagnolm.errors import InvalidArgument
 
 
