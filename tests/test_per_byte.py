@@ -14,7 +14,7 @@ from tokenizers.models import WordLevel
 
 from litgpt_vocagnolm.alignment.lexical import token_byte_lengths
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
-from litgpt_vocagnolm.data.prepared import VocAgnoData, byte_tables
+from litgpt_vocagnolm.data.prepared import VocAgnoData, byte_table
 from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss, LossInputs
 from litgpt_vocagnolm.loss.selection import TokenBytes, teacher_reference
 from litgpt_vocagnolm.models.gpt import GPT
@@ -162,7 +162,7 @@ def test_the_training_step_looks_up_each_tokens_bytes(tinyllama_qwen_data):
     side = side._replace(loss=torch.rand(side.ids.shape).masked_fill(~side.valid, math.nan))
     batch = batch._replace(teachers=[side])
     student = GPT(tiny_config("s", 32000, block_size=64))
-    tables = byte_tables(TINYLLAMA, [QWEN], torch.device("cpu"))
+    tables = [byte_table(TINYLLAMA, torch.device("cpu")), Teacher(QWEN).byte_table(torch.device("cpu"))]
     guide = Guide([Teacher(mode="cached")], GuidedLoss(GuidanceArgs(compare="byte"), byte_tables=tables))
     loss_sum, weight_sum, _ = forward_and_loss(student, guide, batch)
 

@@ -153,9 +153,9 @@ def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
     """(V,) int64: the UTF-8 bytes of text that each token id covers; 0 for added and special tokens (they cover none)
     and for the unknown token (it covers any).
 
-    What the per-byte comparison of teachers divides by (`selection.teacher_reference`). The byte-level and Metaspace BPE
-    tokenizers of `encode`'s fast path count exactly (a byte-level character or a `<0x..>` piece is one byte, "▁" the
-    space it stands for); any other tokenizer counts the bytes of each token decoded alone.
+    What the per-byte comparison of teachers divides by (`selection.teacher_reference`). The byte-level and Metaspace
+    BPE tokenizers of `encode`'s fast path count exactly (a byte-level character or a `<0x..>` piece is one byte, "▁"
+    the space it stands for); any other tokenizer counts the bytes of each token decoded alone.
     """
     size = vocab_size(tokenizer)
     table = _offset_table(tokenizer, size)

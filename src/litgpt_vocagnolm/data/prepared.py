@@ -46,11 +46,10 @@ def block_tokens(manifest: dict) -> int:
     return manifest["max_seq_length"] + 1
 
 
-def byte_tables(student_dir: Path, teacher_dirs: Sequence[Path], device: torch.device) -> list[torch.Tensor]:
-    """The UTF-8 bytes each token id covers (`lexical.token_byte_lengths`), (V,) int64 on `device`: the student's
-    tokenizer's, then each teacher's; `selection.TokenBytes.look_up` reads a batch's from them (`--guidance.compare
-    byte`)."""
-    return [torch.from_numpy(token_byte_lengths(load_tokenizer(d))).to(device) for d in (student_dir, *teacher_dirs)]
+def byte_table(tokenizer_dir: Path, device: torch.device) -> torch.Tensor:
+    """The UTF-8 bytes each token id of a tokenizer covers (`lexical.token_byte_lengths`), (V,) int64 on `device`;
+    `selection.TokenBytes.look_up` reads a batch's from the student's and each teacher's (`--guidance.compare byte`)."""
+    return torch.from_numpy(token_byte_lengths(load_tokenizer(tokenizer_dir))).to(device)
 
 
 def padded_window(manifest: dict, teacher_block_size: Optional[int] = None) -> int:

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
-from litgpt_vocagnolm.data.prepared import byte_tables
+from litgpt_vocagnolm.data.prepared import byte_table
 from litgpt_vocagnolm.demo.corpus import add_noise, documents_for, read_corpus, split_heldout, write_texts
 from litgpt_vocagnolm.demo.noise import noise_sample, score_blocks, trained_noise_share
 from litgpt_vocagnolm.demo.plot import plot
@@ -357,7 +357,7 @@ def demo(
     )
     samples = [score_blocks(d, blocks) for (_, d), blocks in zip(teachers, samples)]  # each teacher's losses
     noise_all = touched[:, 1:].float().mean().item()  # the targets of full blocks
-    tables = byte_tables(student_tokenizer, [t for t, _ in teachers], torch.device("cpu"))  # bytes per token id
+    tables = [byte_table(d, torch.device("cpu")) for d in (student_tokenizer, *(t for t, _ in teachers))]  # per id
     for method in methods:
         guidance = GuidanceArgs(**{**STUDENTS[method], "top_k": top_k})
         scored = samples if method in TWO_TEACHERS else samples[:1]

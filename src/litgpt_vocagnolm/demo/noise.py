@@ -80,7 +80,7 @@ def trained_noise_share(
     in the blocks of `samples` (one list per teacher, the same student blocks with that teacher's windows scored by
     `score_blocks`), micro-batch by micro-batch as training ranks them; `random` draws as its run did, without the
     teacher's losses. A method that selects no tokens (`selects` False in `methods.METHODS`) trains every token.
-    `byte_tables` (`prepared.byte_tables`: the student's, then each teacher's) for `compare="byte"`.
+    `byte_tables` (`prepared.byte_table` of the student's, then each teacher's) for `compare="byte"`.
 
     A selection depends on the student, which changes as it trains: this is the last step's, not the run's average.
     """

@@ -401,13 +401,14 @@ class GuidedLoss:
     args: GuidanceArgs
     """The method and its options."""
     all_gather: AllGather | None = None
-    """scope="global": stacks a tensor from every data-parallel rank (`fabric.all_gather`; see `selection.select_top_k`)."""
+    """scope="global": stacks a tensor from every data-parallel rank (`fabric.all_gather`; see
+    `selection.select_top_k`)."""
     rank: int = 0
     """This process's index in the `all_gather` result (`fabric.global_rank`)."""
     vocab_size: int | None = None
     """kld: the student tokenizer's vocabulary size; ids below it are compared (see `distillation.kld_loss`)."""
     byte_tables: Sequence[Tensor] = ()
-    """`--guidance.compare byte`: the UTF-8 bytes of each token id (`prepared.byte_tables`), (V,) each: the student's,
+    """`--guidance.compare byte`: the UTF-8 bytes of each token id (`prepared.byte_table`), (V,) each: the student's,
     then each teacher's."""
 
     @property

@@ -33,13 +33,14 @@ class GPT(litgpt.model.GPT):
         idx: Tensor,
         input_pos: Tensor | None = None,
         input_pos_maxp1: int | None = None,
-        lm_head_chunk_size: int = 0,
+        *,
         targets: Tensor | None = None,
-    ) -> Tensor | list[Tensor]:
-        """LitGPT's forward, or with `targets` (B, T) (-100: nothing to predict) the (B, T) float32 cross-entropy of
-        each target, the head computed a tile of rows at a time (forward and backward)."""
+    ) -> Tensor:
+        """LitGPT's forward, (B, T, V) logits, or with `targets` (B, T) (-100: nothing to predict) the (B, T) float32
+        cross-entropy of each target, the head computed a tile of rows at a time (forward and backward). LitGPT's
+        `lm_head_chunk_size`, which returns a list of logit chunks, is left out: the per-token loss tiles the head."""
         if targets is None:
-            return super().forward(idx, input_pos, input_pos_maxp1, lm_head_chunk_size)
+            return super().forward(idx, input_pos, input_pos_maxp1)
         if self.config.final_logit_softcapping is not None or self.lm_head.bias is not None:
             raise NotImplementedError(
                 f"{self.config.name}: the per-token loss does not support logit soft-capping or a head bias."

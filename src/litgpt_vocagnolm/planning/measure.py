@@ -41,7 +41,7 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from litgpt.config import Config
 from litgpt.utils import chunked_cross_entropy, instantiate_torch_optimizer
 
-from litgpt_vocagnolm.data.prepared import MANIFEST, Batch, TeacherSide, VocAgnoData, byte_tables
+from litgpt_vocagnolm.data.prepared import MANIFEST, Batch, TeacherSide, VocAgnoData, byte_table
 from litgpt_vocagnolm.data.teacher_cache import CACHE_MANIFEST
 from litgpt_vocagnolm.models.gpt import frozen_model, load_model, new_model
 from litgpt_vocagnolm.models.weights import load_weights
@@ -343,7 +343,7 @@ def recipe_step(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int,
     vocab_size = data.manifest["student"]["vocab_size"] if data is not None else None
     tables = ()
     if args.guidance.compare == "byte":
-        tables = byte_tables(args.tokenizer_dir, args.teacher.checkpoint_dirs, device)
+        tables = [byte_table(d, device) for d in (args.tokenizer_dir, *args.teacher.checkpoint_dirs)]
     stamped = Stamped(batches(fabric, setting, work, B), at=warmup * A, memory=memory, device=device)
     guide = Guide.build(fabric, args.guidance, teachers, vocab_size, tables)
     with contextlib.redirect_stdout(io.StringIO()):  # its log lines: the table below says what they would

@@ -35,7 +35,7 @@ class Guide:
         byte_tables: Sequence[torch.Tensor] = (),
     ) -> "Guide":
         """The guide of a run on `fabric`: its rank, and its all_gather for `--guidance.scope global`; `vocab_size`
-        (the student tokenizer's) for `kld`, `byte_tables` (`prepared.byte_tables`) for `--guidance.compare byte`; of
+        (the student tokenizer's) for `kld`, `byte_tables` (`prepared.byte_table`) for `--guidance.compare byte`; of
         `teachers`, those that score (`Teacher.mode`)."""
         all_gather = fabric.all_gather if guidance.scope == "global" else None
         loss = GuidedLoss(
@@ -53,8 +53,8 @@ def forward_and_loss(
     teacher_timer: contextlib.AbstractContextManager = contextlib.nullcontext(),
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch: teacher scores (`Teacher.score`: online, timed by `teacher_timer`, or cached), student forward,
-    guided loss (`generator`: `random`'s draws). `batch`: a loader's (`prepared.Batch.of`). Returns the weighted loss sum,
-    the weight sum and detached metrics (see `methods.GuidedLoss`)."""
+    guided loss (`generator`: `random`'s draws). `batch`: a loader's (`prepared.Batch.of`). Returns the weighted loss
+    sum, the weight sum and detached metrics (see `methods.GuidedLoss`)."""
     batch, method, teachers = Batch.of(batch), guide.loss.args.spec, guide.teachers
     sides = batch.teachers
     teacher_losses, teacher_logits = None, None

@@ -46,7 +46,7 @@ from litgpt.utils import (
 )
 
 from litgpt_vocagnolm.data import order
-from litgpt_vocagnolm.data.prepared import Batch, VocAgnoData, byte_tables
+from litgpt_vocagnolm.data.prepared import Batch, VocAgnoData, byte_table
 from litgpt_vocagnolm.errors import check_writable, given_by
 from litgpt_vocagnolm.loss.cross_entropy import IGNORE_INDEX
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
@@ -347,8 +347,9 @@ def main(
 
     train_t0 = time.perf_counter()
     vocab_size = data.manifest["student"]["vocab_size"] if isinstance(data, VocAgnoData) else None
-    byte_scale = guidance.compare == "byte"  # bytes per token id: the student's, each teacher's
-    tables = byte_tables(tokenizer_dir, [t.checkpoint_dir for t in teachers], fabric.device) if byte_scale else ()
+    tables = []  # bytes per token id: the student's, each teacher's
+    if guidance.compare == "byte":
+        tables = [byte_table(tokenizer_dir, fabric.device), *(t.byte_table(fabric.device) for t in teachers)]
     guide = Guide.build(fabric, guidance, teachers, vocab_size, tables)
     finished = fit(fabric, state, train_dataloader, val_dataloader, run, train, eval, guide)
     if not finished:

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from litgpt_vocagnolm.data.prepared import TeacherSide
+from litgpt_vocagnolm.data.prepared import TeacherSide, byte_table
 from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.loss.methods import GuidanceMethod
 from litgpt_vocagnolm.models.gpt import GPT, load_model
@@ -99,6 +99,11 @@ class Teacher:
         which marks it frozen for `distributed.parallelize`) and keeps it."""
         self.model = load_model(self.checkpoint_dir, fabric, precision_dtype(self.precision, fabric.device))
         return self.model
+
+    def byte_table(self, device: torch.device) -> torch.Tensor:
+        """The UTF-8 bytes each of its token ids covers, (V_t,) int64 on `device`, from its tokenizer
+        (`--guidance.compare byte`: `prepared.byte_table`)."""
+        return byte_table(self.checkpoint_dir, device)
 
     def score(self, side: TeacherSide) -> torch.Tensor:
         """Its per-token losses on its side of a batch, (B, M) float32 (`teacher_token_loss`): computed by its model
