@@ -209,3 +209,35 @@ def test_a_ce_run_logs_no_selection_it_did_not_make(tmp_path, tinyllama_mistral_
     out = capsys.readouterr().out
     assert "loss train: " in out and "student CE: " in out
     assert "selected:" not in out and "of mapped" not in out
+
+
+def test_a_metric_over_no_token_is_nothing_not_zero():
+    """A micro-batch with no mapped token computes no selected share: the step's figure is the other micro-batches'
+    alone, and a step where none computed it reports no figure (it was 0, pulling the mean down)."""
+    import lightning as L
+
+    from litgpt_vocagnolm.loss.methods import GuidedLoss, LossInputs
+    from litgpt_vocagnolm.training.distributed import mean_over_ranks
+    from litgpt_vocagnolm.training.step import add_metrics
+
+    torch.manual_seed(0)
+    ls, valid = torch.rand(2, 8), torch.ones(2, 8, dtype=torch.bool)
+    ranges = torch.stack([torch.arange(8), torch.arange(8) + 1], dim=-1).expand(2, 8, 2)
+    mapped = LossInputs(teacher_losses=[torch.rand(2, 8)], ranges=[ranges])
+    unmapped = LossInputs(teacher_losses=[torch.rand(2, 8)], ranges=[torch.zeros_like(ranges)])
+    guided = GuidedLoss(GuidanceArgs(top_k=0.5))
+    _, _, first = guided(ls, valid, unmapped)
+    _, _, second = guided(ls, valid, mapped)
+    assert first["mapped_fraction"] == 0 and first["selected_fraction"].isnan()
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    totals = {}
+    for metrics in (first, second):
+        add_metrics(totals, metrics)
+    logged = mean_over_ranks(fabric, totals)
+    assert logged["selected_fraction"] == pytest.approx(0.5)  # the second micro-batch's: 8 of 16 mapped
+    assert logged["mapped_fraction"] == pytest.approx(0.5)  # a share of all valid tokens: 0 and 1 averaged
+    assert logged["student_loss"] == pytest.approx(ls.mean().item())
+    totals = {}
+    add_metrics(totals, first)
+    logged = mean_over_ranks(fabric, totals)
+    assert "selected_fraction" not in logged and "excess_selected" not in logged and logged["mapped_fraction"] == 0

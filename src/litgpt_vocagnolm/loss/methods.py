@@ -180,7 +180,7 @@ def random_tokens(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossI
 
 
 def selection_loss(ls: Tensor, valid: Tensor, selection: Selection, inputs: LossInputs) -> MethodLoss:
-    metrics = selection_metrics(selection, valid.sum().clamp(min=1), num_teachers(inputs))
+    metrics = selection_metrics(selection, valid.sum(), num_teachers(inputs))
     return MethodLoss(ls, selection.weights, metrics)
 
 
@@ -212,7 +212,7 @@ def uld_distillation(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: Lo
 
 
 def distillation_loss(args: "GuidanceArgs", ls: Tensor, valid: Tensor, distill: Tensor) -> MethodLoss:
-    metrics = {"distill_loss": distill.detach().sum() / valid.sum().clamp(min=1)}
+    metrics = {"distill_loss": distill.detach().sum() / valid.sum()}
     return MethodLoss(ls + args.distill_weight * distill, valid.float(), metrics)
 
 
@@ -455,9 +455,10 @@ class GuidedLoss:
             plus, with a teacher loss, teacher_loss (mean over valid mapped), excess_selected and excess_unselected
             (mean excess of valid mapped tokens) and, with several teachers, reference_share_k for each teacher k (the
             share of the selected tokens where teacher k has the lowest aggregated loss: under `min`, where it set the
-            reference); for the distillation methods distill_loss.
+            reference); for the distillation methods distill_loss. Each is NaN where it would be computed over no
+            token (`selection.selection_metrics`).
         """
-        n_valid = valid.sum().clamp(min=1)
+        n_valid = valid.sum()
         per_token, weights, method_metrics = self.verdict(ls, valid, inputs)
         metrics = {"student_loss": ls.detach().sum() / n_valid, **method_metrics}
         weight_sum = weights.sum()

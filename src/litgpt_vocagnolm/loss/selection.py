@@ -377,19 +377,21 @@ def random_selection(
 def selection_metrics(selection: Selection, n_valid: Tensor, num_teachers: int = 1) -> dict[str, Tensor]:
     """Shares of mapped and selected tokens, and (with a teacher) the mean reference and excess losses of the selected
     and unselected candidates and, with several teachers, each one's share of the selected tokens where it has the
-    lowest aggregated loss (`reference_share_k`): scalars on the device, no host sync."""
+    lowest aggregated loss (`reference_share_k`): scalars on the device, no host sync. A figure over no token (a share
+    of no mapped token, a mean over no selected one) is NaN: nothing, which the step's mean leaves out
+    (`distributed.mean_over_ranks`), not a 0 that would drag it down."""
     candidate, selected = selection.mapped, selection.selected
     n_candidate, n_selected = candidate.sum(), selected.sum()
-    metrics = {"mapped_fraction": n_candidate / n_valid, "selected_fraction": n_selected / n_candidate.clamp(min=1)}
+    metrics = {"mapped_fraction": n_candidate / n_valid, "selected_fraction": n_selected / n_candidate}
     if selection.excess is not None:
         unselected = candidate & ~selected
         excess = selection.excess
-        metrics["teacher_loss"] = torch.where(candidate, selection.reference, 0.0).sum() / n_candidate.clamp(min=1)
-        metrics["excess_selected"] = torch.where(selected, excess, 0.0).sum() / n_selected.clamp(min=1)
-        metrics["excess_unselected"] = torch.where(unselected, excess, 0.0).sum() / unselected.sum().clamp(min=1)
+        metrics["teacher_loss"] = torch.where(candidate, selection.reference, 0.0).sum() / n_candidate
+        metrics["excess_selected"] = torch.where(selected, excess, 0.0).sum() / n_selected
+        metrics["excess_unselected"] = torch.where(unselected, excess, 0.0).sum() / unselected.sum()
     if selection.best is not None and num_teachers > 1:
         for k in range(num_teachers):
-            metrics[f"reference_share_{k}"] = (selected & (selection.best == k)).sum() / n_selected.clamp(min=1)
+            metrics[f"reference_share_{k}"] = (selected & (selection.best == k)).sum() / n_selected
     return metrics
 
 

@@ -85,9 +85,11 @@ def compile_blocks(model: GPT) -> None:
 
 
 def mean_over_ranks(fabric: L.Fabric, metrics: dict[str, torch.Tensor]) -> dict[str, float]:
-    """A step's metrics (each a scalar tensor, the rank's mean over its micro-batches) averaged over the ranks, as the
-    logged `loss` is reduced: one all-reduce of them stacked, on log steps only (every rank has the same names)."""
+    """A step's metrics averaged over the micro-batches of every rank that computed them, as the logged `loss` is
+    reduced: each (2,), a rank's sum and count (`step.Step.metrics`), one all-reduce of them stacked, on log steps only
+    (every rank has the same names). A metric no micro-batch computed (no mapped token in the whole step, say) is left
+    out: nothing to report, not a number."""
     if not metrics:
         return {}
-    values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=fabric.device) for v in metrics.values()])
-    return dict(zip(metrics, fabric.all_reduce(values, reduce_op="mean").tolist()))
+    sums = fabric.all_reduce(torch.stack(list(metrics.values())).float(), reduce_op="sum").tolist()
+    return {name: total / count for name, (total, count) in zip(metrics, sums) if count > 0}

@@ -32,7 +32,9 @@ class Step:
     totals: torch.Tensor
     """(3,): the step's weighted loss sum, its weight sum and the number of ranks asked to stop, over all ranks."""
     metrics: dict[str, torch.Tensor]
-    """The guided loss's metrics (`methods.GuidedLoss`), this rank's mean over the step's micro-batches."""
+    """The guided loss's metrics (`methods.GuidedLoss`), each (2,): this rank's sum over the step's micro-batches
+    that computed it and their count (a NaN, computed over no token, counts as nothing); `distributed.mean_over_ranks`
+    divides."""
     finite: torch.Tensor
     """() bool: whether the step's gradient norm was finite."""
     seconds: float
@@ -70,8 +72,7 @@ def train_step(
             )
             fabric.backward(loss_sum)
         sums[:2] += torch.stack([loss_sum.detach(), weight_sum.detach()])
-        for name, value in micro_metrics.items():
-            metrics[name] = metrics.get(name, 0.0) + value / accumulation
+        add_metrics(metrics, micro_metrics)
     if stop.is_set():
         sums[2] = 1.0
     totals = fabric.all_reduce(sums, reduce_op="sum")  # the one all-reduce of the step
@@ -87,6 +88,14 @@ def train_step(
     state["step_count"] += 1
     state["position"] += train.global_batch_size
     return Step(totals, metrics, finite, time.perf_counter() - t0)
+
+
+def add_metrics(totals: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor]) -> None:
+    """Adds one micro-batch's metrics (scalars, NaN where computed over no token) to a step's `totals`, each (2,): the
+    sum of the values it computed and their count (`Step.metrics`). No host sync."""
+    for name, value in metrics.items():
+        computed = ~value.isnan()
+        totals[name] = totals.get(name, 0.0) + torch.stack([value.nan_to_num(0.0), computed.float()])
 
 
 @dataclass
