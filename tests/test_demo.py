@@ -299,3 +299,15 @@ def test_the_paper_pair_overlap_the_demo_prints_is_computed(tmp_path):
     printed = describe_tokenizers(*PAPER_PAIR, "Let x = 2.")
     assert f"(TinyLlama vs Qwen2.5: {vocab_overlap(student, teacher):.1%})" in printed
     assert "(TinyLlama vs Qwen2.5: 6.3%)" in printed  # the paper's Figure 1: 6.32%
+
+
+def test_every_file_the_demo_writes_is_under_a_path_it_records(quick_run):
+    """A demo stopped in the middle is replaced on a rerun where its record's paths say, and only there: every file
+    a whole demo writes must fall under one of them."""
+    from litgpt_vocagnolm.demo import OUTPUTS, RECORD, demo_paths, written_files
+
+    out_dir, _ = quick_run
+    paths = json.loads((out_dir / RECORD).read_text())["paths"]
+    assert paths == demo_paths([(m, s) for s in (1, 2) for m in METHOD_NAMES if s == 1 or m in SEEDED])
+    outside = [f for f in written_files(out_dir, OUTPUTS) if not any(f == p or f.startswith(f"{p}/") for p in paths)]
+    assert outside == [] and len(written_files(out_dir, OUTPUTS)) > 50

@@ -380,10 +380,10 @@ def test_demo_refuses_a_folder_with_anything_else_and_keeps_it(tmp_path):
 
 
 def test_demo_replaces_only_its_own_files(tmp_path):
-    from litgpt_vocagnolm.demo import RECORD, claim_out_dir
+    from litgpt_vocagnolm.demo import RECORD, claim_out_dir, demo_paths
 
     out_dir = tmp_path / "demo"
-    claim_out_dir(out_dir)  # a new folder: the demo records what it will write before writing it
+    claim_out_dir(out_dir, demo_paths([("ce", 1)]))  # a new folder: the demo records what it will write first
     (out_dir / "runs" / "teacher").mkdir(parents=True)
     (out_dir / "results.md").write_text("an earlier demo's table")
     claim_out_dir(out_dir)  # a rerun: replaces the earlier demo's files
@@ -413,6 +413,26 @@ def test_a_demo_run_again_keeps_a_file_put_in_its_folders(tmp_path):
     (out_dir / "runs" / "notes.txt").unlink()
     claim_out_dir(out_dir)  # only its own files: replaced
     assert not (out_dir / "runs").exists()
+
+
+def test_a_demo_stopped_in_the_middle_and_run_again_keeps_a_file_put_in_its_folders(tmp_path):
+    """Stopped before it recorded its files, a demo's record lists the paths it would write: a rerun replaces what
+    lies under them (a stage's unfinished files) and refuses to delete anything else (it deleted its folders whole)."""
+    from litgpt_vocagnolm.demo import claim_out_dir, demo_paths
+
+    out_dir = tmp_path / "demo"
+    claim_out_dir(out_dir, demo_paths([("ce", 1)]))
+    (out_dir / "runs" / "ce-seed1" / "out").mkdir(parents=True)
+    (out_dir / "runs" / "ce-seed1" / "out" / "metrics.csv").write_text("a stage's unfinished file")
+    (out_dir / "data").mkdir()
+    (out_dir / "data" / "students.log").write_text("prepare's report")
+    (out_dir / "runs" / "notes.txt").write_text("mine")
+    with pytest.raises(PathTaken, match="holds runs/notes.txt, which `vocagnolm demo` did not write"):
+        claim_out_dir(out_dir, demo_paths([("ce", 1)]))
+    assert (out_dir / "runs" / "notes.txt").read_text() == "mine"
+    (out_dir / "runs" / "notes.txt").unlink()
+    claim_out_dir(out_dir, demo_paths([("ce", 1)]))  # only its own files: replaced
+    assert not (out_dir / "runs").exists() and not (out_dir / "data").exists()
 
 
 def test_a_demo_budget_beyond_the_corpus_is_a_user_error():

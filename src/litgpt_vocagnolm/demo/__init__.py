@@ -74,10 +74,23 @@ OUTPUTS = ("corpus", "tokenizers", "data", "runs", "results.csv", "results.md", 
 RECORD = ".vocagnolm-demo.json"
 
 
-def claim_out_dir(out_dir: Path) -> None:
-    """Makes out_dir the demo's: refuses a folder that holds anything the demo did not write (its record lists what
-    it writes, and once it has finished every file it wrote), deletes what an earlier demo wrote there, and records
-    its own files before writing any."""
+def demo_paths(runs: Sequence[tuple[str, int]]) -> list[str]:
+    """What a demo of these student `runs` (method, seed) writes in out_dir, each a file or a folder it makes whole
+    (a folder's `.log` beside it): the record of a demo stopped before it finished, so that a rerun replaces those and
+    no other file."""
+    paths = [f"tokenizers/{name}" for name in ("student", "teacher", "teacher2")]
+    paths += [f"corpus/{name}.jsonl" for name in ("teacher", "students", "heldout")]
+    data = ("students", "teacher", "students-teacher2", "teacher2", "teacher-loss", "teacher2-loss")
+    paths += [f"data/{name}{log}" for name in data for log in ("", ".log")]
+    paths += [f"runs/{name}" for name in ("teacher", "teacher2", *(f"{m}-seed{s}" for m, s in runs))]
+    return paths + ["results.csv", "results.md", "bpb.png"]
+
+
+def claim_out_dir(out_dir: Path, paths: Sequence[str] = ()) -> None:
+    """Makes out_dir the demo's: refuses a folder that holds anything the demo did not write, deletes what an earlier
+    demo wrote there, and records its own `paths` (`demo_paths`) before writing any. What an earlier demo wrote is
+    what its record lists: every file it wrote once it finished (`record_finished`), else the paths it would write
+    (stopped in the middle, its folders may hold a stage's unfinished files, and a file of yours beside them)."""
     check_writable(out_dir, "--out_dir")  # and not a file
     entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     record = json.loads((out_dir / RECORD).read_text(encoding="utf-8")) if RECORD in entries else {}
@@ -86,6 +99,13 @@ def claim_out_dir(out_dir: Path) -> None:
     if "files" in record:  # a finished demo's: a file put in its folders since (runs/notes.txt) is not its own
         written = set(record["files"])
         others += [name for name in written_files(out_dir, ours) if name not in written]
+    else:  # stopped before it finished: the files under the paths it would write are its own, no others
+        under = tuple(record.get("paths", []))
+        others += [
+            name
+            for name in written_files(out_dir, ours)
+            if not any(name == p or name.startswith(f"{p}/") for p in under)
+        ]
     if others:
         more = f" and {len(others) - 5} more" if len(others) > 5 else ""
         raise PathTaken(
@@ -99,7 +119,7 @@ def claim_out_dir(out_dir: Path) -> None:
         else:
             path.unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / RECORD, {"written_by": "vocagnolm demo", "outputs": list(OUTPUTS)})
+    write_json(out_dir / RECORD, {"written_by": "vocagnolm demo", "outputs": list(OUTPUTS), "paths": list(paths)})
 
 
 def record_finished(out_dir: Path) -> None:
@@ -177,8 +197,8 @@ def demo(
             f"The demo's corpus is not in {data_dir} (missing {', '.join(missing)}): run it from a clone of the"
             " repository, or pass --data_dir DIR with the repository's data/ folder."
         )
-    claim_out_dir(out_dir)
     runs = [(m, s) for s in seeds for m in methods if s == seeds[0] or m in seeded_methods]
+    claim_out_dir(out_dir, demo_paths(runs))
     t0 = time.perf_counter()
 
     def stage(title: str) -> None:
