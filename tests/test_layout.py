@@ -204,3 +204,26 @@ def test_every_dotted_reference_in_the_package_points_where_the_name_lives():
             ):
                 found.append(f"{module_name(path)}: `{span}`")
     assert found == []
+
+
+def test_the_names_the_contract_and_recipes_give_resolve_through_the_packages():
+    """docs/design.md's contract names `litgpt_vocagnolm.alignment.align`,
+    `litgpt_vocagnolm.loss.teacher_guided_weights` and `litgpt_vocagnolm.data.iter_blocks`; a recipe's YAML names
+    `litgpt_vocagnolm.data.VocAgnoData`: the packages export them from the modules that define them."""
+    import importlib
+
+    from litgpt_vocagnolm.alignment.lexical import align
+    from litgpt_vocagnolm.data.prepared import VocAgnoData, iter_blocks
+    from litgpt_vocagnolm.loss.selection import teacher_guided_weights
+
+    design = (PACKAGE.parents[1] / "docs" / "design.md").read_text(encoding="utf-8")
+    recipes = "".join(p.read_text() for p in (PACKAGE.parents[1] / "recipes").glob("*.yaml"))
+    for path, defined in {
+        "litgpt_vocagnolm.alignment.align": align,
+        "litgpt_vocagnolm.loss.teacher_guided_weights": teacher_guided_weights,
+        "litgpt_vocagnolm.data.iter_blocks": iter_blocks,
+        "litgpt_vocagnolm.data.VocAgnoData": VocAgnoData,
+    }.items():
+        assert path in design or f"class_path: {path}" in recipes, path
+        module, name = path.rsplit(".", 1)
+        assert getattr(importlib.import_module(module), name) is defined, path
