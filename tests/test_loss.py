@@ -618,7 +618,7 @@ def test_the_readme_example_of_a_new_method():
             all_gather=guided.all_gather,
             rank=guided.rank,
         )
-        return MethodLoss(ls, selected.float(), {"selected_fraction": selected.sum() / valid.sum().clamp(min=1)})
+        return MethodLoss(ls, selected.float(), {"selected_fraction": selected.sum() / valid.sum()})  # NaN: no token
 
     method = GuidanceMethod(
         "hardest", "the top-k tokens by the student's own loss, no teacher", top_k_by_student_loss, selects=True
