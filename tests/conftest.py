@@ -1,6 +1,7 @@
 """Shared fixtures: real tokenizers, a small real corpus prepared once per session, tiny LitGPT checkpoints."""
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -40,6 +41,19 @@ def make_checkpoint(directory: Path, config: Config, tokenizer_dir: Path, seed: 
         else:
             shutil.copy(file, directory)
     return directory
+
+
+@pytest.fixture
+def read_only_folder(tmp_path) -> Path:
+    """A folder this process can't write into: a 0o555 one, or as root (who writes into those, and runs CI here) a
+    folder of a read-only mount, such as /proc/sys."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "locked"
+        folder.mkdir(mode=0o555)
+        return folder
+    if Path("/proc/sys").is_dir() and not os.access("/proc/sys", os.W_OK):
+        return Path("/proc/sys")
+    pytest.skip("root writes into any folder, and no read-only mount is here")
 
 
 @pytest.fixture(scope="session")

@@ -128,13 +128,11 @@ def test_prepare_refuses_an_output_it_cannot_create(tmp_path, gsm8k_sample):
         prepare(student=TINYLLAMA, teacher=MISTRAL, input=gsm8k_sample, output=tmp_path / "a-file" / "data")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_prepare_refuses_a_read_only_output(tmp_path, gsm8k_sample):
+def test_prepare_refuses_a_read_only_output(read_only_folder, gsm8k_sample):
     from litgpt_vocagnolm.data.prepare import prepare
 
-    (tmp_path / "locked").mkdir(mode=0o555)
     with pytest.raises(InvalidArgument, match="is not writable"):
-        prepare(student=TINYLLAMA, teacher=MISTRAL, input=gsm8k_sample, output=tmp_path / "locked" / "data")
+        prepare(student=TINYLLAMA, teacher=MISTRAL, input=gsm8k_sample, output=read_only_folder / "data")
 
 
 def test_prepare_names_a_text_file_named_parquet(tmp_path):

@@ -144,11 +144,9 @@ def test_export_names_its_own_arguments(tmp_path, finished_run):
     assert (tmp_path / "mine" / "tokenizer.json").read_text() == "my tokenizer"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_export_refuses_an_unwritable_out_dir_before_reading_the_checkpoint(tmp_path, finished_run):
-    (tmp_path / "locked").mkdir(mode=0o555)
+def test_export_refuses_an_unwritable_out_dir_before_reading_the_checkpoint(read_only_folder, finished_run):
     with pytest.raises(InvalidArgument, match="is not writable"):
-        export(finished_run / "step-00000001", tmp_path / "locked" / "exported")
+        export(finished_run / "step-00000001", read_only_folder / "exported")
 
 
 def test_a_damaged_final_checkpoint_is_refused_where_it_is_loaded(tmp_path, finished_run, tinyllama_mistral_data):
