@@ -13,6 +13,7 @@ import torch
 from conftest import QWEN, TINYLLAMA, make_checkpoint, tiny_config
 from tokenizers import Tokenizer as HFTokenizer
 
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.evaluation import evaluate as evaluate_module
 from litgpt_vocagnolm.evaluation.evaluate import (
     Continuation,
@@ -155,7 +156,7 @@ def test_sliding_window_shorter_than_the_sequence_is_refused(tinyllama_model, mo
     model, tokenizer = tinyllama_model
     monkeypatch.setattr(model.config, "sliding_window_size", 8)
     monkeypatch.setattr(model.config, "sliding_window_indices", [1, 1])
-    with pytest.raises(NotImplementedError, match="sliding-window attention over 8 tokens with 10 prompt and new"):
+    with pytest.raises(InvalidArgument, match="a sliding window of 8 tokens, and a question here takes 10 prompt"):
         generate_greedy(model, tokenizer, [[1, 2, 3, 4, 5]], max_new_tokens=5)
 
 

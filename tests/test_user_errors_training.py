@@ -178,6 +178,27 @@ def test_a_teacher_shorter_than_the_windows_is_refused_before_any_model(tmp_path
     assert not (tmp_path / "out").exists()
 
 
+def test_a_teacher_whose_head_caps_its_logits_is_refused_before_any_model(tmp_path, tinyllama_mistral_data):
+    """The per-token loss tiles a plain head: a teacher with logit soft-capping (Gemma 2's) stopped at its first
+    forward with a NotImplementedError, after the models were built."""
+    from litgpt_vocagnolm.training.score_teacher import score_teacher
+    from litgpt_vocagnolm.training.teacher import TeacherArgs
+
+    config = tiny_config("capped", 32000)
+    config.final_logit_softcapping = 30.0
+    teacher = make_checkpoint(tmp_path / "capped", config, MISTRAL)
+    with pytest.raises(InvalidArgument, match="--teacher.checkpoint_dir .*capped.* caps its logits or adds a bias"):
+        setup(
+            **setup_args(
+                tmp_path, tinyllama_mistral_data, guidance=GuidanceArgs(), teacher=TeacherArgs(checkpoint_dir=teacher)
+            )
+        )
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(InvalidArgument, match="--teacher .*capped.* caps its logits or adds a bias"):
+        score_teacher(data=tinyllama_mistral_data, teacher=teacher, output=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+
+
 # what the log says
 
 

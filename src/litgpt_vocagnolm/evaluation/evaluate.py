@@ -22,6 +22,7 @@ from typing import Literal, NamedTuple, Optional, Union
 
 import torch
 import torch.nn.functional as F
+from litgpt.config import Config
 from litgpt.model import KVCache
 from tqdm import tqdm
 
@@ -126,6 +127,8 @@ def evaluate(
     empty = [str(path) for path, texts in documents.items() if not any(texts)]
     if empty:  # bits per byte over no bytes is no number
         raise InvalidArgument(f"--bpb: {', '.join(empty)} holds no text, only empty records: give text to measure")
+    if documents:  # bits per byte sums the per-token loss
+        gpt.check_per_token_loss(Config.from_file(checkpoint_dir / "model_config.yaml"), f"--bpb of {checkpoint_dir}")
     for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens), ("limit", limit)):
         if value is not None and value < 1:
             raise InvalidArgument(f"--{name} must be at least 1, got {value}")
@@ -419,9 +422,9 @@ def generate_greedy(
     window = model.config.sliding_window_size
     if window is not None and any(model.config.sliding_window_indices) and window < seq_len:
         # The causal mask has no window, and LitGPT's ring-buffer KV cache cannot prefill past one.
-        raise NotImplementedError(
-            f"sliding-window attention over {window} tokens with {seq_len} prompt and new tokens is not supported;"
-            " lower --max_new_tokens or evaluate a model whose window covers its block size"
+        raise InvalidArgument(
+            f"{model.config.name} attends over a sliding window of {window} tokens, and a question here takes"
+            f" {seq_len} prompt and new tokens, which this decoding does not support: lower --max_new_tokens."
         )
     device = next(model.parameters()).device
     decode, eos = tokenizer.processor.decode, tokenizer.eos_id

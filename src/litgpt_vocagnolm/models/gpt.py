@@ -23,6 +23,7 @@ from litgpt.config import Config
 from litgpt.pretrain import initialize_weights
 from torch import Tensor, nn
 
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.loss.cross_entropy import linear_cross_entropy
 from litgpt_vocagnolm.models.weights import load_weights
 
@@ -41,10 +42,7 @@ class GPT(litgpt.model.GPT):
         `lm_head_chunk_size`, which returns a list of logit chunks, is left out: the per-token loss tiles the head."""
         if targets is None:
             return super().forward(idx, input_pos, input_pos_maxp1)
-        if self.config.final_logit_softcapping is not None or self.lm_head.bias is not None:
-            raise NotImplementedError(
-                f"{self.config.name}: the per-token loss does not support logit soft-capping or a head bias."
-            )
+        check_per_token_loss(self.config, "the model")
         return linear_cross_entropy(self.hidden_states(idx), self.lm_head.weight, targets)
 
     def hidden_states(self, idx: Tensor) -> Tensor:
@@ -66,6 +64,16 @@ class GPT(litgpt.model.GPT):
             else:
                 x = block(x, cos, sin, None, None, None)  # no mask: causal
         return self.transformer.ln_f(x)
+
+
+def check_per_token_loss(config: Config, what: str) -> None:
+    """Refuses, before any model is built, a model whose per-token loss `GPT.forward` does not compute (its tiled head
+    has no logit soft-capping and no bias): `what` names where it came from."""
+    if config.final_logit_softcapping is not None or config.lm_head_bias:
+        raise InvalidArgument(
+            f"{what} ({config.name}) caps its logits or adds a bias in its head, which the per-token loss here does not"
+            " compute: choose a model without final_logit_softcapping or lm_head_bias."
+        )
 
 
 def new_model(fabric: L.Fabric, config: Config, tie_embeddings: bool, model_class: type = GPT) -> nn.Module:

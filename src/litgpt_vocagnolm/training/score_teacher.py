@@ -27,7 +27,7 @@ from litgpt_vocagnolm.data.teacher_cache import (
 from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, check_writable
 from litgpt_vocagnolm.files import file_sha256, write_json
 from litgpt_vocagnolm.models.weights import check_checkpoint_dir
-from litgpt_vocagnolm.training.checks import check_teacher_block_size
+from litgpt_vocagnolm.training.checks import check_teacher_config
 from litgpt_vocagnolm.training.teacher import Teacher, check_precision, default_precision, teacher_token_loss
 
 
@@ -86,7 +86,7 @@ def score_teacher(
     check_checkpoint_dir(teacher, what="--teacher")
     prepared = VocAgnoData(path=data)
     prepared.check_tokenizers(None, teacher)  # the teacher's tokenizer must be the one the data was prepared with
-    check_teacher_block_size(prepared.manifest, teacher, "--teacher", data)
+    check_teacher_config(prepared.manifest, teacher, "--teacher", data)
     check_writable(output, "--output")
     batch_size = usable_batch_size(batch_size, blocks_per_shard, prepared.manifest)
     precision = precision or default_precision(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
