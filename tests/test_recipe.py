@@ -109,7 +109,8 @@ def test_guided_training_end_to_end_with_qwen_teacher(tmp_path, tinyllama_qwen_d
         p.name for p in final.iterdir()
     }
     saved = yaml.safe_load((final / "hyperparameters.yaml").read_text())
-    assert saved["guidance"]["method"] == "vocagnolm" and saved["teacher"]["checkpoint_dir"] == str(qwen_teacher)
+    assert saved["guidance"]["method"] == "vocagnolm" and saved["teacher"]["checkpoint_dir"] == [str(qwen_teacher)]
+    assert saved["data"]["class_path"] == "litgpt_vocagnolm.data.VocAgnoData"  # as the recipes' YAML names it
     assert sorted(p.name for p in (tmp_path / "out").glob("step-*")) == [
         "step-00000004",
         "step-00000008",

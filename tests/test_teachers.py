@@ -2,6 +2,7 @@
 read side by side, their caches or models in one training run."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -304,3 +305,30 @@ def test_training_with_two_caches(tmp_path, tinyllama_qwen_data, tinyllama_mistr
         litgpt_pretrain(recipe_config(tmp_path / name, tinyllama_qwen_data, None, teacher={"cache": cache}))
         curves.append([(row["loss"], row["selected_fraction"]) for row in metrics(tmp_path / name / "out")])
     assert curves[0] == curves[1]
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--teacher.checkpoint_dir", "a"], ["a"]),
+        (["--teacher.checkpoint_dir", "[a, b]"], ["a", "b"]),
+        (["--teacher", "{checkpoint_dir: [a, b]}"], ["a", "b"]),
+        ([], []),
+    ],
+)
+def test_one_teacher_or_several_enter_as_a_list(argv, expected):
+    """`--teacher.checkpoint_dir DIR` (one teacher, as the README types it), a list on the command line or in YAML: a
+    list of paths inside, and the same list read back from the hyperparameters a run records."""
+    from jsonargparse import CLI
+
+    from litgpt_vocagnolm.training.checkpoints import hyperparameters
+    from litgpt_vocagnolm.training.teacher import TeacherArgs
+
+    def command(teacher: TeacherArgs = TeacherArgs()) -> TeacherArgs:
+        return teacher
+
+    teacher = CLI(command, args=argv)
+    assert teacher.checkpoint_dirs == [Path(p) for p in expected] and teacher.caches == []
+    recorded = hyperparameters({"teacher": teacher})["teacher"]
+    assert recorded["checkpoint_dir"] == (expected or None)
+    assert TeacherArgs(**recorded).checkpoint_dirs == teacher.checkpoint_dirs

@@ -10,6 +10,7 @@ import json
 import pickle
 import re
 import shutil
+import sys
 from concurrent.futures import Future
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -464,13 +465,24 @@ def resume_history(checkpoint_dir: Path, hparams: dict, world_size: int) -> list
     return history
 
 
+def import_path(cls: type) -> str:
+    """`cls`'s dotted path through the shortest module that exports it: `litgpt_vocagnolm.data.VocAgnoData` (as a
+    recipe's YAML names it), `litgpt.data.Alpaca`."""
+    parts = cls.__module__.split(".")
+    for n in range(1, len(parts) + 1):
+        module = sys.modules.get(".".join(parts[:n]))
+        if getattr(module, cls.__qualname__, None) is cls:
+            return f"{module.__name__}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def hyperparameters(arguments: dict[str, Any]) -> dict[str, Any]:
     """The arguments of `setup` in the layout `--config` reads back (data modules as class_path/init_args)."""
 
     def plain(value: Any) -> Any:
         if isinstance(value, DataModule):
             init_args = {f.name: plain(getattr(value, f.name)) for f in fields(value) if f.init}
-            return {"class_path": f"{type(value).__module__}.{type(value).__qualname__}", "init_args": init_args}
+            return {"class_path": import_path(type(value)), "init_args": init_args}
         if is_dataclass(value):
             return {f.name: plain(getattr(value, f.name)) for f in fields(value) if f.init}
         if isinstance(value, dict):

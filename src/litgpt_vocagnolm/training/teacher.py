@@ -8,12 +8,14 @@ drift. The teacher is never put in the training `state`: it has no optimizer sta
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 import lightning as L
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import yaml
+from jsonargparse.typing import register_type
 
 from litgpt_vocagnolm.data.prepared import TeacherSide, byte_table
 from litgpt_vocagnolm.errors import InvalidArgument
@@ -24,33 +26,53 @@ PRECISIONS = ("bf16-true", "16-true", "32-true")  # a teacher only runs forward 
 Mode = Literal["online", "cached"]
 
 
+class Paths(list):
+    """One path or several, a list of `Path` either way: the one place where one-or-many is normalised, as the
+    arguments enter. `--teacher.checkpoint_dir DIR`, `--teacher.checkpoint_dir '[A, B]'` and a YAML list all read as
+    a list (jsonargparse refuses a single value for `list[Path]`)."""
+
+    @classmethod
+    def of(cls, value: "str | Path | Sequence[str | Path] | None") -> "Paths":
+        """`value` as a list of paths: None is none, a path (or a string, "[A, B]" included) one or a list."""
+        if isinstance(value, str) and value.lstrip().startswith("["):
+            value = yaml.safe_load(value)
+        if value is None:
+            return cls()
+        return cls([Path(value)] if isinstance(value, (str, Path)) else [Path(v) for v in value])
+
+
+register_type(Paths, serializer=lambda paths: [str(p) for p in paths], deserializer=Paths.of)
+
+
 @dataclass
 class TeacherArgs:
     """The frozen teacher that guides the student."""
 
-    checkpoint_dir: Path | list[Path] | None = None
+    checkpoint_dir: Paths | None = None
     """A LitGPT checkpoint directory (lit_model.pth, model_config.yaml and the tokenizer files): `litgpt download`
     then use the directory it prints. Not needed for `ce`, nor with `cache`. Several teachers: a list, one per
     prepared dataset (`--data.path`, then `--data.other_teachers`), all run on every batch."""
     precision: str | None = None
     """Teacher dtype: "bf16-true" (default on GPU), "16-true" or "32-true" (default on CPU). The teacher only runs
     forward passes under no_grad, so half precision halves its memory at no cost to the student."""
-    cache: Path | list[Path] | None = None
+    cache: Paths | None = None
     """A teacher loss cache written by `vocagnolm score-teacher` for the prepared data: then no teacher is loaded.
     Several teachers: a list, one cache per prepared dataset, in the order of the data."""
 
     def __post_init__(self) -> None:
         check_precision(self.precision, "--teacher.precision")
+        self.checkpoint_dir = Paths.of(self.checkpoint_dir) if self.checkpoint_dir is not None else None
+        self.cache = Paths.of(self.cache) if self.cache is not None else None
 
     @property
-    def checkpoint_dirs(self) -> list[Path]:
-        """`checkpoint_dir` as a list, one per teacher; empty without one."""
-        return as_list(self.checkpoint_dir)
+    def checkpoint_dirs(self) -> Paths:
+        """`checkpoint_dir`, one per teacher; empty without one."""
+        return self.checkpoint_dir or Paths()
 
     @property
-    def caches(self) -> list[Path]:
-        """`cache` as a list, one per teacher; empty without one."""
-        return as_list(self.cache)
+    def caches(self) -> Paths:
+        """`cache`, one per teacher; empty without one."""
+        return self.cache or Paths()
 
 
 def default_precision(device: torch.device) -> str:
@@ -68,13 +90,6 @@ def check_precision(precision: str | None, flag: str) -> None:
     """A teacher precision, as option `flag` gave it: one of PRECISIONS, or None for the device's default."""
     if precision not in (None, *PRECISIONS):
         raise InvalidArgument(f"{flag} must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
-
-
-def as_list(value: Path | list[Path] | None) -> list[Path]:
-    """One or several paths as the command line gives them, as a list: the one place they are normalised."""
-    if value is None:
-        return []
-    return [Path(value)] if isinstance(value, (str, Path)) else [Path(v) for v in value]
 
 
 @dataclass
