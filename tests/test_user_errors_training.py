@@ -237,7 +237,7 @@ def test_a_metric_over_no_token_is_nothing_not_zero():
 
     from litgpt_vocagnolm.loss.methods import GuidedLoss, LossInputs
     from litgpt_vocagnolm.training.distributed import mean_over_ranks
-    from litgpt_vocagnolm.training.step import add_metrics
+    from litgpt_vocagnolm.training.step import metric_pairs
 
     torch.manual_seed(0)
     ls, valid = torch.rand(2, 8), torch.ones(2, 8, dtype=torch.bool)
@@ -249,14 +249,9 @@ def test_a_metric_over_no_token_is_nothing_not_zero():
     _, _, second = guided(ls, valid, mapped)
     assert first["mapped_fraction"] == 0 and first["selected_fraction"].isnan()
     fabric = L.Fabric(accelerator="cpu", devices=1)
-    totals = {}
-    for metrics in (first, second):
-        add_metrics(totals, metrics)
-    logged = mean_over_ranks(fabric, totals)
+    logged = mean_over_ranks(fabric, dict(zip(first, metric_pairs(first) + metric_pairs(second))))
     assert logged["selected_fraction"] == pytest.approx(0.5)  # the second micro-batch's: 8 of 16 mapped
     assert logged["mapped_fraction"] == pytest.approx(0.5)  # a share of all valid tokens: 0 and 1 averaged
     assert logged["student_loss"] == pytest.approx(ls.mean().item())
-    totals = {}
-    add_metrics(totals, first)
-    logged = mean_over_ranks(fabric, totals)
+    logged = mean_over_ranks(fabric, dict(zip(first, metric_pairs(first))))
     assert "selected_fraction" not in logged and "excess_selected" not in logged and logged["mapped_fraction"] == 0

@@ -467,7 +467,8 @@ def resume_history(checkpoint_dir: Path, hparams: dict, world_size: int) -> list
 
 def import_path(cls: type) -> str:
     """`cls`'s dotted path through the shortest module that exports it: `litgpt_vocagnolm.data.VocAgnoData` (as a
-    recipe's YAML names it), `litgpt.data.Alpaca`."""
+    recipe's YAML names it), `litgpt.data.Alpaca`. jsonargparse names classes so in its own dumps, with a private
+    function (`jsonargparse._util.get_import_path`) that this package does not import."""
     parts = cls.__module__.split(".")
     for n in range(1, len(parts) + 1):
         module = sys.modules.get(".".join(parts[:n]))

@@ -61,7 +61,7 @@ def train_step(
     model, optimizer = state["model"], state["optimizer"]
     accumulation = order.accumulation(train.global_batch_size, train.micro_batch_size, fabric.world_size)
     sums = torch.zeros(3, device=fabric.device)
-    metrics: dict[str, torch.Tensor] = {}
+    metric_sums = 0.0  # (N, 2) once a micro-batch has added its metrics
     for k in range(accumulation):
         batch = next(batches)
         state["iter_num"] += 1
@@ -72,7 +72,7 @@ def train_step(
             )
             fabric.backward(loss_sum)
         sums[:2] += torch.stack([loss_sum.detach(), weight_sum.detach()])
-        add_metrics(metrics, micro_metrics)
+        metric_sums = metric_sums + metric_pairs(micro_metrics)
     if stop.is_set():
         sums[2] = 1.0
     totals = fabric.all_reduce(sums, reduce_op="sum")  # the one all-reduce of the step
@@ -87,15 +87,15 @@ def train_step(
     optimizer.zero_grad()
     state["step_count"] += 1
     state["position"] += train.global_batch_size
-    return Step(totals, metrics, finite, time.perf_counter() - t0)
+    return Step(totals, dict(zip(micro_metrics, metric_sums)), finite, time.perf_counter() - t0)
 
 
-def add_metrics(totals: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor]) -> None:
-    """Adds one micro-batch's metrics (scalars, NaN where computed over no token) to a step's `totals`, each (2,): the
-    sum of the values it computed and their count (`Step.metrics`). No host sync."""
-    for name, value in metrics.items():
-        computed = ~value.isnan()
-        totals[name] = totals.get(name, 0.0) + torch.stack([value.nan_to_num(0.0), computed.float()])
+def metric_pairs(metrics: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One micro-batch's N metrics (scalars, NaN where computed over no token) as (N, 2): each value (0 for a NaN) and
+    whether it was computed, so that their sum over a step's micro-batches holds each metric's sum and count
+    (`Step.metrics`). A handful of kernels whatever N, no host sync."""
+    values = torch.stack(list(metrics.values())).float()
+    return torch.stack([values.nan_to_num(0.0), (~values.isnan()).float()], dim=1)
 
 
 @dataclass

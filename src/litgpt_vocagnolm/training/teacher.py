@@ -14,7 +14,6 @@ import lightning as L
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import yaml
 from jsonargparse.typing import register_type
 
 from litgpt_vocagnolm.data.prepared import TeacherSide, byte_table
@@ -29,13 +28,11 @@ Mode = Literal["online", "cached"]
 class Paths(list):
     """One path or several, a list of `Path` either way: the one place where one-or-many is normalised, as the
     arguments enter. `--teacher.checkpoint_dir DIR`, `--teacher.checkpoint_dir '[A, B]'` and a YAML list all read as
-    a list (jsonargparse refuses a single value for `list[Path]`)."""
+    a list (jsonargparse refuses a single value for `list[Path]`; it parses "[A, B]" before `of` sees it)."""
 
     @classmethod
     def of(cls, value: "str | Path | Sequence[str | Path] | None") -> "Paths":
-        """`value` as a list of paths: None is none, a path (or a string, "[A, B]" included) one or a list."""
-        if isinstance(value, str) and value.lstrip().startswith("["):
-            value = yaml.safe_load(value)
+        """`value` as a list of paths: None is none, a path one, a sequence of them a list."""
         if value is None:
             return cls()
         return cls([Path(value)] if isinstance(value, (str, Path)) else [Path(v) for v in value])
