@@ -16,8 +16,9 @@ from litgpt_vocagnolm.alignment.lexical import vocab_overlap
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer, same_vocabulary
 from litgpt_vocagnolm.demo import demo
 from litgpt_vocagnolm.demo.corpus import add_noise, read_corpus, split_heldout
-from litgpt_vocagnolm.demo.settings import QUICK, STUDENTS
+from litgpt_vocagnolm.demo.settings import QUICK, STUDENT_ALPHABET, STUDENT_VOCAB_MIN, STUDENTS
 from litgpt_vocagnolm.demo.table import compare
+from litgpt_vocagnolm.demo.tokenizer_training import train_student_tokenizer
 
 METHOD_NAMES = list(STUDENTS)
 SEEDED = ("ce", "vocagnolm", "vocagnolm-2teachers", "vocagnolm-2teachers-byte")
@@ -134,6 +135,16 @@ def test_tokenizers_are_two_families_that_round_trip(quick_run):
     # The second teacher: the student's family, other merges, so other ids (a vocabulary of its own, not an extension).
     teacher2 = load_tokenizer(out_dir / "tokenizers" / "teacher2")
     assert teacher2.get_vocab_size() == QUICK.second_teacher_vocab_size and not same_vocabulary(student, teacher2)
+
+
+def test_student_alphabet_breaks_ties_by_the_character(tmp_path):
+    """Every character of the text once, "▁" (the space mark put before it) too: 102 tied for 100 places. The
+    student keeps the first 100 by code point, after its special and byte tokens; the trainer alone would drop two
+    in the order of its hash map."""
+    characters = [chr(0x4E00 + i) for i in range(STUDENT_ALPHABET + 1)]
+    tokenizer = load_tokenizer(train_student_tokenizer(["".join(characters)], STUDENT_VOCAB_MIN, tmp_path))
+    vocab = sorted(tokenizer.get_vocab(), key=tokenizer.get_vocab().get)
+    assert vocab[3 + 256 :] == ["▁", *characters[: STUDENT_ALPHABET - 1]]
 
 
 def test_noise_covers_its_share_and_keeps_length():
