@@ -4,6 +4,8 @@ import csv
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +147,40 @@ def test_student_alphabet_breaks_ties_by_the_character(tmp_path):
     tokenizer = load_tokenizer(train_student_tokenizer(["".join(characters)], STUDENT_VOCAB_MIN, tmp_path))
     vocab = sorted(tokenizer.get_vocab(), key=tokenizer.get_vocab().get)
     assert vocab[3 + 256 :] == ["▁", *characters[: STUDENT_ALPHABET - 1]]
+
+
+# Trains the quick demo's tokenizers on the texts the demo gives them, three times, into folders 0, 1, 2 of argv[1].
+TRAIN_QUICK_TOKENIZERS = """
+import sys
+from pathlib import Path
+from litgpt_vocagnolm.demo.corpus import demo_texts
+from litgpt_vocagnolm.demo.settings import DATA, QUICK
+from litgpt_vocagnolm.demo.tokenizer_training import train_tokenizers
+teacher_texts = demo_texts(DATA, QUICK)[0]
+for i in range(3):
+    train_tokenizers(teacher_texts, QUICK, Path(sys.argv[1]) / str(i), second_teacher=True)
+"""
+
+
+def test_quick_tokenizers_are_the_same_bytes_in_every_process(tmp_path):
+    """`vocagnolm demo --quick`'s three tokenizers, trained three times in each of two processes: the same files. The
+    trainer's hash maps are seeded anew in every process (and every map within one); with the student's alphabet
+    left to them, its files differed from run to run."""
+    command = [sys.executable, "-c", TRAIN_QUICK_TOKENIZERS]
+    processes = [subprocess.Popen([*command, str(tmp_path / f"process{p}")], stderr=subprocess.PIPE) for p in (0, 1)]
+    for process in processes:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr.decode()
+    trainings = sorted(tmp_path.glob("*/*"))
+    files = [{str(f.relative_to(run)): f.read_bytes() for f in run.rglob("*") if f.is_file()} for run in trainings]
+    assert len(trainings) == 6 and len(files[0]) == 6  # student, teacher, teacher2: tokenizer(_config).json each
+    different = [
+        f"{run.relative_to(tmp_path)}/{name}"
+        for run, f in zip(trainings, files)
+        for name in f
+        if f[name] != files[0][name]
+    ]
+    assert not different, f"differ from {trainings[0].relative_to(tmp_path)}'s"
 
 
 def test_noise_covers_its_share_and_keeps_length():

@@ -10,13 +10,26 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from litgpt_vocagnolm.alignment.lexical import vocab_overlap
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
-from litgpt_vocagnolm.demo.settings import PAPER_PAIR, STUDENT_ALPHABET, STUDENT_VOCAB_MIN
+from litgpt_vocagnolm.demo.settings import PAPER_PAIR, STUDENT_ALPHABET, STUDENT_VOCAB_MIN, DemoSizes
 from litgpt_vocagnolm.errors import InvalidArgument
 
 # Qwen2.5's pre-tokenizer: letters, single digits, punctuation runs, whitespace (tests/fixtures/tokenizers/qwen2.5).
 QWEN_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+
+
+def train_tokenizers(
+    texts: list[str], sizes: DemoSizes, out_dir: Path, second_teacher: bool
+) -> tuple[Path, Path, Path | None]:
+    """The demo's tokenizers, trained on the teacher's `texts`: (out_dir/student, out_dir/teacher, out_dir/teacher2
+    with `second_teacher`, else None). The second teacher's is of the student's family, its merges learnt from half
+    the text: a third vocabulary, other ids."""
+    student = train_student_tokenizer(texts, sizes.student_vocab_size, out_dir / "student")
+    teacher = train_teacher_tokenizer(texts, sizes.teacher_vocab_size, out_dir / "teacher")
+    if not second_teacher:
+        return student, teacher, None
+    return student, teacher, train_student_tokenizer(texts[1::2], sizes.second_teacher_vocab_size, out_dir / "teacher2")
 
 
 def train_student_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> Path:
