@@ -13,6 +13,8 @@ gathered only for the root module's forward and backward.
 """
 
 import contextlib
+import hashlib
+import math
 from pathlib import Path
 
 import lightning as L
@@ -20,8 +22,9 @@ import litgpt.model
 import torch
 from lightning.fabric.strategies import DDPStrategy
 from litgpt.config import Config
-from litgpt.pretrain import initialize_weights
+from litgpt.model import CausalSelfAttention, LLaMAMLP, RMSNorm
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.loss.cross_entropy import linear_cross_entropy
@@ -77,16 +80,66 @@ def check_per_token_loss(config: Config, what: str) -> None:
 
 
 def new_model(fabric: L.Fabric, config: Config, tie_embeddings: bool, model_class: type = GPT) -> nn.Module:
-    """A student with fresh weights, as `litgpt pretrain` makes one: built under Fabric's `init_module` (on the meta
-    device under FSDP), initialised by LitGPT's `initialize_weights`, the embedding tied to the head if asked. Not set
-    up: the caller wraps it (activation checkpointing, compile) first. `model_class` is LitGPT's own GPT where a
-    caller times LitGPT's step."""
+    """A student with no weights yet, as `litgpt pretrain` builds one: under Fabric's `init_module` (on the meta device
+    under FSDP), the embedding tied to the head if asked. Not set up: the caller wraps it (activation checkpointing,
+    compile) and sets it up first, then draws its weights (`initialize_weights`) or loads them. `model_class` is
+    LitGPT's own GPT where a caller times LitGPT's step."""
     with fabric.init_module(empty_init=True):
         model = model_class(config)
-    initialize_weights(fabric, model, n_layer=config.n_layer, n_embd=config.n_embd)
     if tie_embeddings:
         model.transformer.wte.weight = model.lm_head.weight
     return model
+
+
+def initialize_weights(model: nn.Module, seed: int) -> None:
+    """Draws the weights of a set-up `model` (sharded by FSDP2 or whole) as LitGPT draws a new model's, from `seed` and
+    each parameter's name alone: the same weights on 1 or N processes, under any sharding or wrapping.
+
+    LitGPT's GPT-NeoX initialisation (litgpt/pretrain.py 0.5.13 `initialize_weights`): Linear and Embedding weights
+    normal with std sqrt(2 / 5 / n_embd), the output projection (`proj`) of attention and of LLaMA's MLP
+    1 / sqrt(n_embd) / n_layer, biases 0, norm weights 1. Its rules are copied rather than called, as it draws from the
+    global generator on each rank's shard, so the values depended on the number of processes. Here every tensor is
+    drawn whole on the CPU (one at a time: at most the embedding, 262 MB for TinyLlama) from a generator seeded by
+    (seed, its name), and each rank keeps its shard, as torchtitan's seed checkpoint gives every layout one start.
+    """
+    model = getattr(model, "module", model)  # Fabric's wrapper
+    config = model.config
+    projections = {id(module.proj) for module in model.modules() if isinstance(module, (LLaMAMLP, CausalSelfAttention))}
+    drawn = set()  # a tied weight is drawn once
+    for module_name, module in model.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in drawn:
+                continue
+            drawn.add(id(param))
+            key = canonical_name(f"{module_name}.{name}")
+            value = torch.zeros(param.shape)  # biases
+            if isinstance(module, (nn.Linear, nn.Embedding)) and name == "weight":
+                std = 1 / math.sqrt(config.n_embd) / config.n_layer if id(module) in projections else None
+                std = std or math.sqrt(2.0 / 5 / config.n_embd)
+                value.normal_(0.0, std, generator=torch.Generator().manual_seed(name_seed(seed, key)))
+            elif name == "weight" and isinstance(module, (RMSNorm, nn.LayerNorm)):
+                value.fill_(1.0)
+            elif name != "bias":
+                raise NotImplementedError(f"No initialisation for {key} ({type(module).__name__})")
+            with torch.no_grad():
+                if isinstance(param, DTensor):  # this rank's shard of the whole tensor, no communication
+                    shard = distribute_tensor(value, param.device_mesh, param.placements, src_data_rank=None)
+                    param.to_local().copy_(shard.to_local())
+                else:
+                    param.copy_(value)
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name as LitGPT's checkpoint keys spell it, whatever wraps its modules (`torch.compile`,
+    activation checkpointing)."""
+    for wrapper in ("_orig_mod.", "_checkpoint_wrapped_module."):
+        name = name.replace(wrapper, "")
+    return name.removeprefix(".")
+
+
+def name_seed(seed: int, name: str) -> int:
+    """A 63-bit seed from a run's seed and a parameter's name (sha256: the same on every machine and version)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") >> 1
 
 
 def frozen_model(

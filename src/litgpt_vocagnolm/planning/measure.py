@@ -43,7 +43,7 @@ from litgpt.utils import chunked_cross_entropy, instantiate_torch_optimizer
 
 from litgpt_vocagnolm.data.prepared import MANIFEST, Batch, TeacherSide, VocAgnoData, byte_table
 from litgpt_vocagnolm.data.teacher_cache import CACHE_MANIFEST
-from litgpt_vocagnolm.models.gpt import frozen_model, load_model, new_model
+from litgpt_vocagnolm.models.gpt import frozen_model, initialize_weights, load_model, new_model
 from litgpt_vocagnolm.models.weights import load_weights
 from litgpt_vocagnolm.planning.flops import forward_flops, training_flops
 from litgpt_vocagnolm.training.checkpoints import Checkpointer
@@ -274,6 +274,8 @@ def student_model(fabric: L.Fabric, setting: Setting) -> tuple[nn.Module, torch.
     initial = args.initial_checkpoint_dir
     if initial is not None and (Path(initial) / "lit_model.pth").is_file():
         load_weights(model, Path(initial) / "lit_model.pth")
+    else:
+        initialize_weights(model, args.seed)
     return model, fabric.setup_optimizers(optimizer)
 
 
@@ -345,7 +347,7 @@ def recipe_step(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int,
     if args.guidance.compare == "byte":
         tables = [byte_table(d, device) for d in (args.tokenizer_dir, *args.teacher.checkpoint_dirs)]
     stamped = Stamped(batches(fabric, setting, work, B), at=warmup * A, memory=memory, device=device)
-    guide = Guide.build(fabric, args.guidance, teachers, vocab_size, tables)
+    guide = Guide.build(fabric, args.guidance, teachers, vocab_size, tables, seed=args.seed)
     with contextlib.redirect_stdout(io.StringIO()):  # its log lines: the table below says what they would
         fit(fabric, state, stamped, [], run, train, eval, guide)
     seconds = stamped.seconds_since_start() / timed
@@ -394,6 +396,7 @@ def litgpt_step(fabric: L.Fabric, setting: Setting, micro_batch: int) -> Measure
     args, device, config = setting.args, fabric.device, setting.student
     memory = PeakMemory(device)
     model = new_model(fabric, config, args.train.tie_embeddings, model_class=LitGPT)
+    initialize_weights(model, args.seed)  # one device: the model is on it already
     model.max_seq_length = setting.seq_len
     compiled = device.type == "cuda" or args.compile
     # LitGPT's whole-model compile holds the head's product, not the loss (`chunked_cross_entropy` runs on the

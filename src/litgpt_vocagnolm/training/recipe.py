@@ -51,7 +51,7 @@ from litgpt_vocagnolm.errors import check_writable, given_by
 from litgpt_vocagnolm.loss.cross_entropy import IGNORE_INDEX
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
 from litgpt_vocagnolm.loss.selection import bits_per_byte
-from litgpt_vocagnolm.models.gpt import new_model
+from litgpt_vocagnolm.models.gpt import initialize_weights, new_model
 from litgpt_vocagnolm.models.model_configs import register
 from litgpt_vocagnolm.models.weights import load_weights
 from litgpt_vocagnolm.training.checkpoints import (
@@ -329,6 +329,8 @@ def main(
 
     if run.initial_checkpoint_dir and not resume:
         load_weights(model, run.initial_checkpoint_dir / "lit_model.pth")
+    elif not resume:  # from the seed and each parameter's name: the same weights on any number of processes
+        initialize_weights(model, run.seed)
 
     # The teacher is not here: it is frozen, so it is reloaded on resume and never saved.
     state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0, "position": position}
@@ -350,7 +352,7 @@ def main(
     tables = []  # bytes per token id: the student's, each teacher's
     if guidance.compare == "byte":
         tables = [byte_table(tokenizer_dir, fabric.device), *(t.byte_table(fabric.device) for t in teachers)]
-    guide = Guide.build(fabric, guidance, teachers, vocab_size, tables)
+    guide = Guide.build(fabric, guidance, teachers, vocab_size, tables, seed=run.seed)
     finished = fit(fabric, state, train_dataloader, val_dataloader, run, train, eval, guide)
     if not finished:
         requeue_and_exit(fabric)
@@ -398,9 +400,7 @@ def fit(
         lr = get_lr(optimizer.defaults["lr"], state["step_count"] + 1, loop.warmup_steps, loop.max_steps, train.min_lr)
         for param_group in optimizer.param_groups:
             param_group["lr"] = lr
-        step = train_step(
-            fabric, state, loop.batches, guide, train, seed=run.seed, stop=run.stop, teacher_timer=loop.teacher_timer
-        )
+        step = train_step(fabric, state, loop.batches, guide, train, stop=run.stop, teacher_timer=loop.teacher_timer)
         if not after_step(fabric, state, step, loop, val_dataloader, run, train, eval):
             return False
 
