@@ -1,5 +1,6 @@
 """Teacher Guided Loss and the baselines against brute-force references written in plain Python."""
 
+import hashlib
 import math
 import struct
 from fractions import Fraction
@@ -17,6 +18,7 @@ from litgpt_vocagnolm.loss.methods import METHODS, GuidanceArgs, GuidedLoss, Los
 from litgpt_vocagnolm.loss.selection import (
     SelectionArgs,
     aggregate_teacher_loss,
+    position_draws,
     random_selection,
     select_top_k,
     teacher_guided_weights,
@@ -281,21 +283,23 @@ def test_per_token_cross_entropy_rejects_bad_shapes():
 
 
 def guided_loss_of_logits(
-    args, logits, targets, teacher_loss=None, ranges=None, teacher_logits=None, generator=None, **run
+    args, logits, targets, teacher_loss=None, ranges=None, teacher_logits=None, positions=None, **run
 ):
     """`GuidedLoss` as `micro_batch.forward_and_loss` calls it, for one teacher (its loss and ranges, each a list
     of one):
-    the student's per-token cross-entropy first. `run`: the other arguments of `GuidedLoss` (rank, all_gather...)."""
+    the student's per-token cross-entropy first; `positions` (B,) default to the rows' indices. `run`: the other
+    arguments of `GuidedLoss` (rank, all_gather, seed...)."""
     ls = per_token_cross_entropy(logits, targets)
     teacher_losses = None if teacher_loss is None else [teacher_loss]
+    positions = torch.arange(len(targets)) if positions is None else positions
     inputs = LossInputs(
-        teacher_losses, None if ranges is None else [ranges], logits, teacher_logits, generator=generator
+        teacher_losses, None if ranges is None else [ranges], logits, teacher_logits, positions=positions
     )
     return GuidedLoss(args, **run)(ls, targets != -100, inputs)
 
 
-def random_weights(valid, mapped, top_k, unmapped, generator, **kwargs):
-    return random_selection(valid, mapped, top_k, unmapped, generator, **kwargs).weights
+def random_weights(valid, mapped, top_k, unmapped, draws, **kwargs):
+    return random_selection(valid, mapped, top_k, unmapped, draws, **kwargs).weights
 
 
 def reference_loss(weights, logits, targets):
@@ -308,16 +312,14 @@ def test_guided_loss_is_the_weighted_ce_sum_and_gradients_reach_only_the_student
     logits, targets, lt, ranges = make_batch(M=16)
     lt.requires_grad_()
     args = GuidanceArgs(method=method, top_k=0.3)
-    generator = torch.Generator().manual_seed(0)
-    loss_sum, weight_sum, metrics = guided_loss_of_logits(
-        args, logits, targets, teacher_loss=lt, ranges=ranges, generator=generator
-    )
+    loss_sum, weight_sum, metrics = guided_loss_of_logits(args, logits, targets, teacher_loss=lt, ranges=ranges)
     valid = targets != -100
     if method == "ce":
         weights = valid.float()
     elif method == "random":
         mapped = aggregate_teacher_loss(lt, ranges)[1]
-        weights = random_weights(valid, mapped, 0.3, "include", torch.Generator().manual_seed(0))
+        draws = position_draws(0, torch.arange(len(targets)), targets.shape[1])
+        weights = random_weights(valid, mapped, 0.3, "include", draws)
     else:
         ls = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
         weights = one_teacher_weights(ls, lt, ranges, valid, top_k=0.3)
@@ -429,19 +431,53 @@ def test_random_weights_are_the_right_count_uniformly_drawn():
     mapped = torch.rand(4, 50, generator=g) < 0.7
     candidate = valid & mapped
     counts = torch.zeros(4, 50)
-    for _ in range(400):
-        weights = random_weights(valid, mapped, 0.4, "exclude", g)
+    for step in range(400):  # the same 4 rows at 400 places of the data order
+        weights = random_weights(valid, mapped, 0.4, "exclude", position_draws(7, 4 * step + torch.arange(4), 50))
         assert weights.sum() == math.ceil(0.4 * candidate.sum().item())
         assert not weights[~candidate].any()
         counts += weights
     frequency = counts[candidate] / 400
     assert (frequency - 0.4).abs().max() < 0.12  # binomial(400, 0.4): 5 standard deviations ~ 0.12
-    included = random_weights(valid, mapped, 0.4, "include", torch.Generator().manual_seed(1))
+    draws = position_draws(7, torch.arange(4), 50)
+    included = random_weights(valid, mapped, 0.4, "include", draws)
     assert torch.equal(included[valid & ~mapped], torch.ones((valid & ~mapped).sum()))
-    again = random_weights(valid, mapped, 0.4, "include", torch.Generator().manual_seed(1))
-    assert torch.equal(included, again)
-    per_row = random_weights(valid, mapped, 0.4, "exclude", g, scope="sequence")
+    per_row = random_weights(valid, mapped, 0.4, "exclude", draws, scope="sequence")
     assert per_row.sum(-1).tolist() == [math.ceil(0.4 * n) for n in candidate.sum(-1).tolist()]
+
+
+def test_random_draws_are_a_function_of_the_seed_and_the_place_in_the_data_alone():
+    """Each draw depends on (seed, the row's position in the data order, the token's index) and nothing else: the
+    same rows drawn in any grouping (one batch, one row at a time, another micro-batch size, another process) give
+    the same numbers; another seed or place others. They are uniform 24-bit numbers in [0, 1), without correlation
+    between neighbouring tokens or rows, and the hash matches a plain-Python murmur3 finaliser."""
+    positions = torch.arange(1000, 1064)
+    whole = position_draws(3, positions, 128)  # (64, 128)
+    assert torch.equal(torch.cat([position_draws(3, positions[i : i + 1], 128) for i in range(64)]), whole)
+    assert torch.equal(position_draws(3, positions.flip(0), 128), whole.flip(0))
+    assert not torch.equal(position_draws(4, positions, 128), whole)
+    assert not torch.equal(position_draws(3, positions + 64, 128), whole)
+    assert whole.dtype == torch.float32 and 0 <= whole.min() and whole.max() < 1
+    assert torch.equal(whole * 2**24, (whole * 2**24).round())  # 24-bit grid: exact in float32
+    many = position_draws(0, torch.arange(4096), 256).flatten()  # 1M draws
+    assert abs(many.mean().item() - 0.5) < 2e-3 and abs(many.var().item() - 1 / 12) < 2e-3
+    histogram = torch.histc(many, bins=16, min=0, max=1)
+    assert ((histogram - many.numel() / 16).abs() / (many.numel() / 16) ** 0.5).max() < 5  # 5 sigma per bin
+    grid = position_draws(0, torch.arange(1024), 256)
+    for a, b in ((grid[:, 1:], grid[:, :-1]), (grid[1:], grid[:-1])):
+        assert abs(torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1].item()) < 0.01
+
+    def fmix32(x: int) -> int:
+        x ^= x >> 16
+        x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+        x ^= x >> 13
+        x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    key = hashlib.sha256(b"3").digest()
+    salt = [int.from_bytes(key[i : i + 4], "little") for i in (0, 4)]
+    count = (1 << 40) * 128 + 5  # a position past 32 bits
+    expected = fmix32(fmix32((count & 0xFFFFFFFF) ^ salt[0]) ^ (count >> 32) ^ salt[1]) >> 8
+    assert position_draws(3, torch.tensor([1 << 40]), 128)[0, 5].item() * 2**24 == expected
 
 
 def reference_kl(student: list[float], teacher: list[float], vocab_size: int, temperature: float) -> float:
@@ -604,29 +640,25 @@ def test_guidance_args_on_the_command_line():
         parser.parse_args(["--guidance.aggregation", "median"])
 
 
-def test_the_readme_example_of_a_new_method():
-    """README, "Adding a guidance method": the worked example's loss function, as written there, against a loop."""
-    from litgpt_vocagnolm.loss.methods import GuidanceMethod, LossInputs, MethodLoss
+def test_the_readme_example_of_a_new_method(monkeypatch):
+    """README, "Adding a guidance method": the worked example's ranking and entry, as written there, against a loop."""
+    from litgpt_vocagnolm.loss.methods import METHODS, GuidanceMethod, LossInputs, top_k_by_ranking
 
-    def top_k_by_student_loss(guided: "GuidedLoss", ls, valid, inputs: LossInputs) -> MethodLoss:
-        """The top-k valid tokens by the student's own loss."""
-        selected = select_top_k(
-            ls.detach(),
-            valid,
-            guided.args.top_k,
-            scope=guided.args.scope,
-            all_gather=guided.all_gather,
-            rank=guided.rank,
-        )
-        return MethodLoss(ls, selected.float(), {"selected_fraction": selected.sum() / valid.sum()})  # NaN: no token
+    def student_loss_ranking(guided: "GuidedLoss", ls, valid, inputs: LossInputs):
+        """The student's own loss; every valid token is a candidate."""
+        return ls.detach(), valid
 
     method = GuidanceMethod(
-        "hardest", "the top-k tokens by the student's own loss, no teacher", top_k_by_student_loss, selects=True
-    )
-    assert not method.needs_prepared_data  # plain LitGPT data will do
+        "hardest", "the top-k tokens by the student's own loss, no teacher", top_k_by_ranking,
+        ranking=student_loss_ranking,
+    )  # fmt: skip
+    assert not method.needs_prepared_data and method.selects  # plain LitGPT data will do
     ls = torch.tensor([[0.5, 3.0, 1.0, 2.0], [4.0, 0.1, 0.2, 9.0]])
     valid = torch.tensor([[True, True, True, True], [True, True, True, False]])
-    per_token, weights, metrics = method.loss(GuidedLoss(GuidanceArgs(top_k=0.5)), ls, valid, LossInputs())
+    monkeypatch.setitem(METHODS, "hardest", method)  # in the table, as the entry would be
+    args = GuidanceArgs(top_k=0.5)
+    args.method = "hardest"  # past the choices `--guidance.method` was built with at import
+    per_token, weights, metrics = method.loss(GuidedLoss(args), ls, valid, LossInputs())
     ranked = sorted((-v, i) for i, (v, ok) in enumerate(zip(ls.flatten().tolist(), valid.flatten().tolist())) if ok)
     expected = torch.zeros(8)
     expected[[i for _, i in ranked[: math.ceil(0.5 * len(ranked))]]] = 1.0  # 4 of the 7 valid tokens

@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 from test_loss import guided_loss_of_logits, one_teacher_weights
 
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
-from litgpt_vocagnolm.loss.selection import aggregate_teacher_loss, random_selection, selection_generator
+from litgpt_vocagnolm.loss.selection import aggregate_teacher_loss, position_draws, random_selection, select_top_k
 
 WORLD = 2
 SETTINGS = [(top_k, aggregation) for top_k in (0.1, 0.4, 1.0) for aggregation in ("max", "mean")]
@@ -45,6 +45,12 @@ def shard(rank: int) -> dict[str, torch.Tensor]:
     }
 
 
+def step_micro_batch(m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The m-th micro-batch of an optimizer step: scores on a grid of halves (many ties) and candidates, (2, 8)."""
+    g = torch.Generator().manual_seed(1000 + m)
+    return torch.randint(0, 6, (2, 8), generator=g) / 2, torch.rand(2, 8, generator=g) < 0.8
+
+
 def all_gather(x: torch.Tensor) -> torch.Tensor:
     # what fabric.all_gather does: stack every rank's tensor along a new leading dim
     gathered = [torch.empty_like(x) for _ in range(dist.get_world_size())]
@@ -74,18 +80,27 @@ def worker(rank: int, port: int, out_dir: str) -> None:
             )
             results[f"loss {top_k} {aggregation}"] = torch.stack([loss_sum, weight_sum])
         args = GuidanceArgs(method="random", unmapped="exclude", scope="global")
-        generator = torch.Generator().manual_seed(rank)
+        B = len(x["targets"])
         _, weight_sum, _ = guided_loss_of_logits(
             args,
             x["logits"],
             x["targets"],
             teacher_loss=x["lt"],
             ranges=x["ranges"],
+            positions=rank * B + torch.arange(B),  # the rows' places: rank 0's first, then rank 1's
             all_gather=all_gather,
             rank=rank,
-            generator=generator,
         )
         results["random weight sum"] = weight_sum
+        mine = [step_micro_batch(k * WORLD + rank) for k in range(2)]  # micro-batch k of rank r: the step's k·W + r
+        results["step"] = select_top_k(
+            torch.stack([scores for scores, _ in mine]),
+            torch.stack([candidate for _, candidate in mine]),
+            0.3,
+            scope="global",
+            all_gather=all_gather,
+            rank=rank,
+        )
         torch.save(results, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -136,56 +151,77 @@ def test_global_scope_across_two_processes_equals_the_concatenated_batch(tmp_pat
     candidates = ((whole["targets"] != -100) & mapped).sum().item()
     assert sum(results["random weight sum"] for results in per_rank) == math.ceil(0.4 * candidates)
 
+    # A step of 4 micro-batches, 2 on each rank: ranked as one process ranks them all in the step's order, ties to
+    # the earlier micro-batch in that order.
+    step = [step_micro_batch(m) for m in range(2 * WORLD)]
+    expected = select_top_k(torch.cat([s for s, _ in step]), torch.cat([c for _, c in step]), 0.3)
+    got = torch.stack([per_rank[m % WORLD]["step"][m // WORLD] for m in range(2 * WORLD)])
+    assert torch.equal(got.reshape(-1, 8), expected)
+
 
 def random_worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
-        x = shard(0)  # the same micro-batch on both ranks: only the generator can make their draws differ
+        x = shard(0)  # the same micro-batch on both ranks, at the places in the data order each is given
         valid, mapped = x["targets"] != -100, aggregate_teacher_loss(x["lt"], x["ranges"])[1]
+        B, T = valid.shape
         results = {}
         for scope in ("batch", "global"):
-            for iter_num in (1, 2):
-                cross_rank = dict(all_gather=all_gather, rank=rank)
-                generator = selection_generator(7, rank, iter_num, torch.device("cpu"))
+            for places in ("same", "apart"):
+                positions = torch.arange(B) + (rank * B if places == "apart" else 0)
+                draws = position_draws(7, positions, T)
                 selected = random_selection(
-                    valid, mapped, 0.4, "include", generator, scope=scope, **cross_rank
+                    valid, mapped, 0.4, "include", draws, scope=scope, all_gather=all_gather, rank=rank
                 ).selected
                 counts = []
                 for method in ("random", "vocagnolm"):
-                    generator = selection_generator(7, rank, iter_num, torch.device("cpu"))
                     _, weight_sum, _ = guided_loss_of_logits(
                         GuidanceArgs(method=method, scope=scope),
                         x["logits"],
                         x["targets"],
                         teacher_loss=x["lt"],
                         ranges=x["ranges"],
-                        generator=generator,
-                        **cross_rank,
+                        positions=positions,
+                        seed=7,
+                        all_gather=all_gather,
+                        rank=rank,
                     )
                     counts.append(weight_sum)
-                results[scope, iter_num] = (selected, *counts)
+                results[scope, places] = (selected, *counts)
         torch.save(results, f"{out_dir}/random-rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def test_random_draws_differ_across_ranks_and_steps_and_select_as_many_as_vocagnolm(tmp_path):
-    """`recipe.fit` seeds `random`'s generator per rank and step: two ranks holding the same micro-batch select
-    different tokens, each step others, a rerun (a resume) the same ones, and as many as vocagnolm."""
+def test_random_draws_follow_the_place_in_the_data_and_select_as_many_as_vocagnolm(tmp_path):
+    """`random` draws from the seed and each row's place in the data order, not from the rank: two ranks holding the
+    same rows at the same places select the same tokens, at other places other tokens; a rerun (a resume) selects
+    the same again; under scope "global" two ranks select what one process selects over their rows in order, and
+    as many as vocagnolm."""
     mp.spawn(random_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     per_rank = [torch.load(tmp_path / f"random-rank{rank}.pt") for rank in range(WORLD)]
     x = shard(0)
     valid, mapped = x["targets"] != -100, aggregate_teacher_loss(x["lt"], x["ranges"])[1]
+    B, T = valid.shape
     for scope in ("batch", "global"):
-        for iter_num in (1, 2):
-            (selected_0, random_0, vocagnolm_0), (selected_1, random_1, vocagnolm_1) = (
-                results[scope, iter_num] for results in per_rank
+        (same_0, *_), (same_1, *_) = (results[scope, "same"] for results in per_rank)
+        (apart_0, random_0, vocagnolm_0), (apart_1, random_1, vocagnolm_1) = (
+            results[scope, "apart"] for results in per_rank
+        )
+        assert not torch.equal(apart_0, apart_1)
+        assert random_0 + random_1 == vocagnolm_0 + vocagnolm_1
+        if scope == "batch":  # ceil(0.4 * mapped) on each rank, at each rank's own places
+            assert torch.equal(same_0, same_1)
+            assert random_0 == vocagnolm_0 == math.ceil(0.4 * (valid & mapped).sum()) + (valid & ~mapped).sum()
+            assert random_1 == vocagnolm_1
+            again = random_selection(valid, mapped, 0.4, "include", position_draws(7, B + torch.arange(B), T))
+            assert torch.equal(again.selected, apart_1)
+        else:  # one process ranking both ranks' rows, in the step's order
+            both = random_selection(
+                torch.cat([valid, valid]),
+                torch.cat([mapped, mapped]),
+                0.4,
+                "include",
+                position_draws(7, torch.arange(2 * B), T),
             )
-            assert not torch.equal(selected_0, selected_1)
-            assert not torch.equal(selected_0, per_rank[0][scope, 3 - iter_num][0])
-            if scope == "batch":  # ceil(0.4 * mapped) on each rank, and a rerun draws the same
-                assert random_0 == vocagnolm_0 == math.ceil(0.4 * (valid & mapped).sum()) + (valid & ~mapped).sum()
-                assert random_1 == vocagnolm_1
-                generator = selection_generator(7, 1, iter_num, torch.device("cpu"))
-                assert torch.equal(random_selection(valid, mapped, 0.4, "include", generator).selected, selected_1)
-            assert random_0 + random_1 == vocagnolm_0 + vocagnolm_1
+            assert torch.equal(torch.cat([apart_0, apart_1]), both.selected)

@@ -16,7 +16,6 @@ from litgpt_vocagnolm.data.prepared import batch_of_blocks
 from litgpt_vocagnolm.demo.settings import DemoSizes
 from litgpt_vocagnolm.loss.cross_entropy import IGNORE_INDEX
 from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss
-from litgpt_vocagnolm.loss.selection import selection_generator
 from litgpt_vocagnolm.models.gpt import load_model
 from litgpt_vocagnolm.training.micro_batch import loss_inputs
 from litgpt_vocagnolm.training.teacher import teacher_token_loss
@@ -78,25 +77,25 @@ def trained_noise_share(
 ) -> float:
     """Share of the tokens a method trains that touch noise, with its final student (in `student_dir`) selecting them
     in the blocks of `samples` (one list per teacher, the same student blocks with that teacher's windows scored by
-    `score_blocks`), micro-batch by micro-batch as training ranks them; `random` draws as its run did, without the
-    teacher's losses. A method that selects no tokens (`selects` False in `methods.METHODS`) trains every token.
-    `byte_tables` (`prepared.byte_table` of the student's, then each teacher's) for `compare="byte"`.
+    `score_blocks`), micro-batch by micro-batch as training ranks them; `random` draws as its run does for the
+    blocks at these places of the data order, without the teacher's losses. A method that selects no tokens
+    (`selects` False in `methods.METHODS`) trains every token. `byte_tables` (`prepared.byte_table` of the
+    student's, then each teacher's) for `compare="byte"`.
 
     A selection depends on the student, which changes as it trains: this is the last step's, not the run's average.
     """
     model, method = load_model(student_dir), guidance.spec
-    guided = GuidedLoss(guidance, byte_tables=byte_tables or ())  # one process: rank 0
+    guided = GuidedLoss(guidance, byte_tables=byte_tables or (), seed=seed)  # one process: rank 0
     block_tokens, num_chunks = sizes.max_seq_length + 1, guidance.num_chunks_if_chunked
     counts = torch.zeros(2)  # (trained tokens touching noise, trained tokens)
-    for k, start in enumerate(range(0, len(samples[0]), sizes.micro_batch_size)):
+    for start in range(0, len(samples[0]), sizes.micro_batch_size):
         rows = slice(start, start + sizes.micro_batch_size)
         batch = batch_of_blocks([blocks[rows] for blocks in samples], block_tokens, num_chunks)
         trained = batch.targets != IGNORE_INDEX  # (B, T)
         if method.selects:
             ls = model(batch.input_ids, targets=batch.targets)  # (B, T)
             teacher_losses = [side.loss for side in batch.teachers] if method.teacher_loss else None
-            generator = selection_generator(seed, 0, k + 1, torch.device("cpu"))
-            inputs = loss_inputs(batch, guided, teacher_losses, generator=generator)
+            inputs = loss_inputs(batch, guided, teacher_losses, positions=torch.arange(start, start + len(trained)))
             trained = guided.verdict(ls, trained, inputs).weights > 0
         counts += torch.stack([(trained & touched[rows, 1:]).sum(), trained.sum()])
     return (counts[0] / counts[1]).item()

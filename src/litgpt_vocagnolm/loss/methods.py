@@ -34,7 +34,9 @@ from litgpt_vocagnolm.loss.selection import (
     TokenBytes,
     Unmapped,
     check_top_k,
+    position_draws,
     random_selection,
+    select,
     selection_metrics,
     teacher_guided_selection,
     teacher_reference,
@@ -57,8 +59,13 @@ class LossInputs(NamedTuple):
     """(B, M, Vt) the teacher's logits over its window (distillation)."""
     token_bytes: TokenBytes | None = None
     """`--guidance.compare byte`: the bytes each student and teacher token covers (`GuidedLoss.token_bytes`)."""
-    generator: torch.Generator | None = None
-    """random's draws, on the student loss's device (`selection.selection_generator`: seeded by position)."""
+    positions: Tensor | None = None
+    """(B,) int64: each row's place in the data order, the blocks trained before it over all ranks (`order.py`):
+    random's draws are a function of the run's seed and each token's place (`selection.position_draws`)."""
+    chosen: Tensor | None = None
+    """(B, T) bool, scope "global": the tokens the top-k over the whole optimizer step chose (`GuidedLoss.ranking`
+    on each of its micro-batches, then `selection.select_top_k`), which a selecting method trains instead of ranking
+    this micro-batch alone."""
 
 
 class MethodLoss(NamedTuple):
@@ -73,6 +80,7 @@ class MethodLoss(NamedTuple):
 
 
 LossFunction = Callable[["GuidedLoss", Tensor, Tensor, LossInputs], MethodLoss]
+RankingFunction = Callable[["GuidedLoss", Tensor, Tensor, LossInputs], tuple[Tensor, Tensor]]
 
 
 @dataclass(frozen=True)
@@ -91,14 +99,21 @@ class GuidanceMethod:
     """Compares student and teacher token by token: every student token must have the same id in the teacher's."""
     alignment: Literal["token", "chunk"] | None = None
     """The alignment ranges it needs: token-level, chunk-level (`--guidance.num_chunks`), or none."""
-    selects: bool = False
-    """Trains a top-k share of the mapped tokens (uses top_k, aggregation, unmapped, scope)."""
+    ranking: RankingFunction | None = None
+    """A method that trains a top-k share of the mapped tokens (uses top_k, aggregation, unmapped, scope): what it
+    ranks them by, (guided, ls, valid, inputs) -> (scores (B, T), candidates (B, T) bool). Scope "global" ranks a
+    whole optimizer step's tokens by it before any of them trains."""
     several_teachers: bool = False
     """Several teachers can guide it (`--data.other_teachers`), combined by `--guidance.combine`."""
 
     def __post_init__(self) -> None:
         if unknown := set(self.inputs) - set(LossInputs._fields):
             raise ValueError(f"method {self.name!r} names inputs that LossInputs lacks: {sorted(unknown)}")
+
+    @property
+    def selects(self) -> bool:
+        """Trains a top-k share of the mapped tokens, ranked by `ranking`."""
+        return self.ranking is not None
 
     @property
     def teacher_loss(self) -> bool:
@@ -137,32 +152,59 @@ def top_k_by_excess(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: Los
         all_gather=guided.all_gather,
         rank=guided.rank,
         token_bytes=inputs.token_bytes,
+        chosen=inputs.chosen,
     )
     return selection_loss(ls, valid, selection, inputs)
 
 
+@torch.no_grad()
+def excess_ranking(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> tuple[Tensor, Tensor]:
+    """What `top_k_by_excess` ranks: each token's excess loss over the teachers' reference; the candidates are the
+    valid tokens a teacher maps."""
+    args = guided.args
+    reference, mapped, _ = teacher_reference(
+        inputs.teacher_losses, inputs.ranges, args.aggregation, args.combine, inputs.token_bytes
+    )
+    return ls.float() - reference, valid & mapped
+
+
+def paired(ls: Tensor, inputs: LossInputs, method: str) -> LossInputs:
+    """One vocabulary (rho1): token i paired with teacher token i unless ranges are given."""
+    if inputs.ranges is not None:
+        return inputs
+    teacher_losses = inputs.teacher_losses
+    if len(teacher_losses) != 1 or teacher_losses[0].shape != ls.shape:
+        raise ValueError(
+            f"guidance.method={method!r} pairs token i with teacher token i: teacher_losses must be one"
+            f" {tuple(ls.shape)} tensor, got {[tuple(t.shape) for t in teacher_losses]} (pass ranges, or use"
+            " vocagnolm for different tokenizers)"
+        )
+    position = torch.arange(ls.shape[1], device=ls.device)
+    return inputs._replace(ranges=[torch.stack([position, position + 1], dim=-1).expand(*ls.shape, 2)])
+
+
 def paired_top_k_by_excess(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
     """`top_k_by_excess` with token i paired with teacher token i unless ranges are given (one vocabulary)."""
-    if inputs.ranges is None:
-        teacher_losses = inputs.teacher_losses
-        if len(teacher_losses) != 1 or teacher_losses[0].shape != ls.shape:
-            raise ValueError(
-                f"guidance.method={guided.args.method!r} pairs token i with teacher token i: teacher_losses must be"
-                f" one {tuple(ls.shape)} tensor, got {[tuple(t.shape) for t in teacher_losses]} (pass ranges, or use"
-                " vocagnolm for different tokenizers)"
-            )
-        position = torch.arange(ls.shape[1], device=ls.device)
-        inputs = inputs._replace(ranges=[torch.stack([position, position + 1], dim=-1).expand(*ls.shape, 2)])
-    return top_k_by_excess(guided, ls, valid, inputs)
+    return top_k_by_excess(guided, ls, valid, paired(ls, inputs, guided.args.method))
+
+
+def paired_excess_ranking(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> tuple[Tensor, Tensor]:
+    """What `paired_top_k_by_excess` ranks (`excess_ranking` of the paired tokens)."""
+    return excess_ranking(guided, ls, valid, paired(ls, inputs, guided.args.method))
+
+
+def mapped_by_ranges(ranges: Sequence[Tensor]) -> Tensor:
+    """(B, T) bool: the tokens any teacher's range maps (`random` without teacher losses)."""
+    return torch.stack([r[..., 1] > r[..., 0] for r in ranges]).any(0)
 
 
 @torch.no_grad()
 def random_tokens(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
-    """As many mapped tokens as the top-k trains, drawn with `inputs.generator`: among the tokens with a teacher loss
-    when one is given (reporting the excess it would have ranked by), else among those with a non-empty range."""
+    """As many mapped tokens as the top-k trains, the top-k by uniform draws, a function of the run's seed and each
+    token's place in the data (`selection.position_draws`): among the tokens with a teacher loss when one is given
+    (reporting the excess it would have ranked by), else among those with a non-empty range."""
     args, ranges, teacher_losses = guided.args, inputs.ranges, inputs.teacher_losses
-    mapped = torch.stack([r[..., 1] > r[..., 0] for r in ranges]).any(0)  # by any teacher
-    reference, excess, best = None, None, None
+    mapped, reference, excess, best = mapped_by_ranges(ranges), None, None, None
     if teacher_losses is not None:  # what the teachers would have ranked by, for the metrics
         reference, mapped, best = teacher_reference(teacher_losses, ranges, args.aggregation, args.combine)
         excess = ls.float() - reference
@@ -171,12 +213,43 @@ def random_tokens(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossI
         mapped,
         args.top_k,
         args.unmapped,
-        inputs.generator,
+        position_draws(guided.seed, inputs.positions, valid.shape[1]),
         scope=args.scope,
         all_gather=guided.all_gather,
         rank=guided.rank,
+        chosen=inputs.chosen,
     )
     return selection_loss(ls, valid, selection._replace(reference=reference, excess=excess, best=best), inputs)
+
+
+@torch.no_grad()
+def random_ranking(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> tuple[Tensor, Tensor]:
+    """What `random_tokens` ranks: its draws, over the tokens it counts as mapped (it reads no student loss)."""
+    args, ranges, teacher_losses = guided.args, inputs.ranges, inputs.teacher_losses
+    mapped = mapped_by_ranges(ranges)
+    if teacher_losses is not None:
+        mapped = teacher_reference(teacher_losses, ranges, args.aggregation, args.combine)[1]
+    return position_draws(guided.seed, inputs.positions, valid.shape[1]), valid & mapped
+
+
+@torch.no_grad()
+def top_k_by_ranking(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
+    """The top-k candidates by what the method's table entry ranks them by (`GuidanceMethod.ranking`), for a method
+    that needs no more than that: its loss is the student's, its metrics the shares selected."""
+    scores, candidates = guided.args.spec.ranking(guided, ls, valid, inputs)
+    args = guided.args
+    weights, candidate, selected = select(
+        scores,
+        valid,
+        candidates,
+        top_k=args.top_k,
+        unmapped=args.unmapped,
+        scope=args.scope,
+        all_gather=guided.all_gather,
+        rank=guided.rank,
+        chosen=inputs.chosen,
+    )
+    return selection_loss(ls, valid, Selection(weights, candidate, selected, None, None), inputs)
 
 
 def selection_loss(ls: Tensor, valid: Tensor, selection: Selection, inputs: LossInputs) -> MethodLoss:
@@ -225,7 +298,7 @@ METHODS: dict[str, GuidanceMethod] = {
             top_k_by_excess,
             inputs=("teacher_losses", "ranges"),
             alignment="token",
-            selects=True,
+            ranking=excess_ranking,
             several_teachers=True,
         ),
         GuidanceMethod("ce", "naive continual pretraining: every token", cross_entropy_only),
@@ -235,7 +308,7 @@ METHODS: dict[str, GuidanceMethod] = {
             paired_top_k_by_excess,
             inputs=("teacher_losses",),
             same_vocabulary=True,
-            selects=True,
+            ranking=paired_excess_ranking,
             several_teachers=True,
         ),
         GuidanceMethod(
@@ -259,16 +332,16 @@ METHODS: dict[str, GuidanceMethod] = {
             top_k_by_excess,
             inputs=("teacher_losses", "ranges"),
             alignment="chunk",
-            selects=True,
+            ranking=excess_ranking,
             several_teachers=True,
         ),
         GuidanceMethod(
             "random",
             "as many mapped tokens as vocagnolm trains, drawn uniformly (the control)",
             random_tokens,
-            inputs=("ranges",),
+            inputs=("ranges", "positions"),
             alignment="token",
-            selects=True,
+            ranking=random_ranking,
             several_teachers=True,
         ),
     )
@@ -305,7 +378,9 @@ class GuidanceArgs:
     unmapped: Unmapped = "include"
     """Whether student tokens with no teacher token (special tokens) are trained (paper: include)"""
     scope: Scope = "batch"
-    """Where the top-k is ranked: the micro-batch, each sequence, or the micro-batches of all data-parallel ranks"""
+    """Where the top-k is ranked: the micro-batch, each sequence, or global: the whole optimizer step (every
+    micro-batch of every data-parallel rank; one more forward of the student without gradients per micro-batch,
+    a third more of its compute, for the methods that rank by its loss)"""
     temperature: float = 1.0
     """kld: softmax temperature of both distributions; the KL term is scaled by temperature**2"""
     distill_weight: float = 1.0
@@ -410,6 +485,8 @@ class GuidedLoss:
     byte_tables: Sequence[Tensor] = ()
     """`--guidance.compare byte`: the UTF-8 bytes of each token id (`prepared.byte_table`), (V,) each: the student's,
     then each teacher's."""
+    seed: int = 0
+    """The run's seed: random's draws (`selection.position_draws`)."""
 
     @property
     def selection(self) -> SelectionArgs:
@@ -425,6 +502,25 @@ class GuidedLoss:
             raise ValueError("guidance.compare='byte' needs byte_tables: the bytes of each student and teacher token")
         return TokenBytes.look_up(self.byte_tables, targets, teacher_ids)
 
+    def ranking(self, ls: Tensor, valid: Tensor, inputs: LossInputs) -> tuple[Tensor, Tensor]:
+        """What a selecting method ranks on one micro-batch: (scores (B, T), candidates (B, T) bool), after checking
+        its inputs (`verdict`). Scope "global" ranks every micro-batch of an optimizer step so, then trains each with
+        the step's verdict (`LossInputs.chosen`)."""
+        return self.args.spec.ranking(self, ls, valid, self.checked(inputs))
+
+    def checked(self, inputs: LossInputs) -> LossInputs:
+        """`inputs` checked against the method's table entry (the fields it needs), its byte counts dropped when
+        comparing per token."""
+        method = self.args.spec
+        if self.args.compare == "byte" and inputs.token_bytes is None:
+            raise ValueError("guidance.compare='byte' needs token_bytes: the bytes of each student and teacher token")
+        if self.args.compare != "byte":
+            inputs = inputs._replace(token_bytes=None)
+        self.args.check_several_teachers(num_teachers(inputs), fix="Pass one teacher's losses and ranges.")
+        if missing := [name for name in method.inputs if getattr(inputs, name) is None]:
+            raise ValueError(f"guidance.method={method.name!r} needs {' and '.join(missing)} (see methods.LossInputs)")
+        return inputs
+
     def verdict(self, ls: Tensor, valid: Tensor, inputs: LossInputs) -> MethodLoss:
         """The method's per-token loss and weights on one micro-batch, after checking its inputs against the table.
 
@@ -436,15 +532,7 @@ class GuidedLoss:
                 non-empty); rho1 takes `ranges` optionally (token i -> [i, i + 1)). Several teachers' losses are
                 combined by `args.combine` (see `selection.teacher_reference`).
         """
-        method = self.args.spec
-        if self.args.compare == "byte" and inputs.token_bytes is None:
-            raise ValueError("guidance.compare='byte' needs token_bytes: the bytes of each student and teacher token")
-        if self.args.compare != "byte":
-            inputs = inputs._replace(token_bytes=None)
-        self.args.check_several_teachers(num_teachers(inputs), fix="Pass one teacher's losses and ranges.")
-        if missing := [name for name in method.inputs if getattr(inputs, name) is None]:
-            raise ValueError(f"guidance.method={method.name!r} needs {' and '.join(missing)} (see methods.LossInputs)")
-        return method.loss(self, ls, valid, inputs)
+        return self.args.spec.loss(self, ls, valid, self.checked(inputs))
 
     def __call__(self, ls: Tensor, valid: Tensor, inputs: LossInputs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """One micro-batch's loss (arguments as `verdict`).

@@ -9,11 +9,11 @@ quantity (`scope="global"`) arrives as an `all_gather` callable, as torchtitan p
 Selection runs under `no_grad`: weights carry no gradient, only the student's per-token loss does.
 """
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Callable, Literal, NamedTuple, Sequence, get_args
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -173,18 +173,21 @@ def select_top_k(
 ) -> Tensor:
     """The `ceil(top_k * n)` candidates with the largest score among the n candidates of each scope.
 
-    Ties go to the earlier token: by (b, t) in a batch, t in a sequence, (rank, b, t) across ranks.
+    Ties go to the earlier token in the data: by (b, t) in a batch, t in a sequence, and across ranks in the order of
+    the step's micro-batches (micro-batch k of rank r is the step's (k·W + r)-th: `order.RankBatches`), so that one
+    process and W processes rank a step's tokens alike.
 
     Args:
-        scores: (B, T) float.
-        candidate: (B, T) bool: tokens that may be selected.
+        scores: (B, T) float; for "global" also (A, B, T): this rank's A micro-batches of an optimizer step, in the
+            order it trains them.
+        candidate: bool, the shape of `scores`: tokens that may be selected.
         top_k: fraction in (0, 1].
-        scope: "batch" (the whole tensor), "sequence" (each row) or "global" (every rank's tensor).
+        scope: "batch" (the whole tensor), "sequence" (each row) or "global" (every rank's tensor: the step).
         all_gather: for "global": stacks a tensor from every data-parallel rank along a new leading dim
             (`fabric.all_gather`; with one process it may return its input unchanged). All ranks need equal shapes.
         rank: this process's index in the `all_gather` result (`fabric.global_rank`).
 
-    Returns: (B, T) bool.
+    Returns: bool, the shape of `scores`.
     """
     if scope == "sequence":
         return _top_k_rows(scores, candidate, top_k)
@@ -194,7 +197,7 @@ def select_top_k(
         raise ValueError(f"scope must be one of {get_args(Scope)}, got {scope!r}")
     if all_gather is None:
         raise ValueError("scope='global' needs all_gather (e.g. fabric.all_gather) and this process's rank")
-    local = torch.stack([scores.float(), candidate.float()])  # (2, B, T): one collective instead of two
+    local = torch.stack([scores.float(), candidate.float()])  # (2, [A,] B, T): one collective instead of two
     gathered = all_gather(local)
     if gathered.dim() == local.dim():  # one process: fabric.all_gather adds no leading dim
         gathered = gathered[None]
@@ -204,8 +207,9 @@ def select_top_k(
             " needs micro-batches of the same shape, and rank must index the gathered dim"
         )
     world = gathered.shape[0]
-    selected = _top_k_rows(gathered[:, 0].reshape(1, -1), gathered[:, 1].reshape(1, -1).bool(), top_k)
-    return selected.view(world, *scores.shape)[rank]
+    steps = gathered.view(world, 2, -1, *scores.shape[-2:]).transpose(0, 2)  # (A, 2, W, B, T): the step's order
+    selected = _top_k_rows(steps[:, 0].reshape(1, -1), steps[:, 1].reshape(1, -1).bool(), top_k)
+    return selected.view(-1, world, *scores.shape[-2:])[:, rank].view_as(candidate)
 
 
 def _top_k_rows(scores: Tensor, candidate: Tensor, top_k: float) -> Tensor:
@@ -249,17 +253,23 @@ def select(
     scope: Scope = "batch",
     all_gather: AllGather | None = None,
     rank: int = 0,
+    chosen: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The top-k of the valid mapped tokens by `scores`, and the weights that follow (docs/design.md,
-    "Teacher-guided loss", steps 3-4).
+    "Teacher-guided loss", steps 3-4). `chosen`, where the top-k was ranked over more than this micro-batch (scope
+    "global": the whole optimizer step, `select_top_k` over its micro-batches), is that ranking's verdict and replaces
+    this one's.
 
-    scores (B, T) float; valid, mapped (B, T) bool. Returns (weights (B, T) float32, candidates, selected) where
-    candidates = valid & mapped.
+    scores (B, T) float; valid, mapped, chosen (B, T) bool. Returns (weights (B, T) float32, candidates, selected)
+    where candidates = valid & mapped.
     """
     if unmapped not in get_args(Unmapped):
         raise ValueError(f"unmapped must be one of {get_args(Unmapped)}, got {unmapped!r}")
     candidate = valid & mapped
-    selected = select_top_k(scores, candidate, top_k, scope=scope, all_gather=all_gather, rank=rank)
+    if chosen is not None:
+        selected = chosen & candidate
+    else:
+        selected = select_top_k(scores, candidate, top_k, scope=scope, all_gather=all_gather, rank=rank)
     keep = selected | (valid & ~mapped) if unmapped == "include" else selected
     return keep.float(), candidate, selected
 
@@ -294,9 +304,11 @@ def teacher_guided_selection(
     all_gather: AllGather | None = None,
     rank: int = 0,
     token_bytes: TokenBytes | None = None,
+    chosen: Tensor | None = None,
 ) -> Selection:
     """VocAgnoLM's selection: the top-k valid mapped tokens by excess loss `ls - agg(lt[range])`, and what it computed
-    on the way (for metrics). `teacher_guided_weights` documents the arguments."""
+    on the way (for metrics). `teacher_guided_weights` documents the arguments; `chosen` is the step's verdict under
+    scope "global" (`select`)."""
     reference, mapped, best = teacher_reference(lts, ranges, args.aggregation, args.combine, token_bytes)
     excess = ls.float() - reference
     weights, candidate, selected = select(
@@ -308,6 +320,7 @@ def teacher_guided_selection(
         scope=args.scope,
         all_gather=all_gather,
         rank=rank,
+        chosen=chosen,
     )
     return Selection(weights, candidate, selected, reference, excess, best)
 
@@ -342,11 +355,39 @@ def teacher_guided_weights(
     ).weights
 
 
-def selection_generator(seed: int, rank: int, iter_num: int, device: torch.device) -> torch.Generator:
-    """`random`'s generator for one micro-batch, seeded by (seed, rank, iteration): each rank draws its own scores,
-    and a resumed run draws the same ones again without saving any state."""
-    state = np.random.SeedSequence([seed, rank, iter_num]).generate_state(1, np.uint64)[0]  # the three, hashed
-    return torch.Generator(device=device).manual_seed(int(state))
+def position_draws(seed: int, positions: Tensor, length: int) -> Tensor:
+    """`random`'s draws: (B, T) float32 uniform in [0, 1), each a function of the run's seed, its row's position in the
+    data order (`positions` (B,) int64: the blocks trained before that row, over all ranks) and its token's index
+    alone, so the same on any number of processes, micro-batch size, resume or device: a counter-based generator
+    (a hash of the three, as Philox hashes its counter). 24 bits each, exact in float32; ties fall to the earlier
+    token (`select_top_k`).
+
+    The hash is murmur3's 32-bit finaliser on int64 tensors, each 32-bit product split in two 16-bit halves so that
+    nothing overflows int64."""
+    key = hashlib.sha256(str(seed).encode()).digest()
+    salt = [int.from_bytes(key[i : i + 4], "little") for i in (0, 4)]
+    count = positions.long()[:, None] * length + torch.arange(length, device=positions.device)  # (B, T)
+    mixed = _fmix32((count & MASK32) ^ salt[0])
+    mixed = _fmix32(mixed ^ (count >> 32) ^ salt[1])
+    return (mixed >> 8).float() / (1 << 24)
+
+
+MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: Tensor, c: int) -> Tensor:
+    """x * c mod 2**32 for x in [0, 2**32) (int64), without an int64 overflow: partial products stay below 2**49."""
+    low, high = x * (c & 0xFFFF), ((x * (c >> 16)) & 0xFFFF) << 16
+    return (low + high) & MASK32
+
+
+def _fmix32(x: Tensor) -> Tensor:
+    """murmur3's finaliser: a bijection of [0, 2**32) whose every output bit depends on every input bit."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
 
 
 @torch.no_grad()
@@ -355,20 +396,26 @@ def random_selection(
     mapped: Tensor,
     top_k: float,
     unmapped: Unmapped,
-    generator: torch.Generator | None = None,
+    draws: Tensor,
     *,
     scope: Scope = "batch",
     all_gather: AllGather | None = None,
     rank: int = 0,
+    chosen: Tensor | None = None,
 ) -> Selection:
-    """The control: as many valid mapped tokens as `teacher_guided_weights` selects, drawn uniformly.
-
-    valid, mapped (B, T) bool; `generator` on their device. With scope="global" every rank draws its own scores
-    and the gathered scores decide, so the global count is exact as well.
-    """
-    scores = torch.rand(valid.shape, generator=generator, device=valid.device)
+    """The control: as many valid mapped tokens as `teacher_guided_weights` selects, the top-k by `draws` (B, T)
+    (`position_draws`): uniformly. valid, mapped (B, T) bool; `chosen`: the step's verdict under scope "global"
+    (`select`)."""
     weights, candidate, selected = select(
-        scores, valid, mapped, top_k=top_k, unmapped=unmapped, scope=scope, all_gather=all_gather, rank=rank
+        draws,
+        valid,
+        mapped,
+        top_k=top_k,
+        unmapped=unmapped,
+        scope=scope,
+        all_gather=all_gather,
+        rank=rank,
+        chosen=chosen,
     )
     return Selection(weights, candidate, selected, None, None)
 

@@ -19,8 +19,8 @@ from litgpt.utils import CycleIterator
 from torch.distributed.tensor import DTensor
 
 from litgpt_vocagnolm.data import order
-from litgpt_vocagnolm.loss.selection import selection_generator
-from litgpt_vocagnolm.training.micro_batch import Guide, forward_and_loss
+from litgpt_vocagnolm.data.prepared import Batch
+from litgpt_vocagnolm.training.micro_batch import Guide, forward_and_loss, step_choice
 from litgpt_vocagnolm.training.stopwatch import Stopwatch
 
 
@@ -48,27 +48,42 @@ def train_step(
     guide: Guide,
     train: TrainArgs,
     *,
-    seed: int,
     stop: threading.Event,
     teacher_timer: Stopwatch,
 ) -> Step:
-    """One optimizer step of `state`'s model and optimizer: the step's micro-batches taken from `batches`, each one's
-    weighted loss sum backpropagated (`random`'s draws seeded by `seed`, the rank and the micro-batch's count, so that
-    a resumed run repeats them), then one all-reduce of the sums and of the ranks' stop vote (`stop` set), so that all
-    ranks stop after the same step (a rank that stopped alone would leave the others waiting in FSDP's collectives);
-    the gradients divided by the total weight, clipped, and the optimizer's step. No host sync."""
+    """One optimizer step of `state`'s model and optimizer: the step's micro-batches taken from `batches` (under
+    scope "global" all ranked first, `step_choice`), each one's weighted loss sum backpropagated, then one all-reduce
+    of the sums and of the ranks' stop vote (`stop` set), so that all ranks stop after the same step (a rank that
+    stopped alone would leave the others waiting in FSDP's collectives); the gradients divided by the total weight,
+    clipped, and the optimizer's step. No host sync.
+
+    Micro-batch k of this rank holds the step's (k·W + rank)-th micro-batch (`order.RankBatches`): its rows' places in
+    the data order (`random`'s draws) follow from the position the step starts at."""
     t0 = time.perf_counter()
     model, optimizer = state["model"], state["optimizer"]
-    accumulation = order.accumulation(train.global_batch_size, train.micro_batch_size, fabric.world_size)
+    B, W = train.micro_batch_size, fabric.world_size
+    accumulation = order.accumulation(train.global_batch_size, B, W)
+    micro_batches = [Batch.of(next(batches)) for _ in range(accumulation)]
+    positions = [
+        state["position"] + (k * W + fabric.global_rank) * B + torch.arange(B, device=fabric.device)
+        for k in range(accumulation)
+    ]
+    scores, chosen = [None] * accumulation, [None] * accumulation
+    if guide.ranks_the_step:
+        scores, chosen = step_choice(model, guide, micro_batches, positions, teacher_timer)
     sums = torch.zeros(3, device=fabric.device)
     metric_sums = 0.0  # (N, 2) once a micro-batch has added its metrics
-    for k in range(accumulation):
-        batch = next(batches)
+    for k, batch in enumerate(micro_batches):
         state["iter_num"] += 1
-        generator = selection_generator(seed, fabric.global_rank, state["iter_num"], fabric.device)
         with fabric.no_backward_sync(model, enabled=k < accumulation - 1):
             loss_sum, weight_sum, micro_metrics = forward_and_loss(
-                model, guide, batch, generator=generator, teacher_timer=teacher_timer
+                model,
+                guide,
+                batch,
+                positions=positions[k],
+                chosen=chosen[k],
+                scores=scores[k],
+                teacher_timer=teacher_timer,
             )
             fabric.backward(loss_sum)
         sums[:2] += torch.stack([loss_sum.detach(), weight_sum.detach()])
