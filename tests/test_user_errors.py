@@ -281,6 +281,14 @@ def test_inspect_refuses_output_files_it_cannot_write(tmp_path, capsys, option, 
     assert capsys.readouterr().out == ""  # refused before the report
 
 
+def test_inspect_refuses_a_negative_row_count(capsys):
+    from litgpt_vocagnolm.alignment.inspection import inspect
+
+    with pytest.raises(InvalidArgument, match=re.escape("--rows must be at least 0, got -3.")):
+        inspect(student=TINYLLAMA, teacher=MISTRAL, rows=-3)
+    assert capsys.readouterr().out == ""  # refused before the report
+
+
 def test_inspect_writes_into_a_folder_it_creates(tmp_path):
     from litgpt_vocagnolm.alignment.inspection import inspect
 
