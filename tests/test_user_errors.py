@@ -91,6 +91,11 @@ def test_only_user_errors_lose_their_traceback(capsys):
         "vocagnolm x: error: [Errno 13] Permission denied: '/data/out'. Give a path this user may write to (and"
         " read).\n"
     )
+    with pytest.raises(SystemExit) as exit_:  # Ctrl-C before the recipe takes SIGINT over (`slurm.stop_signal`)
+        with plain_user_errors("litgpt pretrain --recipe vocagnolm", debug=False):
+            raise KeyboardInterrupt
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err == "litgpt pretrain --recipe vocagnolm: interrupted.\n"
 
 
 # prepare
