@@ -56,6 +56,7 @@ from litgpt_vocagnolm.models.model_configs import register
 from litgpt_vocagnolm.models.weights import load_weights
 from litgpt_vocagnolm.training.checkpoints import (
     Checkpointer,
+    check_left_to_train,
     check_out_dir,
     data_position,
     find_resume_checkpoint,
@@ -80,7 +81,7 @@ from litgpt_vocagnolm.training.distributed import (
 )
 from litgpt_vocagnolm.training.micro_batch import Guide
 from litgpt_vocagnolm.training.slurm import requeue_and_exit, stop_signal
-from litgpt_vocagnolm.training.step import Loop, Step, train_step
+from litgpt_vocagnolm.training.step import Loop, Step, run_steps, train_step
 from litgpt_vocagnolm.training.teacher import TeacherArgs, teachers_of
 
 
@@ -157,8 +158,9 @@ def setup(
             ``resume="auto"`` it is used only while ``out_dir`` has no checkpoint yet.
         resume: A checkpoint directory to resume from (``out_dir/step-*``), ``True`` for the latest in ``out_dir``,
             or ``"auto"``: the latest if there is one (what a requeued Slurm job wants). ``True`` and ``"auto"`` skip,
-            and report, a checkpoint that is incomplete or fails its checksums. Any number of devices and nodes
-            resumes a checkpoint (they are sharded, resharded on load).
+            and report, a checkpoint that is incomplete or fails its checksums. A finished run's ``final`` is resumed
+            too, when it is the latest: a larger ``--train.max_tokens`` trains on; the same one is refused. Any number
+            of devices and nodes resumes a checkpoint (they are sharded, resharded on load).
         data: The prepared data: ``VocAgnoData`` (``--data VocAgnoData --data.path DIR``, see ``vocagnolm prepare``).
             Plain LitGPT data modules work for ``--guidance.method ce`` only.
         train: Training-related arguments. See ``litgpt.args.TrainArgs``.
@@ -272,6 +274,8 @@ def main(
     resume = find_resume_checkpoint(fabric, run.resume, out_dir)
     position = 0  # the blocks consumed over all ranks: where the data order continues
     if resume:  # a change of the run's shape: refused, or carried out and said (before any model is built)
+        max_seq_length = train.max_seq_length or config.block_size
+        check_left_to_train(resume, run_steps(train, max_seq_length), train.global_batch_size * max_seq_length)
         run.history = resume_history(resume, run.hparams, fabric.world_size)
         for line in run.history:
             fabric.print(line)
