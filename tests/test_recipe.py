@@ -505,6 +505,37 @@ def test_a_run_shorter_than_its_warm_up_trains_and_ends(tmp_path, tinyllama_mist
     assert torch.load(tmp_path / "out" / "final" / "lit_model.pth", weights_only=True)["step_count"] == steps
 
 
+def test_a_step_larger_than_the_train_split_says_how_often_it_reads_each_block(tinyllama_mistral_data, capsys):
+    """A global batch of more blocks than the train split holds reads blocks more than once a step: said at start, with
+    the split's size (from the manifest), and not said for a global batch that the split holds."""
+    from types import SimpleNamespace
+
+    import lightning as L
+    from litgpt.args import TrainArgs
+
+    from litgpt_vocagnolm.data.order import train_loader
+    from litgpt_vocagnolm.data.prepared import VocAgnoData
+    from litgpt_vocagnolm.training.step import Loop
+
+    blocks = json.loads((tinyllama_mistral_data / "manifest.json").read_text())["splits"]["train"]["blocks"]
+    data = VocAgnoData(tinyllama_mistral_data, num_workers=0)
+    data.connect(batch_size=4, max_seq_length=64)
+    fabric = L.Fabric(devices=1, accelerator="cpu")
+    state = {"model": SimpleNamespace(max_seq_length=64), "iter_num": 0}
+    for global_batch_size in (blocks // 4 * 4, 2 * blocks // 4 * 4 + 4):
+        train = TrainArgs(global_batch_size=global_batch_size, micro_batch_size=4, max_tokens=10**6)
+        Loop.start(fabric, state, train_loader(data, 0, 0, 1), train)
+        said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Each optimizer step reads")]
+        if global_batch_size <= blocks:
+            assert said == []
+        else:
+            assert said == [
+                f"Each optimizer step reads {global_batch_size:,} blocks from a train split of {blocks:,}: every block"
+                f" {global_batch_size / blocks:.2f} times on average. Lower --train.global_batch_size, or prepare more"
+                " data, to read each block at most once a step."
+            ]
+
+
 def test_slurm_environment_is_detected(monkeypatch):
     """What srun sets for task 11 of a 4 x 8 job: Fabric must form the 32-process group from it."""
     import lightning as L

@@ -150,6 +150,12 @@ class Loop:
             f" ({accumulation} micro-batches of {train.micro_batch_size} x {state['model'].max_seq_length} on"
             f" {fabric.world_size} ranks); {max_steps:,} steps."
         )
+        if epoch_blocks and train.global_batch_size > epoch_blocks:  # a step spans epochs of the global order
+            fabric.print(
+                f"Each optimizer step reads {train.global_batch_size:,} blocks from a train split of {epoch_blocks:,}:"
+                f" every block {train.global_batch_size / epoch_blocks:.2f} times on average. Lower"
+                " --train.global_batch_size, or prepare more data, to read each block at most once a step."
+            )
         finite = torch.ones((), dtype=torch.bool, device=fabric.device)
         batches, timer = CycleIterator(train_dataloader), Stopwatch(fabric.device)
         fabric.barrier()
