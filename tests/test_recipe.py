@@ -299,7 +299,8 @@ STEPS = 12  # of 2 micro-batches of 2 blocks of 64 tokens
 
 def signal_run_args(steps: int = STEPS) -> list[str]:
     """The runs that the signal and resume tests compare: no step checkpoint, a constant learning rate (so that a
-    finished shorter run is the beginning of a longer one; `test_kill_and_resume_...` resumes a decaying one),
+    finished shorter run is the beginning of a longer one; a decaying one is resumed by
+    `test_kill_and_resume_past_a_damaged_checkpoint_equals_uninterrupted_run`),
     validation every 4 steps."""
     budget = ["--train.save_interval", "null", "--train.max_tokens", str(steps * 4 * 64), "--eval.interval", "4"]
     return [*budget, "--train.lr_warmup_steps", "0", "--train.min_lr", "1e-2"]

@@ -59,9 +59,9 @@ def stop_signal(out_dir: Path, announce: bool = True) -> Iterator[StopRequest]:
     def handler(signum: int, frame) -> None:
         if os.getpid() != main_pid or stop.exiting:
             return
-        if signum != signal.SIGUSR1 and stop.cancel is not None:
-            stop_at_once(signal.Signals(signum), out_dir, announce)
         if signum != signal.SIGUSR1:
+            if stop.cancel is not None:
+                stop_at_once(signal.Signals(signum), out_dir, announce)
             stop.cancel = signal.Signals(signum)
             if announce:
                 name = stop.cancel.name
