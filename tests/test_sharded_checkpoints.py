@@ -59,12 +59,12 @@ def test_a_fresh_run_into_a_used_out_dir_is_refused_unless_overwrite(tmp_path, t
 @pytest.mark.parametrize("fill", [0x00, 0xFF])
 def test_a_checkpoint_damaged_in_place_is_skipped_naming_the_file(tmp_path, tinyllama_mistral_data, fill, capsys):
     out_dir = train(tmp_path, tinyllama_mistral_data, steps=3)
-    shutil.rmtree(out_dir / "final")  # as if killed before it: the step checkpoints are all there is
     (shard,) = (out_dir / "step-00000003").glob("*.distcp")
     data = bytearray(shard.read_bytes())
     middle = len(data) // 2
     data[middle : middle + 4096] = bytes([fill]) * 4096  # same size, 4 KB overwritten
     shard.write_bytes(bytes(data))
+    shutil.rmtree(out_dir / "final")  # as if killed before it: the step checkpoints are all there is
     capsys.readouterr()
     fabric = L.Fabric(accelerator="cpu", devices=1)
     assert find_resume_checkpoint(fabric, "auto", out_dir) == out_dir / "step-00000002"
