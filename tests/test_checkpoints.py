@@ -2,6 +2,8 @@
 
 import json
 import pickle
+import re
+import shutil
 from pathlib import Path
 from unittest import mock
 
@@ -146,6 +148,26 @@ def test_resume_auto_starts_afresh_when_no_checkpoint_is_readable(tmp_path, caps
     assert "No readable checkpoint in" in capsys.readouterr().out
     with pytest.raises(FileNotFoundError, match="no readable checkpoint"):
         find_resume_checkpoint(fabric, True, tmp_path)
+
+
+def test_resume_takes_a_finished_runs_final_where_it_is_the_latest_and_never_starts_afresh_over_it(tmp_path, capsys):
+    """`final/` is resumed where no step checkpoint is later (a `step-*` of its step first: the same state); with no
+    checkpoint readable, `auto` and `True` refuse rather than start afresh over the finished run."""
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    write_step(tmp_path, 4)
+    final = write_step(tmp_path, 6).rename(tmp_path / "final")
+    assert find_resume_checkpoint(fabric, "auto", tmp_path) == final
+    write_step(tmp_path, 6)
+    write_step(tmp_path, 8, "truncated")
+    assert find_resume_checkpoint(fabric, True, tmp_path) == tmp_path / "step-00000006"
+    shutil.rmtree(tmp_path / "step-00000006")
+    assert find_resume_checkpoint(fabric, "auto", tmp_path) == final
+
+    damaged = write_step(tmp_path / "damaged", 2, "truncated").rename(tmp_path / "damaged" / "final")
+    for resume in ("auto", True):
+        with pytest.raises(UnreadableCheckpoint, match=re.escape(f"and {damaged} holds a finished run: delete it")):
+            find_resume_checkpoint(fabric, resume, tmp_path / "damaged")
+    assert (damaged / TRAIN_STATE).is_file()
 
 
 def _resume_on_two_ranks(fabric: L.Fabric, tmp_path: Path) -> None:

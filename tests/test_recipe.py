@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import yaml
 from conftest import BIN, LLEMMA, MISTRAL, QWEN, ROOT, TINYLLAMA, make_checkpoint, student_config_yaml, tiny_config
 from jsonargparse import CLI, capture_parser
 from test_loss_distributed import free_port
+from test_user_errors import assert_one_line
 
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
 from litgpt_vocagnolm.training.recipe import setup
@@ -70,11 +72,18 @@ def litgpt_pretrain(
     return out
 
 
+def metric_rows(out_dir: Path) -> list[dict[str, float]]:
+    """Every row of the CSV logs in `out_dir`, run after run (a resumed run logs into a new version_N/)."""
+    rows = []
+    for path in sorted(out_dir.glob("logs/csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])):
+        with open(path) as f:
+            rows += [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+    return rows
+
+
 def metrics(out_dir: Path) -> list[dict[str, float]]:
-    (path,) = out_dir.glob("logs/**/metrics.csv")
-    with open(path) as f:
-        rows = [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
-    return [row for row in rows if "loss" in row]
+    """The rows of the training steps' metrics (`metric_rows`)."""
+    return [row for row in metric_rows(out_dir) if "loss" in row]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
@@ -256,10 +265,13 @@ def stub_scontrol(bin_dir: Path) -> Path:
     return calls
 
 
-def start_and_signal(command: list[str], envs: list[dict], signalled: int) -> list[tuple[int, str]]:
+def start_and_signal(
+    command: list[str], envs: list[dict], signalled: int, signum: signal.Signals = signal.SIGUSR1
+) -> list[tuple[int, str]]:
     """Starts one process per environment (as srun starts tasks), each in its own process group; once training has
-    started, sends SIGUSR1 to every process of task `signalled`'s group (its loader workers too, as Slurm signals every
-    process of a step). Returns each task's (exit status, output)."""
+    started, sends `signum` to every process of task `signalled`'s group (its loader workers too, as Slurm signals every
+    process of a step, and Ctrl-C every process of the terminal's foreground group). Returns each task's (exit status,
+    output)."""
     processes = [
         subprocess.Popen(
             command,
@@ -276,56 +288,158 @@ def start_and_signal(command: list[str], envs: list[dict], signalled: int) -> li
     for line in processes[0].stdout:  # rank 0 prints
         lines.append(line)
         if line.startswith("Epoch 1 | iter"):  # a step is done: the loader's workers run
-            os.killpg(processes[signalled].pid, signal.SIGUSR1)
+            os.killpg(processes[signalled].pid, signum)
             break
     outputs = [process.communicate(timeout=600)[0] for process in processes]
     return [(process.returncode, out) for process, out in zip(processes, ["".join(lines) + outputs[0], *outputs[1:]])]
 
 
-@pytest.mark.slow
-def test_sigusr1_saves_requeues_exits_and_resume_finishes_as_uninterrupted(
-    tmp_path, tinyllama_mistral_data, mistral_teacher
-):
-    """Slurm's warning before the time limit (`--signal=SIGUSR1@120`): the recipe ends its step, saves it, asks
-    `scontrol requeue` for the job and exits 75; the requeued job (`--resume auto`) ends where an uninterrupted run
-    does."""
-    steps = 12
-    args = ["--train.save_interval", "null", "--train.max_tokens", str(steps * 4 * 64)]
-    data = {
-        "class_path": "litgpt_vocagnolm.data.VocAgnoData",
-        "init_args": {"path": str(tinyllama_mistral_data), "num_workers": 1},
-    }
-    configs = {}
-    for run in ("whole", "job"):
-        (tmp_path / run).mkdir()
-        configs[run] = recipe_config(tmp_path / run, tinyllama_mistral_data, mistral_teacher, data=data)
-    litgpt_pretrain(configs["whole"], *args)
+STEPS = 12  # of 2 micro-batches of 2 blocks of 64 tokens
 
+
+def signal_run_args(steps: int = STEPS) -> list[str]:
+    """The runs that the signal and resume tests compare: no step checkpoint, a constant learning rate (so that a
+    finished shorter run is the beginning of a longer one; a decaying one is resumed by
+    `test_kill_and_resume_past_a_damaged_checkpoint_equals_uninterrupted_run`),
+    validation every 4 steps."""
+    budget = ["--train.save_interval", "null", "--train.max_tokens", str(steps * 4 * 64), "--eval.interval", "4"]
+    return [*budget, "--train.lr_warmup_steps", "0", "--train.min_lr", "1e-2"]
+
+
+def signal_run_config(directory: Path, data_path: Path, teacher_dir: Path) -> Path:
+    """`recipe_config` in `directory` (made) with one loader worker, which the signals reach too."""
+    directory.mkdir(exist_ok=True)
+    data = {"class_path": "litgpt_vocagnolm.data.VocAgnoData", "init_args": {"path": str(data_path), "num_workers": 1}}
+    return recipe_config(directory, data_path, teacher_dir, data=data)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tinyllama_mistral_data, mistral_teacher) -> tuple[Path, str]:
+    """A run of `signal_run_args` from start to end: its out_dir and its console output."""
+    directory = tmp_path_factory.mktemp("uninterrupted")
+    out = litgpt_pretrain(signal_run_config(directory, tinyllama_mistral_data, mistral_teacher), *signal_run_args())
+    return directory / "out", out.stdout
+
+
+def assert_same_run(out_dir: Path, reference: Path) -> None:
+    """The losses that `out_dir`'s runs logged, step by step, and its final weights are `reference`'s."""
+    losses, expected = ([(row["step"], row["loss"]) for row in metrics(path)] for path in (out_dir, reference))
+    assert [step for step, _ in losses] == [step for step, _ in expected] == list(range(1, STEPS + 1))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=0, atol=1e-6)
+    resumed = torch.load(out_dir / "final" / "lit_model.pth", weights_only=True)
+    whole = torch.load(reference / "final" / "lit_model.pth", weights_only=True)
+    assert (resumed["step_count"], resumed["iter_num"]) == (whole["step_count"], whole["iter_num"]) == (STEPS, 24)
+    for name, tensor in whole["model"].items():
+        torch.testing.assert_close(resumed["model"][name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_metrics_are_logged_at_the_optimizer_step_the_console_prints(uninterrupted):
+    """metrics.csv's `step`, of the training lines, the validations and the final validation, is the optimizer step
+    that the console's lines print (`step N`), whatever the micro-batches per step (here 2)."""
+    out_dir, stdout = uninterrupted
+    printed = [int(step) for step in re.findall(r"^Epoch \d+ \| iter \d+ step (\d+) \|", stdout, flags=re.M)]
+    rows = metric_rows(out_dir)
+    assert [row["step"] for row in rows if "loss" in row] == printed == list(range(1, STEPS + 1))
+    assert [row["iter"] for row in rows if "loss" in row] == [2 * step for step in printed]
+    assert [row["step"] for row in rows if "val_loss" in row] == [4, 8, 12, 12]  # --eval.interval 4, then the final
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGINT, signal.SIGTERM], ids=lambda signum: signum.name)
+def test_a_signal_saves_the_step_exits_and_resume_finishes_as_uninterrupted(
+    tmp_path, tinyllama_mistral_data, mistral_teacher, uninterrupted, signum
+):
+    """Slurm's warning before the time limit (`--signal=SIGUSR1@120`), Ctrl-C, and scancel or preemption (SIGTERM),
+    to the run and its loader worker: the recipe ends its step, saves it, says in one line where `--resume auto`
+    continues and exits: 75 after `scontrol requeue` of the job on SIGUSR1, 128 + the signal's number and no requeue
+    on the others. Resumed (the requeued job, or the same command again), the run ends as an uninterrupted one."""
     calls = stub_scontrol(tmp_path / "bin")
     env = slurm_task(0, 1, tmp_path / "bin", port=free_port())
-    command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(configs["job"]), *args]
-    ((status, out),) = start_and_signal(command, [env], signalled=0)
-    assert status == os.EX_TEMPFAIL, out[-5000:]
-    stopped = int(re.search(r"Stopped after step (\d+) on SIGUSR1", out).group(1))
-    assert 1 <= stopped < steps
-    assert "Requeued Slurm job 4242" in out and calls.read_text() == "requeue 4242\n"
+    config = signal_run_config(tmp_path / "job", tinyllama_mistral_data, mistral_teacher)
+    command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config), *signal_run_args()]
+    requeued = "requeue 4242\n" if signum == signal.SIGUSR1 else ""
+    ((status, out),) = start_and_signal(command, [env], signalled=0, signum=signum)
+    assert status == (os.EX_TEMPFAIL if requeued else 128 + signum), out[-5000:]
+    assert "Traceback" not in out, out[-5000:]  # from the main process or its loader worker
+    stopped = int(re.search(rf"^Stopped after step (\d+) on {signum.name}", out, flags=re.M)[1])
     job = tmp_path / "job" / "out"
-    assert [p.name for p in job.glob("step-*")] == [f"step-{stopped:08d}"] and not (job / "final").exists()
-    saved = json.loads((job / f"step-{stopped:08d}" / "train_state.json").read_text())
+    checkpoint = job / f"step-{stopped:08d}"
+    assert (
+        f"Stopped after step {stopped} on {signum.name}: saved {str(checkpoint)!r}; the same command with --resume auto"
+        " continues from there.\n" in out
+    )
+    announced = f"{signum.name}: the run stops after its next log or checkpoint step, saving it; a second"
+    assert out.count(announced) == (0 if requeued else 1)
+    assert (calls.read_text() if calls.exists() else "") == requeued
+    assert 1 <= stopped < STEPS
+    assert [p.name for p in job.glob("step-*")] == [checkpoint.name] and not (job / "final").exists()
+    saved = json.loads((checkpoint / "train_state.json").read_text())
     assert (saved["step_count"], saved["iter_num"]) == (stopped, 2 * stopped)
 
-    out = litgpt_pretrain(configs["job"], *args, "--resume", "auto", env=env)  # the requeued job
-    assert f"Resuming training from {job / f'step-{stopped:08d}'}" in out.stdout
-    assert calls.read_text() == "requeue 4242\n"  # it finished: no requeue
-    resumed = torch.load(job / "final" / "lit_model.pth", weights_only=True)
-    reference = torch.load(tmp_path / "whole" / "out" / "final" / "lit_model.pth", weights_only=True)
-    assert (
-        (resumed["step_count"], resumed["iter_num"])
-        == (reference["step_count"], reference["iter_num"])
-        == (steps, 2 * steps)
+    out = litgpt_pretrain(config, *signal_run_args(), "--resume", "auto", env=env)
+    assert f"Resuming training from {checkpoint}" in out.stdout
+    assert (calls.read_text() if calls.exists() else "") == requeued  # it finished: no requeue
+    assert_same_run(job, uninterrupted[0])
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_at_once_saving_nothing(tmp_path, tinyllama_mistral_data, mistral_teacher):
+    """Ctrl-C, then Ctrl-C again while the run goes on to its stop: it ends at once, exit status 130, without the
+    stop's checkpoint, in one line naming the checkpoint `--resume auto` would take."""
+    config = recipe_config(tmp_path, tinyllama_mistral_data, mistral_teacher)
+    # The stop is read on log and save steps: Ctrl-C after step 10's line is read at step 14, the second comes before.
+    args = ["--train.save_interval", "7", "--train.log_interval", "10", "--train.max_tokens", str(40 * 4 * 64)]
+    command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config), *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
-    for name, tensor in reference["model"].items():
-        torch.testing.assert_close(resumed["model"][name], tensor, rtol=0, atol=1e-6, msg=name)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("Epoch 1 | iter 20 step 10 |"):
+            os.killpg(process.pid, signal.SIGINT)
+        elif line.startswith("SIGINT: the run stops after its next log or checkpoint step"):
+            os.killpg(process.pid, signal.SIGINT)
+            break
+    out = "".join(lines) + process.communicate(timeout=300)[0]
+    assert process.returncode == 130, out[-5000:]
+    assert "Traceback" not in out and "Stopped after" not in out, out[-5000:]
+    assert [p.name for p in (tmp_path / "out").glob("step-*")] == ["step-00000007"]  # not the stop's, step 14
+    assert not (tmp_path / "out" / "final").exists()
+    newest = tmp_path / "out" / "step-00000007"
+    line = f"Stopped at once on a second SIGINT, saving nothing: --resume auto would continue from {str(newest)!r}"
+    assert out.count(line) == 1 and f"{line} (step 7).\n" in out
+
+
+@pytest.mark.slow
+def test_resume_auto_continues_a_finished_run_on_a_larger_budget_and_refuses_the_same(
+    tmp_path, tinyllama_mistral_data, mistral_teacher, uninterrupted
+):
+    """A finished run that saved no step checkpoint, only final/, continues from its last step with `--resume auto`
+    and a larger `--train.max_tokens`, and ends as the longer run does, step by step. With its budget trained already,
+    it is refused in one line, its final/ kept: never started afresh over it."""
+    config = signal_run_config(tmp_path, tinyllama_mistral_data, mistral_teacher)
+    out_dir = tmp_path / "out"
+    litgpt_pretrain(config, *signal_run_args(steps=6))
+    assert not list(out_dir.glob("step-*"))
+    out = litgpt_pretrain(config, *signal_run_args(), "--resume", "auto")
+    assert f"Resuming training from {out_dir / 'final'} after {6 * 4} blocks" in out.stdout
+    assert_same_run(out_dir, uninterrupted[0])
+
+    finished = (out_dir / "final" / "checksums.json").read_text()
+    command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config)]
+    refused = subprocess.run(
+        [*command, *signal_run_args(), "--resume", "auto"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert_one_line(
+        refused,
+        "litgpt pretrain --recipe vocagnolm",
+        f"{out_dir / 'final'} holds a finished run, trained to step {STEPS}, and this run's budget (--train.max_tokens,"
+        f" --train.max_steps) is {STEPS} steps of 256 tokens: nothing is left to train.",
+    )
+    assert (out_dir / "final" / "checksums.json").read_text() == finished
 
 
 @pytest.mark.slow
@@ -505,6 +619,37 @@ def test_a_run_shorter_than_its_warm_up_trains_and_ends(tmp_path, tinyllama_mist
     assert torch.load(tmp_path / "out" / "final" / "lit_model.pth", weights_only=True)["step_count"] == steps
 
 
+def test_a_step_larger_than_the_train_split_says_how_often_it_reads_each_block(tinyllama_mistral_data, capsys):
+    """A global batch of more blocks than the train split holds reads blocks more than once a step: said at start, with
+    the split's size (from the manifest), and not said for a global batch that the split holds."""
+    from types import SimpleNamespace
+
+    import lightning as L
+    from litgpt.args import TrainArgs
+
+    from litgpt_vocagnolm.data.order import train_loader
+    from litgpt_vocagnolm.data.prepared import VocAgnoData
+    from litgpt_vocagnolm.training.step import Loop
+
+    blocks = json.loads((tinyllama_mistral_data / "manifest.json").read_text())["splits"]["train"]["blocks"]
+    data = VocAgnoData(tinyllama_mistral_data, num_workers=0)
+    data.connect(batch_size=4, max_seq_length=64)
+    fabric = L.Fabric(devices=1, accelerator="cpu")
+    state = {"model": SimpleNamespace(max_seq_length=64), "iter_num": 0}
+    for global_batch_size in (blocks // 4 * 4, 2 * blocks // 4 * 4 + 4):
+        train = TrainArgs(global_batch_size=global_batch_size, micro_batch_size=4, max_tokens=10**6)
+        Loop.start(fabric, state, train_loader(data, 0, 0, 1), train)
+        said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Each optimizer step reads")]
+        if global_batch_size <= blocks:
+            assert said == []
+        else:
+            assert said == [
+                f"Each optimizer step reads {global_batch_size:,} blocks from a train split of {blocks:,}: every block"
+                f" {global_batch_size / blocks:.2f} times on average. Lower --train.global_batch_size, or prepare more"
+                " data, to read each block at most once a step."
+            ]
+
+
 def test_slurm_environment_is_detected(monkeypatch):
     """What srun sets for task 11 of a 4 x 8 job: Fabric must form the 32-process group from it."""
     import lightning as L
@@ -630,27 +775,54 @@ def test_every_method_trains_through_forward_and_loss(method, tinyllama_mistral_
     assert all(p.grad is not None for p in student.parameters()) and all(p.grad is None for p in teacher.parameters())
 
 
-def test_a_warning_after_the_run_does_not_kill_the_finished_process():
+def test_a_warning_after_the_run_does_not_kill_the_finished_process(tmp_path):
     """Slurm's SIGUSR1 may come while a finished run tears down (seen under a real Slurm: the job then counts as
-    failed). Leaving `stop_signal` ignores it where the default would end the process, and keeps a caller's handler."""
-    import signal
-
+    failed). Leaving `stop_signal` ignores it where the default would end the process, and keeps a caller's handler;
+    Ctrl-C and SIGTERM get theirs back."""
     from litgpt_vocagnolm.training.slurm import stop_signal
 
     previous = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with stop_signal() as stop:
+        with stop_signal(tmp_path) as stop:
             os.kill(os.getpid(), signal.SIGUSR1)
-            assert stop.wait(5)
+            assert stop.wait(5) and stop.cancel is None
         assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+        assert {signum: signal.getsignal(signum) for signum in handlers} == handlers
         os.kill(os.getpid(), signal.SIGUSR1)  # would end pytest under SIG_DFL
 
         def handler(signum, frame):
             pass
 
         signal.signal(signal.SIGUSR1, handler)
-        with stop_signal():
+        with stop_signal(tmp_path):
             pass
         assert signal.getsignal(signal.SIGUSR1) is handler
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_loader_workers_outlive_a_sigterm_that_their_parent_did_not_send():
+    """scancel and Slurm's preemption send SIGTERM to every process of the job: a loader worker (`keep_workers`) goes
+    on serving, where torch's handler would end it and fail the loader; from the loader's own process, SIGTERM still
+    ends it, as torch's handler does (a worker that does not stop when shut down)."""
+    from torch.utils.data import DataLoader
+
+    from litgpt_vocagnolm.training.slurm import keep_workers
+
+    class Pids(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 1000
+
+        def __getitem__(self, index: int) -> int:
+            return os.getpid()
+
+    batches = iter(keep_workers(DataLoader(Pids(), batch_size=2, num_workers=1)))
+    (pid,) = set(next(batches).tolist())
+    subprocess.run([sys.executable, "-c", f"import os; os.kill({pid}, {int(signal.SIGTERM)})"], check=True)
+    time.sleep(0.5)
+    assert all(set(next(batches).tolist()) == {pid} for _ in range(20))
+    (worker,) = batches._workers
+    os.kill(pid, signal.SIGTERM)
+    worker.join(timeout=30)
+    assert worker.exitcode == 0

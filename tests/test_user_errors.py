@@ -91,6 +91,11 @@ def test_only_user_errors_lose_their_traceback(capsys):
         "vocagnolm x: error: [Errno 13] Permission denied: '/data/out'. Give a path this user may write to (and"
         " read).\n"
     )
+    with pytest.raises(SystemExit) as exit_:  # Ctrl-C before the recipe takes SIGINT over (`slurm.stop_signal`)
+        with plain_user_errors("litgpt pretrain --recipe vocagnolm", debug=False):
+            raise KeyboardInterrupt
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err == "litgpt pretrain --recipe vocagnolm: interrupted.\n"
 
 
 # prepare
@@ -278,6 +283,14 @@ def test_inspect_refuses_output_files_it_cannot_write(tmp_path, capsys, option, 
     (tmp_path / "a-folder").mkdir()
     with pytest.raises(error, match=re.escape(message.format(path=tmp_path / name))):
         inspect(student=TINYLLAMA, teacher=MISTRAL, **{option: tmp_path / name})
+    assert capsys.readouterr().out == ""  # refused before the report
+
+
+def test_inspect_refuses_a_negative_row_count(capsys):
+    from litgpt_vocagnolm.alignment.inspection import inspect
+
+    with pytest.raises(InvalidArgument, match=re.escape("--rows must be at least 0, got -3.")):
+        inspect(student=TINYLLAMA, teacher=MISTRAL, rows=-3)
     assert capsys.readouterr().out == ""  # refused before the report
 
 

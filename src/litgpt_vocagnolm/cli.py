@@ -87,8 +87,8 @@ def _split_debug(args: list[str]) -> tuple[bool, list[str]]:
 @contextmanager
 def plain_user_errors(prog: str, debug: bool) -> Iterator[None]:
     """A user error (`errors.UserError`: a bad value, a missing or taken path; or a `PermissionError`, which only a path
-    the user gave can raise) as one line and exit status 1, its traceback only with `debug`. Every other exception is a
-    bug and keeps its traceback."""
+    the user gave can raise) as one line and exit status 1, its traceback only with `debug`; Ctrl-C as one line and exit
+    status 130. Every other exception is a bug and keeps its traceback."""
     from litgpt_vocagnolm.errors import UserError
 
     try:
@@ -106,6 +106,10 @@ def plain_user_errors(prog: str, debug: bool) -> Iterator[None]:
             raise
         print(f"{prog}: error: {error}. Give a path this user may write to (and read).", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        # 128 + SIGINT, what a shell reports for Ctrl-C: `vocagnolm prepare ... && litgpt pretrain ...` stops here.
+        print(f"{prog}: interrupted.", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def run_recipe(name: str, args: list[str]) -> None:
@@ -190,12 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     module, function = COMMANDS[command][0].split(":")
     debug, rest = _split_debug(rest)
     prog = f"vocagnolm {command}"
-    try:
-        with plain_user_errors(prog, debug):
-            if command == "plan":
-                return getattr(import_module(module), function)(rest, prog=prog, parser_class=_configure())
-            _run(getattr(import_module(module), function), rest, prog=prog)
-    except KeyboardInterrupt:
-        # 128 + SIGINT, what a shell reports for Ctrl-C: `vocagnolm prepare ... && litgpt pretrain ...` stops here.
-        print(f"vocagnolm {command}: interrupted.", file=sys.stderr)
-        raise SystemExit(130) from None
+    with plain_user_errors(prog, debug):
+        if command == "plan":
+            return getattr(import_module(module), function)(rest, prog=prog, parser_class=_configure())
+        _run(getattr(import_module(module), function), rest, prog=prog)

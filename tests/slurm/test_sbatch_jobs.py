@@ -97,19 +97,14 @@ def wait(job_id: str, timeout: float = 600) -> dict[str, str]:
 
 
 def losses(out_dir: Path) -> list[tuple[int, float]]:
-    """(step, loss) of every logged step of every run of a job, in the order the runs logged them. The step is the data
-    position: the blocks trained on all ranks so far (`total_tokens`), in steps of 16 blocks of 128 tokens, so that it
-    counts the same on any number of processes."""
+    """(step, loss) of every logged step of every run of a job, in the order the runs logged them: the optimizer step,
+    which counts the same on any number of processes."""
     rows = []
     for metrics in sorted(
         (out_dir / "logs" / "csv").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])
     ):
         with open(metrics) as f:
-            rows += [
-                (int(row["total_tokens"]) // (16 * 128), float(row["loss"]))
-                for row in csv.DictReader(f)
-                if row.get("loss")
-            ]
+            rows += [(int(float(row["step"])), float(row["loss"])) for row in csv.DictReader(f) if row.get("loss")]
     return rows
 
 

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from litgpt_vocagnolm.alignment.lexical import align, chunk_align, chunk_span_ios_iou, encode, ios_iou
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
-from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, check_output_file
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, at_least, check_output_file
 
 # Written for this project: word problems, LaTeX and the Unicode that math text carries.
 SAMPLE = """\
@@ -358,6 +358,7 @@ def inspect(
         raise InvalidArgument("Pass --text or --file, not both.")
     if any(c < 1 for c in chunks):
         raise InvalidArgument(f"Chunk counts must be at least 1, got {chunks}.")
+    at_least("--rows", rows, 0)
     for flag, path, suffixes in (
         ("--html", html, (".html", ".htm")),
         ("--json", json, (".json",)),

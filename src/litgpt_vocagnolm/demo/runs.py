@@ -159,7 +159,7 @@ def read_metrics(out_dir: Path, tokens_per_step: int) -> dict[str, Any]:
     shares = [row["reference_share_1"] for row in logged if "reference_share_1" in row]  # several teachers only
     return {
         "second_teacher_share": float(np.mean(shares)) if shares else None,
-        "tokens": [int(row["step"] + 1) * tokens_per_step for row in evaluations],  # logged at step - 1
+        "tokens": [int(row["step"]) * tokens_per_step for row in evaluations],  # logged at the optimizer step
         "bpb": [row["val_bpb"] for row in evaluations],
         "heldout_loss": evaluations[-1]["val_loss"],
         "train_loss": last["loss"],

@@ -163,24 +163,41 @@ def verify_checkpoint(step_dir: Path, rank: int = 0, world_size: int = 1) -> Non
     SafeReader(step_dir).read_metadata()
 
 
+def saved_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
+    """The checkpoints in `out_dir` (`step-*` and `final`, each renamed so once complete) and the step each holds, the
+    latest step first; `final` after a `step-*` of its step (they hold the same state). A `final` whose train state
+    can't be read comes last."""
+
+    def step(path: Path) -> int:
+        if path.name != "final":
+            return int(path.name.removeprefix("step-"))
+        try:
+            return json.loads((path / TRAIN_STATE).read_text())["step_count"]
+        except (OSError, ValueError, KeyError):
+            return -1
+
+    found = [(step(p), p) for p in previous_checkpoints(out_dir) if not p.name.startswith(".partial-")]
+    return sorted(found, key=lambda pair: (pair[0], pair[1].name != "final"), reverse=True)
+
+
 def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Path, out_dir: Path) -> Path | None:
-    """The checkpoint directory to resume from: the newest `out_dir/step-*` that is complete and undamaged.
+    """The checkpoint directory to resume from: the one of the latest step in `out_dir` (`saved_checkpoints`: a
+    `step-*`, or the finished run's `final`, which a larger budget continues) that is complete and undamaged.
 
     LitGPT takes the newest step; if that one is damaged (a node lost while the file system flushed it, a full disk),
     a requeued job fails on every requeue. Here, for `--resume auto` or `True`, a checkpoint that `verify_checkpoint`
     refuses (a file missing, or not matching its checksum) is reported and skipped, newest first, and only one that
     every rank verifies is taken (one all-reduce per checkpoint tried), so all ranks resume from the same step. With
-    none readable, `auto` starts afresh and `True` fails; a `resume` path (a checkpoint directory or a file in one) is
-    verified the same way, and fails if it doesn't verify.
+    none readable, `auto` starts afresh and `True` fails, but neither over a finished run: its `final` is kept and the
+    run refused. A `resume` path (a checkpoint directory or a file in one) is verified the same way, and fails if it
+    doesn't verify.
     """
     if not resume:
         return None
     if isinstance(resume, Path):
         candidates = [resume if resume.is_dir() else resume.parent]
     else:  # rank 0's list, so that every rank tries the same directories even where one rank sees a stale listing
-        candidates = sorted(
-            (p for p in out_dir.glob("step-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]), reverse=True
-        )
+        candidates = [path for _, path in saved_checkpoints(out_dir)]
     candidates = fabric.broadcast(candidates)
     for path in candidates:
         try:
@@ -195,11 +212,31 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
     if isinstance(resume, Path):
         raise UnreadableCheckpoint(f"--resume {str(candidates[0])!r} can't be resumed from: see the line above.")
     skipped = f" ({len(candidates)} unreadable, skipped)" if candidates else ""
+    if out_dir / "final" in candidates:  # starting afresh would replace the finished run's final/
+        raise UnreadableCheckpoint(
+            f"--resume {str(resume).lower()}: no readable checkpoint in --out_dir {out_dir}{skipped}, and"
+            f" {out_dir / 'final'} holds a finished run: delete it to start afresh there, or choose another --out_dir."
+        )
     if resume is True:
         raise PathMissing(f"--resume true, but no readable checkpoint in --out_dir {out_dir}{skipped}.")
     if candidates:
         fabric.print(f"No readable checkpoint in {out_dir}{skipped}: starting afresh.")
     return None
+
+
+def check_left_to_train(checkpoint_dir: Path, max_steps: int, tokens_per_step: int) -> None:
+    """Refuses to resume a finished run (`checkpoint_dir` is its `final`) on a budget of `max_steps` optimizer steps of
+    `tokens_per_step` tokens that it has trained already: nothing would be trained, and its `final` saved again."""
+    if checkpoint_dir.name != "final":
+        return
+    step = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["step_count"]
+    if step >= max_steps:
+        raise InvalidArgument(
+            f"{checkpoint_dir} holds a finished run, trained to step {step}, and this run's budget"
+            f" (--train.max_tokens, --train.max_steps) is {max_steps} steps of {tokens_per_step:,} tokens: nothing is"
+            f" left to train. To train on, give it more steps (--train.max_tokens {(step + 1) * tokens_per_step} is one"
+            f" more; --train.max_steps, if given, above {step}); to start afresh, choose another --out_dir."
+        )
 
 
 class Checkpointer:

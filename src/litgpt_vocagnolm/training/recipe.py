@@ -14,14 +14,14 @@ is `step.train_step`, what follows it (log, validation, checkpoints, the stop si
 
 What surrounds the loop lives apart: the input checks in `checks`, the order of the training data (one global order,
 resumed from a count of blocks on any number of processes) in `order`, sharding and activation checkpointing in
-`distributed`, checkpoint writing and resuming in `checkpoints`, SIGUSR1's stop and the requeue in `slurm`.
+`distributed`, checkpoint writing and resuming in `checkpoints`, the stop on a signal (SIGUSR1, SIGINT, SIGTERM) and
+the requeue in `slurm`.
 """
 
 import functools
 import math
 import pprint
 import shutil
-import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -56,6 +56,7 @@ from litgpt_vocagnolm.models.model_configs import register
 from litgpt_vocagnolm.models.weights import load_weights
 from litgpt_vocagnolm.training.checkpoints import (
     Checkpointer,
+    check_left_to_train,
     check_out_dir,
     data_position,
     find_resume_checkpoint,
@@ -79,8 +80,8 @@ from litgpt_vocagnolm.training.distributed import (
     parallelize,
 )
 from litgpt_vocagnolm.training.micro_batch import Guide
-from litgpt_vocagnolm.training.slurm import requeue_and_exit, stop_signal
-from litgpt_vocagnolm.training.step import Loop, Step, train_step
+from litgpt_vocagnolm.training.slurm import StopRequest, exit_after_stop, keep_workers, stop_signal
+from litgpt_vocagnolm.training.step import Loop, Step, run_steps, train_step
 from litgpt_vocagnolm.training.teacher import TeacherArgs, teachers_of
 
 
@@ -103,8 +104,8 @@ class Run:
     """`setup`'s arguments, written into every checkpoint as hyperparameters.yaml."""
     history: list[str]
     """The resumes that changed the run's shape, headed to hyperparameters.yaml (`checkpoints.resume_history`)."""
-    stop: threading.Event
-    """Set by SIGUSR1: stop after the current optimizer step (see `slurm.stop_signal`)."""
+    stop: StopRequest
+    """Set by SIGUSR1, SIGINT or SIGTERM: stop after the current optimizer step (see `slurm.stop_signal`)."""
     checkpointer: Checkpointer | None = None
     """Writes and reads the sharded checkpoints of the state (`checkpoints.Checkpointer`), built by `main` once the
     state exists."""
@@ -157,8 +158,9 @@ def setup(
             ``resume="auto"`` it is used only while ``out_dir`` has no checkpoint yet.
         resume: A checkpoint directory to resume from (``out_dir/step-*``), ``True`` for the latest in ``out_dir``,
             or ``"auto"``: the latest if there is one (what a requeued Slurm job wants). ``True`` and ``"auto"`` skip,
-            and report, a checkpoint that is incomplete or fails its checksums. Any number of devices and nodes
-            resumes a checkpoint (they are sharded, resharded on load).
+            and report, a checkpoint that is incomplete or fails its checksums. A finished run's ``final`` is resumed
+            too, when it is the latest: a larger ``--train.max_tokens`` trains on; the same one is refused. Any number
+            of devices and nodes resumes a checkpoint (they are sharded, resharded on load).
         data: The prepared data: ``VocAgnoData`` (``--data VocAgnoData --data.path DIR``, see ``vocagnolm prepare``).
             Plain LitGPT data modules work for ``--guidance.method ce`` only.
         train: Training-related arguments. See ``litgpt.args.TrainArgs``.
@@ -227,7 +229,8 @@ def setup(
     if logger_name in ("tensorboard", "wandb", "mlflow"):
         fabric.logger.log_hyperparams(hparams)
 
-    with stop_signal() as stop:  # Slurm's warning before the time limit: checkpoint, requeue, exit
+    # Slurm's warning before the time limit, Ctrl-C, scancel or preemption: end the step, save it, exit.
+    with stop_signal(out_dir, announce=fabric.global_rank == 0) as stop:
         run = Run(
             out_dir=out_dir,
             tokenizer_dir=tokenizer_dir,
@@ -272,6 +275,8 @@ def main(
     resume = find_resume_checkpoint(fabric, run.resume, out_dir)
     position = 0  # the blocks consumed over all ranks: where the data order continues
     if resume:  # a change of the run's shape: refused, or carried out and said (before any model is built)
+        max_seq_length = train.max_seq_length or config.block_size
+        check_left_to_train(resume, run_steps(train, max_seq_length), train.global_batch_size * max_seq_length)
         run.history = resume_history(resume, run.hparams, fabric.world_size)
         for line in run.history:
             fabric.print(line)
@@ -322,9 +327,12 @@ def main(
             order.train_loader(data, position, fabric.global_rank, fabric.world_size),
             order.val_loader(data, fabric.global_rank, fabric.world_size),
         )
-        train_dataloader, val_dataloader = fabric.setup_dataloaders(*loaders, use_distributed_sampler=False)
     else:  # a LitGPT data module's own loaders, dealt to ranks by Fabric's sampler or LitData
-        train_dataloader, val_dataloader = fabric.setup_dataloaders(data.train_dataloader(), data.val_dataloader())
+        loaders = (data.train_dataloader(), data.val_dataloader())
+    loaders = [keep_workers(loader) for loader in loaders]  # they serve the step that a SIGTERM to every process ends
+    train_dataloader, val_dataloader = fabric.setup_dataloaders(
+        *loaders, use_distributed_sampler=not isinstance(data, VocAgnoData)
+    )
     stateful = hasattr(train_dataloader, "state_dict")  # LitData's: resumed on as many ranks (`data_position`)
 
     if run.initial_checkpoint_dir and not resume:
@@ -353,9 +361,9 @@ def main(
     if guidance.compare == "byte":
         tables = [byte_table(tokenizer_dir, fabric.device), *(t.byte_table(fabric.device) for t in teachers)]
     guide = Guide.build(fabric, guidance, teachers, vocab_size, tables, seed=run.seed)
-    finished = fit(fabric, state, train_dataloader, val_dataloader, run, train, eval, guide)
-    if not finished:
-        requeue_and_exit(fabric)
+    stopped = fit(fabric, state, train_dataloader, val_dataloader, run, train, eval, guide)
+    if stopped is not None:
+        exit_after_stop(fabric, run.stop, stopped, state["step_count"])
     run.checkpointer.save_final()
 
     train_time = time.perf_counter() - train_t0
@@ -383,10 +391,10 @@ def fit(
     train: TrainArgs,
     eval: EvalArgs,
     guide: Guide,
-) -> bool:
-    """The training loop: an optimizer step (`step.train_step`), then what follows it (`after_step`). Returns False
-    when it stopped early on `stop` (set by SIGUSR1): every rank stops at the end of the same optimizer step, after a
-    checkpoint of it."""
+) -> Path | None:
+    """The training loop: an optimizer step (`step.train_step`), then what follows it (`after_step`). Returns the
+    checkpoint of the step where it stopped early on `run.stop` (set by a signal), None once the run's budget is
+    trained: every rank stops at the end of the same optimizer step."""
     model, optimizer = state["model"], state["optimizer"]
     if eval.initial_validation:
         val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
@@ -401,14 +409,15 @@ def fit(
         for param_group in optimizer.param_groups:
             param_group["lr"] = lr
         step = train_step(fabric, state, loop.batches, guide, train, stop=run.stop, teacher_timer=loop.teacher_timer)
-        if not after_step(fabric, state, step, loop, val_dataloader, run, train, eval):
-            return False
+        stopped = after_step(fabric, state, step, loop, val_dataloader, run, train, eval)
+        if stopped is not None:
+            return stopped
 
     if eval.final_validation:
         val_metrics = validate(fabric, model, val_dataloader, max_iters=eval.max_iters)
-        fabric.log_dict(val_metrics, step=state["iter_num"])
+        fabric.log_dict(val_metrics, step=state["step_count"])
         fabric.print(f"Final evaluation | {format_metrics(val_metrics)}")
-    return True
+    return None
 
 
 def after_step(
@@ -420,11 +429,11 @@ def after_step(
     run: Run,
     train: TrainArgs,
     eval: EvalArgs,
-) -> bool:
+) -> Path | None:
     """What follows an optimizer step: the log line, validation, checkpoints and the stop signal. Whether the norms
     were finite and whether a rank was asked to stop are read (a host sync) on log steps and before checkpoints only
-    (the stop then comes at the next log step: 10 steps in the paper's recipes). Returns False when the run stops
-    here, after a checkpoint of the step."""
+    (the stop then comes at the next of those: every 10 steps in the paper's recipes). Returns the checkpoint of the
+    step when the run stops here (saved, complete), else None."""
     loop.finite &= step.finite
     loop.step_time += step.seconds
     step_count = state["step_count"]
@@ -437,9 +446,7 @@ def after_step(
     if logs:
         log_step(fabric, state, step, loop)
     if stopping:
-        checkpoint = run.checkpointer.save(step_count)  # complete before exit
-        fabric.print(f"Stopped after step {step_count} on SIGUSR1: saved {str(checkpoint)!r}.")
-        return False
+        return run.checkpointer.save(step_count)  # complete before exit
 
     if val_dataloader is not None and step_count % eval.interval == 0:
         t0 = time.perf_counter()
@@ -448,13 +455,13 @@ def after_step(
             f"iter {state['iter_num']}: {format_metrics(loop.val_metrics)}, val time:"
             f" {(time.perf_counter() - t0) * 1000:.2f} ms"
         )
-        fabric.log_dict(loop.val_metrics, step=state["iter_num"] - 1)
+        fabric.log_dict(loop.val_metrics, step=step_count)
         fabric.barrier()
 
     run.checkpointer.poll()  # a background save that every rank has written: make it the latest
     if saves:
         run.checkpointer.save(step_count, blocking=False)
-    return True
+    return None
 
 
 def log_step(fabric: L.Fabric, state: dict, step: Step, loop: Loop) -> None:
@@ -483,7 +490,7 @@ def log_step(fabric: L.Fabric, state: dict, step: Step, loop: Loop) -> None:
         f"{step_summary(log)} | {format_metrics(loop.val_metrics)} | iter time: {log['iter_time'] * 1000:.2f} ms"
         f" remaining time: {timedelta(seconds=int(log['remaining_time']))!s}"
     )
-    fabric.log_dict(log, step=state["iter_num"] - 1)
+    fabric.log_dict(log, step=state["step_count"])  # the step the line prints, as every logger keys it
 
 
 @torch.no_grad()

@@ -150,9 +150,7 @@ class Loop:
         accumulation = order.accumulation(train.global_batch_size, train.micro_batch_size, fabric.world_size)
         epoch_blocks = train_split_blocks(train_dataloader, train.micro_batch_size * fabric.world_size)
         tokens_per_iter = train.micro_batch_size * state["model"].max_seq_length
-        max_steps = train.max_tokens // fabric.world_size // tokens_per_iter // accumulation
-        if train.max_steps is not None:
-            max_steps = min(max_steps, train.max_steps)
+        max_steps = run_steps(train, state["model"].max_seq_length)
         warmup_steps = train.lr_warmup_steps or 0
         if train.lr_warmup_fraction and epoch_blocks:  # a share of one epoch's steps, as LitGPT counts it
             warmup_steps = math.ceil(train.lr_warmup_fraction * epoch_blocks / train.global_batch_size)
@@ -167,6 +165,12 @@ class Loop:
             f" ({accumulation} micro-batches of {train.micro_batch_size} x {state['model'].max_seq_length} on"
             f" {fabric.world_size} ranks); {max_steps:,} steps."
         )
+        if epoch_blocks and train.global_batch_size > epoch_blocks:  # a step spans epochs of the global order
+            fabric.print(
+                f"Each optimizer step reads {train.global_batch_size:,} blocks from a train split of {epoch_blocks:,}:"
+                f" every block {train.global_batch_size / epoch_blocks:.2f} times on average. Lower"
+                " --train.global_batch_size, or prepare more data, to read each block at most once a step."
+            )
         finite = torch.ones((), dtype=torch.bool, device=fabric.device)
         batches, timer = CycleIterator(train_dataloader), Stopwatch(fabric.device)
         fabric.barrier()
@@ -181,6 +185,13 @@ class Loop:
             state["iter_num"],
             finite,
         )
+
+
+def run_steps(train: TrainArgs, max_seq_length: int) -> int:
+    """The run's optimizer steps: as many global batches of `max_seq_length`-token blocks as its token budget holds,
+    or `--train.max_steps` if fewer."""
+    steps = train.max_tokens // (train.global_batch_size * max_seq_length)
+    return steps if train.max_steps is None else min(steps, train.max_steps)
 
 
 def train_split_blocks(train_dataloader, blocks_per_round: int) -> int | None:
