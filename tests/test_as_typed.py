@@ -268,8 +268,8 @@ def test_convert_to_litgpt(tmp_path):
 
 def test_demo(tmp_path, monkeypatch):
     """`vocagnolm demo`, through the function the console script runs, as far as its first work."""
-    import litgpt_vocagnolm.demo as demo_module
     from litgpt_vocagnolm.cli import main
+    from litgpt_vocagnolm.demo import tokenizer_training
     from litgpt_vocagnolm.demo.settings import CORPUS, DemoSizes
 
     class FirstWork(Exception):
@@ -281,7 +281,7 @@ def test_demo(tmp_path, monkeypatch):
         seen.update(texts=texts, vocab_size=vocab_size, out_dir=out_dir)
         raise FirstWork
 
-    monkeypatch.setattr(demo_module, "train_student_tokenizer", stop)
+    monkeypatch.setattr(tokenizer_training, "train_student_tokenizer", stop)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FirstWork):
         main(["demo"])

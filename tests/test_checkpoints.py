@@ -188,3 +188,44 @@ def test_score_teacher_refuses_a_teacher_vocabulary_smaller_than_its_tokenizer(t
     with pytest.raises(ValueError, match=r"tokenizer has 151665 tokens but the model only 32000 \(padded_vocab_size"):
         score_teacher(data=tinyllama_qwen_data, teacher=teacher, output=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
+
+
+def test_the_final_save_says_each_phase_and_a_disk_without_room_is_refused_before_any_write(tmp_path, monkeypatch):
+    """The final save prints its size and free space, then a line per phase with its seconds; its estimate of the
+    bytes is what lands on disk, lit_model.pth's checksum (hashed as it is written) is the file's, and the file holds
+    the model. With less room than the estimate, it stops before writing anything, saying what it needs."""
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    model = gpt.GPT(tiny_config("student", 32000, n_layer=2, n_embd=64, block_size=64))
+    optimizer = torch.optim.AdamW(model.parameters())
+    tokens = torch.randint(0, 32000, (1, 8))
+    model(tokens, targets=tokens).sum().backward()
+    optimizer.step()
+    state = {"model": model, "optimizer": optimizer, "iter_num": 2, "step_count": 1, "position": 4}
+    printed = []
+    monkeypatch.setattr(fabric, "print", lambda line: printed.append(line))
+    final = checkpoints.Checkpointer(fabric, state, tmp_path / "out", TINYLLAMA, hparams={}).save_final()
+
+    assert printed[0].startswith(f"Saving checkpoint to {str(final)!r}: ")
+    assert [line.split(" in ")[0] for line in printed[1:]] == [
+        "  shards written",
+        "  checksums and lit_model.pth",
+        "  saved",
+    ]
+    assert all(line.endswith(" s") for line in printed[1:])
+    weights = sum(p.numel() * 4 for p in model.parameters())  # float32
+    shards = sum(p.stat().st_size for p in final.glob("*.distcp"))
+    assert 3 * weights < shards < 3.01 * weights  # weights, exp_avg, exp_avg_sq, a step count each, their headers
+    assert weights < (final / "lit_model.pth").stat().st_size < 1.01 * weights
+    sums = json.loads((final / CHECKSUMS).read_text())
+    assert sums["lit_model.pth"] == checkpoints.file_sha256(final / "lit_model.pth")
+    saved = torch.load(final / "lit_model.pth", weights_only=True)
+    assert (saved["iter_num"], saved["step_count"]) == (2, 1)
+    assert all(torch.equal(saved["model"][name], tensor) for name, tensor in model.state_dict().items())
+
+    needed = checkpoints.tensor_bytes(model.state_dict()) * 4  # weights and AdamW state, then lit_model.pth
+    usage = checkpoints.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: usage._replace(free=needed - 1))
+    refused = r"Saving .*full.final needs 0\.07 GB and the file system of .*full has 0\.07 GB free: make room there"
+    with pytest.raises(OSError, match=refused):
+        checkpoints.Checkpointer(fabric, state, tmp_path / "full", TINYLLAMA, hparams={}).save_final()
+    assert not (tmp_path / "full").exists() or not any((tmp_path / "full").iterdir())

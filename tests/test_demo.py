@@ -4,6 +4,8 @@ import csv
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +18,9 @@ from litgpt_vocagnolm.alignment.lexical import vocab_overlap
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer, same_vocabulary
 from litgpt_vocagnolm.demo import demo
 from litgpt_vocagnolm.demo.corpus import add_noise, read_corpus, split_heldout
-from litgpt_vocagnolm.demo.settings import QUICK, STUDENTS
+from litgpt_vocagnolm.demo.settings import QUICK, STUDENT_ALPHABET, STUDENT_VOCAB_MIN, STUDENTS
 from litgpt_vocagnolm.demo.table import compare
+from litgpt_vocagnolm.demo.tokenizer_training import train_student_tokenizer
 
 METHOD_NAMES = list(STUDENTS)
 SEEDED = ("ce", "vocagnolm", "vocagnolm-2teachers", "vocagnolm-2teachers-byte")
@@ -134,6 +137,50 @@ def test_tokenizers_are_two_families_that_round_trip(quick_run):
     # The second teacher: the student's family, other merges, so other ids (a vocabulary of its own, not an extension).
     teacher2 = load_tokenizer(out_dir / "tokenizers" / "teacher2")
     assert teacher2.get_vocab_size() == QUICK.second_teacher_vocab_size and not same_vocabulary(student, teacher2)
+
+
+def test_student_alphabet_breaks_ties_by_the_character(tmp_path):
+    """Every character of the text once, "▁" (the space mark put before it) too: 102 tied for 100 places. The
+    student keeps the first 100 by code point, after its special and byte tokens; the trainer alone would drop two
+    in the order of its hash map."""
+    characters = [chr(0x4E00 + i) for i in range(STUDENT_ALPHABET + 1)]
+    tokenizer = load_tokenizer(train_student_tokenizer(["".join(characters)], STUDENT_VOCAB_MIN, tmp_path))
+    vocab = sorted(tokenizer.get_vocab(), key=tokenizer.get_vocab().get)
+    assert vocab[3 + 256 :] == ["▁", *characters[: STUDENT_ALPHABET - 1]]
+
+
+# Trains the quick demo's tokenizers on the texts the demo gives them, three times, into folders 0, 1, 2 of argv[1].
+TRAIN_QUICK_TOKENIZERS = """
+import sys
+from pathlib import Path
+from litgpt_vocagnolm.demo.corpus import demo_texts
+from litgpt_vocagnolm.demo.settings import DATA, QUICK
+from litgpt_vocagnolm.demo.tokenizer_training import train_tokenizers
+teacher_texts = demo_texts(DATA, QUICK)[0]
+for i in range(3):
+    train_tokenizers(teacher_texts, QUICK, Path(sys.argv[1]) / str(i), second_teacher=True)
+"""
+
+
+def test_quick_tokenizers_are_the_same_bytes_in_every_process(tmp_path):
+    """`vocagnolm demo --quick`'s three tokenizers, trained three times in each of two processes: the same files. The
+    trainer's hash maps are seeded anew in every process (and every map within one); with the student's alphabet
+    left to them, its files differed from run to run."""
+    command = [sys.executable, "-c", TRAIN_QUICK_TOKENIZERS]
+    processes = [subprocess.Popen([*command, str(tmp_path / f"process{p}")], stderr=subprocess.PIPE) for p in (0, 1)]
+    for process in processes:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr.decode()
+    trainings = sorted(tmp_path.glob("*/*"))
+    files = [{str(f.relative_to(run)): f.read_bytes() for f in run.rglob("*") if f.is_file()} for run in trainings]
+    assert len(trainings) == 6 and len(files[0]) == 6  # student, teacher, teacher2: tokenizer(_config).json each
+    different = [
+        f"{run.relative_to(tmp_path)}/{name}"
+        for run, f in zip(trainings, files)
+        for name in f
+        if f[name] != files[0][name]
+    ]
+    assert not different, f"differ from {trainings[0].relative_to(tmp_path)}'s"
 
 
 def test_noise_covers_its_share_and_keeps_length():

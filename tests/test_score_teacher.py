@@ -6,7 +6,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import MISTRAL, make_checkpoint, tiny_config
+import torch
+from conftest import MISTRAL, QWEN, ROOT, TINYLLAMA, make_checkpoint, prepare_pair, tiny_config
+from litgpt.config import Config
 from test_teacher_cache import score
 
 from litgpt_vocagnolm.data.prepared import iter_blocks
@@ -92,35 +94,51 @@ def test_another_teacher_precision_or_shard_size_is_refused_naming_both(
         score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64)
 
 
-def test_the_teacher_is_compiled_by_default_on_cuda_only(
-    tmp_path, tinyllama_mistral_data, mistral_teacher, monkeypatch
-):
-    """Without --compile the teacher is compiled where the device is CUDA and runs eager on a CPU: the command's
-    default follows `compiles_by_default` for the device it runs on, and --compile overrides it. (Each run stops at
-    its first forward: whether it compiled is decided by then.)"""
-    import torch
-
+def test_the_gpu_default_compiles_the_blocks_only_and_scores_what_eager_scores(tmp_path, qwen_teacher, monkeypatch):
+    """`score-teacher` as typed on a GPU, forced on this CPU: its defaults there (compile, bf16-true) with a Qwen2.5
+    teacher's 151,936-row head. No compiled graph holds the head or a gather over the vocabulary (compiled whole, the
+    head's tile loop became one kernel whose index, rows x vocabulary, overflowed int32 on an H100), and the cache is
+    the one the same precision writes eager. Every graph `torch.compile` is asked for is recorded (and run as traced);
+    on a CPU the command stays eager unless told, and `--compile` overrides the default either way."""
     from litgpt_vocagnolm.training import score_teacher as command
+    from litgpt_vocagnolm.training import teacher
 
-    class FirstForward(Exception):
-        pass
+    corpus = tmp_path / "gsm8k.jsonl"  # 12 problems: bf16 matrix products are slow on a CPU
+    corpus.write_text("".join((ROOT / "data" / "gsm8k" / "train.jsonl").read_text().splitlines(True)[:12]))
+    data = prepare_pair(tmp_path / "data", corpus, TINYLLAMA, QWEN)
+    graphs = []
 
-    def first_forward(*args):
-        raise FirstForward
+    def recorded(graph: torch.fx.GraphModule, example_inputs):
+        graphs.append(graph)
+        return graph.forward
 
-    def compiled(**options) -> bool:
-        calls = []
-        monkeypatch.setattr(torch, "compile", lambda model, **kwargs: calls.append(model) or model)
-        output = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
-        with pytest.raises(FirstForward):
-            score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, num_workers=0, **options)
-        return len(calls) == 1
+    compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn=None, **options: compile(fn, **{**options, "backend": recorded}))
+    assert command.compiles_by_default(torch.device("cuda", 0)) and not command.compiles_by_default(torch.device("cpu"))
+    assert teacher.default_precision(torch.device("cuda", 0)) == "bf16-true"
 
-    assert command.compiles_by_default(torch.device("cuda", 0))
-    assert not command.compiles_by_default(torch.device("cpu"))
-    monkeypatch.setattr(command, "teacher_token_loss", first_forward)
-    assert not compiled()  # this CPU
-    assert compiled(compile=True)
-    monkeypatch.setattr(command, "compiles_by_default", lambda device: device.type == "cpu")  # as if it were CUDA
-    assert compiled()
-    assert not compiled(compile=False)
+    def score(output: str, **options) -> Path:
+        torch._dynamo.reset()
+        score_teacher(data=data, teacher=qwen_teacher, output=tmp_path / output, **options)
+        return tmp_path / output
+
+    eager = score("eager", precision="bf16-true", num_workers=0)
+    assert not graphs  # this CPU's default: eager
+    monkeypatch.setattr(command, "compiles_by_default", lambda device: True)  # as on a GPU
+    monkeypatch.setattr(command, "default_precision", lambda device: "bf16-true")
+    gpu = score("as-on-a-gpu")
+    vocab_size = Config.from_file(qwen_teacher / "model_config.yaml").padded_vocab_size
+    assert len(graphs) >= 1
+    for graph in graphs:
+        for node in graph.graph.nodes:
+            assert "lm_head" not in node.name and "gather" not in str(node.target), graph.code
+            value = node.meta.get("example_value")
+            assert not (isinstance(value, torch.Tensor) and vocab_size in value.shape), (node, graph.code)
+    assert json.loads((gpu / "manifest.json").read_text())["precision"] == "bf16-true"
+    for split in ("train", "val"):
+        for name in sorted(p.name for p in (eager / split).iterdir()):
+            assert (gpu / split / name).read_bytes() == (eager / split / name).read_bytes(), name
+
+    graphs.clear()
+    score("told-not-to", compile=False, num_workers=0)
+    assert not graphs

@@ -27,6 +27,10 @@ class PathTaken(UserError, FileExistsError):
     """A folder the command writes holds something it must not replace."""
 
 
+class DiskFull(UserError, OSError):
+    """A file system without room for what the command would write."""
+
+
 def at_least(flag: str, value: float, minimum: float) -> None:
     """Refuses `value` below `minimum`, naming the option: `at_least("--num_workers", 0, 1)`."""
     if value < minimum:

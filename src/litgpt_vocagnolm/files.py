@@ -3,8 +3,9 @@
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 WHOLE_HASH_BYTES = 1 << 20  # input files up to this size are hashed whole
 HASH_SAMPLES = 16  # larger ones: this many evenly spaced samples...
@@ -14,9 +15,34 @@ SAMPLE_BYTES = 1 << 16  # ...of this many bytes each, so at most 1 MiB is read p
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)  # releases the GIL: files hash in parallel threads
     return digest.hexdigest()
+
+
+def files_sha256(paths: list[Path]) -> dict[str, str]:
+    """sha256 of each file, by name, hashed in parallel threads (a checkpoint's shards: hashlib releases the GIL, so
+    a node's cores share the work)."""
+    with ThreadPoolExecutor(max_workers=max(1, min(len(paths), os.cpu_count() or 1))) as pool:
+        return dict(zip((p.name for p in paths), pool.map(file_sha256, paths)))
+
+
+class HashingWriter:
+    """A binary file open for writing that hashes what goes through it: `torch.save(obj, HashingWriter(f))` leaves
+    the file's sha256 in `hexdigest()` without reading the file again."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file, self.digest = file, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
 
 
 def file_fingerprint(path: Path) -> dict[str, Any]:

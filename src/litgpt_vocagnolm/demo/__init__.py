@@ -45,7 +45,7 @@ import torch
 
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 from litgpt_vocagnolm.data.prepared import byte_table
-from litgpt_vocagnolm.demo.corpus import add_noise, documents_for, read_corpus, split_heldout, write_texts
+from litgpt_vocagnolm.demo.corpus import add_noise, demo_texts, documents_for, write_texts
 from litgpt_vocagnolm.demo.noise import noise_sample, score_blocks, trained_noise_share
 from litgpt_vocagnolm.demo.plot import plot
 from litgpt_vocagnolm.demo.runs import (
@@ -59,11 +59,7 @@ from litgpt_vocagnolm.demo.runs import (
 )
 from litgpt_vocagnolm.demo.settings import CORPUS, DATA, QUICK, STUDENTS, TWO_TEACHERS, DemoSizes, method_of
 from litgpt_vocagnolm.demo.table import claims, markdown_table, method_row, noise_summary, write_csv
-from litgpt_vocagnolm.demo.tokenizer_training import (
-    describe_tokenizers,
-    train_student_tokenizer,
-    train_teacher_tokenizer,
-)
+from litgpt_vocagnolm.demo.tokenizer_training import describe_tokenizers, train_tokenizers
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, check_writable
 from litgpt_vocagnolm.files import write_json
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
@@ -207,20 +203,16 @@ def demo(
     # 1. Corpus: held-out text; the training documents in two halves, clean for the teacher, noisy for the students
     # (so that the teacher's guidance comes from knowing math text, not from having read these documents).
     stage(f"Corpus: {', '.join(file for file, _ in CORPUS)} in {data_dir}")
-    train_texts, heldout_texts = split_heldout(read_corpus(data_dir, sizes.documents), sizes.heldout_share)
-    teacher_texts, student_texts = train_texts[0::2], train_texts[1::2]
+    teacher_texts, student_texts, heldout_texts = demo_texts(data_dir, sizes)
 
-    # 2. Tokenizers of two families, trained on the teacher's text.
+    # 2. Tokenizers of two families, trained on the teacher's text (the same files on every run).
     stage("Tokenizers")
-    tokenizers = out_dir / "tokenizers"
-    student_tokenizer = train_student_tokenizer(teacher_texts, sizes.student_vocab_size, tokenizers / "student")
-    teacher_tokenizer = train_teacher_tokenizer(teacher_texts, sizes.teacher_vocab_size, tokenizers / "teacher")
-    print(describe_tokenizers(student_tokenizer, teacher_tokenizer, heldout_texts[0]))
     two_teachers = any(m in TWO_TEACHERS for m in methods)
-    if two_teachers:  # the student's family, its merges learnt from half the text: a third vocabulary, other ids
-        teacher2_tokenizer = train_student_tokenizer(
-            teacher_texts[1::2], sizes.second_teacher_vocab_size, tokenizers / "teacher2"
-        )
+    student_tokenizer, teacher_tokenizer, teacher2_tokenizer = train_tokenizers(
+        teacher_texts, sizes, out_dir / "tokenizers", two_teachers
+    )
+    print(describe_tokenizers(student_tokenizer, teacher_tokenizer, heldout_texts[0]))
+    if teacher2_tokenizer is not None:
         ours = load_tokenizer(student_tokenizer).get_vocab()
         theirs = load_tokenizer(teacher2_tokenizer).get_vocab()
         print(

@@ -10,7 +10,7 @@ from typing import Iterable
 import numpy as np
 
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
-from litgpt_vocagnolm.demo.settings import CORPUS
+from litgpt_vocagnolm.demo.settings import CORPUS, DemoSizes
 from litgpt_vocagnolm.errors import InvalidArgument
 
 NOISE_CHARACTERS = np.array([ord(c) for c in string.ascii_letters + string.digits], dtype=np.uint32)
@@ -33,6 +33,14 @@ def split_heldout(documents: list[str], share: float) -> tuple[list[str], list[s
     """(training, held-out) documents; a document is held out by a hash of its text, the same on every machine."""
     heldout = [int(hashlib.sha256(d.encode()).hexdigest()[:8], 16) < share * 16**8 for d in documents]
     return [d for d, h in zip(documents, heldout) if not h], [d for d, h in zip(documents, heldout) if h]
+
+
+def demo_texts(data_dir: Path, sizes: DemoSizes) -> tuple[list[str], list[str], list[str]]:
+    """The demo's documents: (the teacher's, the students', held out). `sizes.documents` of the corpus, a share
+    `sizes.heldout_share` held out (`split_heldout`), the others dealt in turn to the teacher's half (clean text, on
+    which the tokenizers are trained) and the students' (to which noise is added)."""
+    train_texts, heldout_texts = split_heldout(read_corpus(data_dir, sizes.documents), sizes.heldout_share)
+    return train_texts[0::2], train_texts[1::2], heldout_texts
 
 
 def add_noise(text: str, share: float, rng: np.random.Generator, span: float = 8.0) -> tuple[str, np.ndarray]:

@@ -11,8 +11,10 @@ DATA = REPOSITORY / "data"  # the shipped corpora
 # The paper's hardest pair, TinyLlama's and Qwen2.5's tokenizers, to set the demo's pair beside (tests/fixtures).
 PAPER_PAIR = tuple(REPOSITORY / "tests" / "fixtures" / "tokenizers" / name for name in ("tinyllama-1.1b", "qwen2.5"))
 # The smallest vocabularies the demo's tokenizers can be trained to (`tokenizer_training`): the student's family holds
-# 3 special and 256 byte-fallback tokens and an alphabet of up to 100 characters; the teacher's, 256 bytes, 1 special.
-STUDENT_VOCAB_MIN, TEACHER_VOCAB_MIN = 3 + 256 + 100, 256 + 1
+# 3 special and 256 byte-fallback tokens and an alphabet of up to STUDENT_ALPHABET characters; the teacher's, 256 bytes,
+# 1 special.
+STUDENT_ALPHABET = 100
+STUDENT_VOCAB_MIN, TEACHER_VOCAB_MIN = 3 + 256 + STUDENT_ALPHABET, 256 + 1
 CORPUS = (  # (file, the fields that make one document)
     ("gsm8k/train.jsonl", ("question", "answer")),
     ("stackexchange/math_stackexchange_33votes.jsonl", ("input", "output")),

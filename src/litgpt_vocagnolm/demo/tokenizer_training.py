@@ -2,6 +2,7 @@
 like Qwen2.5's."""
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from litgpt_vocagnolm.alignment.lexical import vocab_overlap
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
-from litgpt_vocagnolm.demo.settings import PAPER_PAIR, STUDENT_VOCAB_MIN
+from litgpt_vocagnolm.demo.settings import PAPER_PAIR, STUDENT_ALPHABET, STUDENT_VOCAB_MIN, DemoSizes
 from litgpt_vocagnolm.errors import InvalidArgument
 
 # Qwen2.5's pre-tokenizer: letters, single digits, punctuation runs, whitespace (tests/fixtures/tokenizers/qwen2.5).
@@ -18,10 +19,29 @@ QWEN_PATTERN = (
 )
 
 
+def train_tokenizers(
+    texts: list[str], sizes: DemoSizes, out_dir: Path, second_teacher: bool
+) -> tuple[Path, Path, Path | None]:
+    """The demo's tokenizers, trained on the teacher's `texts`: (out_dir/student, out_dir/teacher, out_dir/teacher2
+    with `second_teacher`, else None). The second teacher's is of the student's family, its merges learnt from half
+    the text: a third vocabulary, other ids."""
+    student = train_student_tokenizer(texts, sizes.student_vocab_size, out_dir / "student")
+    teacher = train_teacher_tokenizer(texts, sizes.teacher_vocab_size, out_dir / "teacher")
+    if not second_teacher:
+        return student, teacher, None
+    return student, teacher, train_student_tokenizer(texts[1::2], sizes.second_teacher_vocab_size, out_dir / "teacher2")
+
+
 def train_student_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> Path:
     """A SentencePiece-style BPE like TinyLlama's (Llama 2's): "▁" marks spaces, digits are split, characters outside
     the learned alphabet fall back to `<0x..>` byte tokens. Ids: `<unk>` 0, `<s>` 1, `</s>` 2, bytes 3-258 (Llama's
-    layout), then the merges. Written with a tokenizer_config.json (BOS per document, as Llama's)."""
+    layout), then the alphabet, then the merges. Written with a tokenizer_config.json (BOS per document, as Llama's).
+
+    The same texts give the same file, byte for byte, in every process. The alphabet is chosen here
+    (`frequent_characters`), not by the trainer's `limit_alphabet` alone: that keeps the most frequent characters but
+    breaks ties in frequency in the order of a hash map seeded anew in every process (the quick demo's student then
+    changed from run to run: another alphabet, so other merges).
+    """
     specials, byte_tokens = ["<unk>", "<s>", "</s>"], [f"<0x{b:02X}>" for b in range(256)]
     if vocab_size < STUDENT_VOCAB_MIN:
         raise InvalidArgument(f"The student vocabulary needs at least {STUDENT_VOCAB_MIN} tokens, not {vocab_size}.")
@@ -35,8 +55,14 @@ def train_student_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) ->
     tokenizer.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
+    # The trainer keeps every character of `initial_alphabet`, and the limit then drops all others.
+    alphabet = frequent_characters(tokenizer, texts, STUDENT_ALPHABET)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(byte_tokens), special_tokens=specials, limit_alphabet=100, show_progress=False
+        vocab_size=vocab_size - len(byte_tokens),
+        special_tokens=specials,
+        initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet),
+        show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer)
     # The byte tokens go in as plain vocabulary entries (added tokens would match "<0x41>" typed in a text).
@@ -57,9 +83,19 @@ def train_student_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) ->
     )
 
 
+def frequent_characters(tokenizer: Tokenizer, texts: list[str], size: int) -> list[str]:
+    """The `size` most frequent characters of `texts` as the trainer counts them, in the words of `tokenizer`'s
+    pre-tokenizer ("▁" for a space; the student's has no normalizer), ties broken by the character."""
+    words = (word for text in texts for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text))
+    counts = Counter("".join(words))
+    return sorted(counts, key=lambda char: (-counts[char], char))[:size]
+
+
 def train_teacher_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> Path:
     """A byte-level BPE like Qwen2.5's: its pre-tokenizer regex (single digits, letter runs), NFC, no unknown token.
-    Written with a tokenizer_config.json like Qwen's: no BOS, `<|endoftext|>` ends each document."""
+    Written with a tokenizer_config.json like Qwen's: no BOS, `<|endoftext|>` ends each document. Its alphabet is the
+    256 byte characters whatever the text, so nothing is left to the trainer's hash-map order: the same texts give
+    the same file in every process."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(

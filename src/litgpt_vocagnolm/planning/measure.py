@@ -356,14 +356,15 @@ def recipe_step(fabric: L.Fabric, setting: Setting, work: str, micro_batch: int,
 
 def scoring(device: torch.device, setting: Setting, micro_batch: int) -> Measured:
     """`score-teacher`'s forward for the first teacher, as it runs it: a Fabric without a precision plugin, the
-    teacher in its dtype, compiled whole where `score-teacher` compiles by default, `teacher_token_loss` under
+    teacher in its dtype, its blocks compiled where `score-teacher` compiles by default, `teacher_token_loss` under
     no_grad over `micro_batch` (its --batch_size) windows."""
     fabric = L.Fabric(accelerator=device.type, devices=1)
     memory = PeakMemory(device)
     config, checkpoint_dir = setting.teachers[0], setting.args.teacher.checkpoint_dirs[0]
     model = teacher_model(fabric, config, checkpoint_dir, precision_dtype(None, device))
     compiled = compiles_by_default(device)
-    model = torch.compile(model, dynamic=False) if compiled else model
+    if compiled:
+        compile_blocks(model)
     ids = torch.randint(0, config.vocab_size, (micro_batch, setting.window), device=device)
     valid = torch.ones_like(ids, dtype=torch.bool)
     warmup = warmup_steps(compiled)
@@ -395,6 +396,8 @@ def litgpt_step(fabric: L.Fabric, setting: Setting, micro_batch: int) -> Measure
     model = new_model(fabric, config, args.train.tie_embeddings, model_class=LitGPT)
     model.max_seq_length = setting.seq_len
     compiled = device.type == "cuda" or args.compile
+    # LitGPT's whole-model compile holds the head's product, not the loss (`chunked_cross_entropy` runs on the
+    # logits outside), so no gather over rows x vocabulary is fused into one kernel (`distributed.compile_blocks`).
     model = fabric.setup(torch.compile(model) if compiled else model)
     optimizer = instantiate_torch_optimizer(args.optimizer, model.parameters(), fused=device.type == "cuda")
     optimizer = fabric.setup_optimizers(optimizer)

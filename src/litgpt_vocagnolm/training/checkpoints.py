@@ -5,13 +5,14 @@ Every weight file is read with `torch.load(weights_only=True)` (`weights.read_we
 a weight file is data, and unpickling it without that restriction would run whatever code a crafted file holds.
 """
 
-import hashlib
 import json
+import os
 import pickle
 import re
 import shutil
 import sys
-from concurrent.futures import Future
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -30,11 +31,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, check_writable
-from litgpt_vocagnolm.files import file_sha256, same_folder
+from litgpt_vocagnolm.errors import DiskFull, InvalidArgument, PathMissing, PathTaken, check_writable
+from litgpt_vocagnolm.files import HashingWriter, file_sha256, files_sha256, same_folder
 from litgpt_vocagnolm.models.weights import CHECKSUMS, MODEL_FILES, UnreadableCheckpoint, read_weights
 
 TRAIN_STATE = "train_state.json"
+GB = 1e9
+# Threads (and files) per rank that write a checkpoint's shards, and then hash them: a node's cores share the work.
+WRITE_THREADS = min(4, os.cpu_count() or 1)
 
 
 def previous_checkpoints(out_dir: Path) -> list[Path]:
@@ -107,21 +111,16 @@ class SafePlanner(DefaultLoadPlanner):
         self.original_state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
 
 
-def file_checksums(directory: Path, shards_of: int | None = None) -> dict[str, str]:
-    """sha256 of the files in a checkpoint directory, by name: the DCP shards that rank `shards_of` wrote
-    (`__<rank>_*.distcp`), or, without it, every file but the shards and checksums.json."""
-    sums = {}
+def file_checksums(directory: Path, shards_of: int | None = None, skip: Sequence[str] = ()) -> dict[str, str]:
+    """sha256 of the files in a checkpoint directory, by name, hashed in parallel threads: the DCP shards that rank
+    `shards_of` wrote (`__<rank>_*.distcp`), or, without it, every file but the shards, checksums.json and `skip`
+    (files whose hash is already known)."""
     if shards_of is None:
-        paths = [p for p in directory.iterdir() if p.is_file() and p.suffix != ".distcp" and p.name != CHECKSUMS]
+        skip = {*skip, CHECKSUMS}
+        paths = [p for p in directory.iterdir() if p.is_file() and p.suffix != ".distcp" and p.name not in skip]
     else:
         paths = list(directory.glob(f"__{shards_of}_*.distcp"))
-    for path in sorted(paths):
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 24):
-                digest.update(chunk)
-        sums[path.name] = digest.hexdigest()
-    return sums
+    return dict(sorted(files_sha256(paths).items()))
 
 
 def check_resume_path(path: Path, flag: str = "--resume") -> None:
@@ -151,17 +150,16 @@ def verify_checkpoint(step_dir: Path, rank: int = 0, world_size: int = 1) -> Non
         json.loads((step_dir / TRAIN_STATE).read_text())
     except (OSError, ValueError) as error:
         raise UnreadableCheckpoint(f"Cannot read {step_dir}: {error}") from error
-    for name in sorted(expected)[rank::world_size]:
-        path = step_dir / name
-        digest = hashlib.sha256()
-        try:
-            with open(path, "rb") as f:
-                while chunk := f.read(1 << 24):
-                    digest.update(chunk)
-        except OSError as error:
-            raise UnreadableCheckpoint(f"Cannot read {path}: {error}") from error
-        if digest.hexdigest() != expected[name]:
-            raise UnreadableCheckpoint(f"{path} does not match its checksum in {CHECKSUMS}: the file is damaged.")
+    names = sorted(expected)[rank::world_size]
+    try:
+        found = files_sha256([step_dir / name for name in names])
+    except OSError as error:
+        raise UnreadableCheckpoint(f"Cannot read {error.filename or step_dir}: {error}") from error
+    for name in names:
+        if found[name] != expected[name]:
+            raise UnreadableCheckpoint(
+                f"{step_dir / name} does not match its checksum in {CHECKSUMS}: the file is damaged."
+            )
     SafeReader(step_dir).read_metadata()
 
 
@@ -249,14 +247,21 @@ class Checkpointer:
     def _save(self, checkpoint_dir: Path, blocking: bool, export: bool) -> Path:
         fabric, state = self.fabric, self.state
         self.finish()  # one save in flight at a time
+        model, optimizer = _unwrap_objects(state["model"]), _unwrap_objects(state["optimizer"])
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        shard_bytes = tensor_bytes(model_state) + tensor_bytes(optimizer_state)
+        export_bytes = tensor_bytes(model_state) if export else 0
+        free = self._check_free_space(checkpoint_dir, shard_bytes + export_bytes)
         partial_dir = checkpoint_dir.with_name(f".partial-{checkpoint_dir.name}")
         if fabric.global_rank == 0:
             shutil.rmtree(partial_dir, ignore_errors=True)
             partial_dir.mkdir(parents=True)
         fabric.barrier()
-        fabric.print(f"Saving checkpoint to {str(checkpoint_dir)!r}")
-        model, optimizer = _unwrap_objects(state["model"]), _unwrap_objects(state["optimizer"])
-        model_state, optimizer_state = get_state_dict(model, optimizer)
+        exported = f", {export_bytes / GB:.2f} GB of lit_model.pth" if export else ""
+        fabric.print(
+            f"Saving checkpoint to {str(checkpoint_dir)!r}: {shard_bytes / GB:.2f} GB of weights and AdamW state"
+            f"{exported} ({free / GB:,.1f} GB free there)"
+        )
         counters = {"iter_num": state["iter_num"], "step_count": state["step_count"]}
         loader = _unwrap_objects(state.get("train_dataloader"))  # a LitGPT data module's own stateful loader
         loaders = self._gather(loader.state_dict()) if loader is not None else None
@@ -272,17 +277,36 @@ class Checkpointer:
                 copy_config_files(self.tokenizer_dir, partial_dir)
             save_config(model.config, partial_dir)
         shards = {"model": model_state, "optimizer": optimizer_state}
-        writer = dcp.FileSystemWriter(partial_dir)
+        # As many files per rank as threads write them: they are hashed in parallel too (`file_checksums`).
+        writer = dcp.FileSystemWriter(partial_dir, thread_count=WRITE_THREADS)
+        t0 = time.perf_counter()
         if blocking:
             dcp.save(shards, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
             future: Future = Future()
             future.set_result(None)
+            fabric.print(f"  shards written in {time.perf_counter() - t0:.2f} s")
         else:
             future = dcp.async_save(shards, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
         self.pending = (future, partial_dir, checkpoint_dir, counters if export else None)
         if blocking:
-            self.finish()
+            self.finish(report=True)
+            fabric.print(f"  saved in {time.perf_counter() - t0:.2f} s")
         return checkpoint_dir
+
+    def _check_free_space(self, checkpoint_dir: Path, needed: int) -> int:
+        """Refuses, on every rank and before anything is written, a save that the file system of `out_dir` (shared by
+        the ranks, as on a cluster) has no room for: `needed` bytes over all ranks. Returns the free bytes."""
+        existing = next(p for p in (self.out_dir.absolute(), *self.out_dir.absolute().parents) if p.exists())
+        free = shutil.disk_usage(existing).free if self.fabric.global_rank == 0 else 0
+        free = self.fabric.broadcast(free)
+        if needed > free:
+            newest = previous_checkpoints(self.out_dir)
+            resume = f"; --resume auto continues from {newest[-1].name}" if newest else ""
+            raise DiskFull(
+                f"Saving {checkpoint_dir} needs {needed / GB:.2f} GB and the file system of {self.out_dir} has"
+                f" {free / GB:.2f} GB free: make room there (or give another --out_dir), then run again{resume}."
+            )
+        return free
 
     def poll(self) -> None:
         """Completes a background save once every rank's write is done (one all-reduce while one is in flight)."""
@@ -292,24 +316,33 @@ class Checkpointer:
         if self.fabric.all_reduce(done, reduce_op="sum").item() == self.fabric.world_size:
             self.finish()
 
-    def finish(self) -> None:
+    def finish(self, report: bool = False) -> None:
         """Waits for the save in flight, if any; rank 0 then writes checksums.json (every rank's sha256 of its shards)
-        and renames the directory."""
+        and renames the directory. A final save's lit_model.pth is written by rank 0 while every rank hashes its
+        shards in a thread. `report`: print the phase's seconds."""
         if self.pending is None:
             return
         fabric, (future, partial_dir, checkpoint_dir, export) = self.fabric, self.pending
         self.pending = None
         future.result()
-        # Each rank hashes the shards it wrote (a checkpoint is read once, over all ranks), rank 0 the rest.
-        shard_sums = self._gather(file_checksums(partial_dir, shards_of=fabric.global_rank))
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            # Each rank hashes the shards it wrote (a checkpoint is read once, over all ranks), rank 0 the rest.
+            hashed = pool.submit(file_checksums, partial_dir, shards_of=fabric.global_rank)
+            known = {}
+            if fabric.global_rank == 0 and export is not None:
+                known["lit_model.pth"] = export_lit_model(partial_dir, partial_dir / "lit_model.pth", extra=export)
+            shard_sums = self._gather(hashed.result())
         if fabric.global_rank == 0:
-            if export is not None:
-                export_lit_model(partial_dir, partial_dir / "lit_model.pth", extra=export)
-            sums = {k: v for rank in shard_sums for k, v in rank.items()} | file_checksums(partial_dir)
+            sums = {k: v for rank in shard_sums for k, v in rank.items()} | known
+            sums |= file_checksums(partial_dir, skip=known)
             (partial_dir / CHECKSUMS).write_text(json.dumps(dict(sorted(sums.items())), indent=1))
             shutil.rmtree(checkpoint_dir, ignore_errors=True)
             partial_dir.rename(checkpoint_dir)
         fabric.barrier()
+        if report:
+            what = "checksums and lit_model.pth" if export is not None else "checksums"
+            fabric.print(f"  {what} in {time.perf_counter() - t0:.2f} s")
 
     def load(self, checkpoint_dir: Path) -> dict:
         """Restores model, optimizer and counters of the state from `checkpoint_dir` in place, resharded for this
@@ -364,25 +397,35 @@ def data_position(checkpoint_dir: Path, global_batch_size: int, world_size: int,
     return train_state.get("position", train_state["step_count"] * global_batch_size)
 
 
-def export_lit_model(checkpoint_dir: Path, output: Path, extra: dict | None = None) -> Path:
+def export_lit_model(checkpoint_dir: Path, output: Path, extra: dict | None = None) -> str:
     """One `lit_model.pth` ({"model": state dict, **extra}) from a sharded checkpoint, as `litgpt generate` and
-    `litgpt convert_from_litgpt` read it. The student's tensors are read one at a time from the shards (the optimizer
-    state is never read): the only whole copy in memory is the one being written."""
+    `litgpt convert_from_litgpt` read it; returns its sha256, hashed as it is written. The student's tensors are read
+    from the shards in one pass (the optimizer state is never read): the only whole copy in memory is the one being
+    written."""
     reader = SafeReader(checkpoint_dir)
-    metadata = reader.read_metadata()
-    model = {}
-    for key, meta in metadata.state_dict_metadata.items():
-        if not key.startswith("model.") or not isinstance(meta, TensorStorageMetadata):
-            continue
-        name = key.removeprefix("model.")
-        tensor = torch.empty(meta.size, dtype=meta.properties.dtype)
-        dcp.load(
-            {"model": {name: tensor}}, storage_reader=SafeReader(checkpoint_dir), planner=SafePlanner(), no_dist=True
-        )
-        model[name] = tensor
+    model = {
+        key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in reader.read_metadata().state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    }
+    dcp.load({"model": model}, storage_reader=reader, planner=SafePlanner(), no_dist=True)
     output.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": model, **(extra or {})}, output)
-    return output
+    with open(output, "wb") as f:
+        hashing = HashingWriter(f)
+        torch.save({"model": model, **(extra or {})}, hashing)
+    return hashing.hexdigest()
+
+
+def tensor_bytes(tree: Any) -> int:
+    """Bytes of the tensors in a (nested) state dict at their whole size: a sharded DTensor counts every rank's share
+    (its `numel` is the whole tensor's)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(tensor_bytes(value) for value in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(tensor_bytes(value) for value in tree)
+    return 0
 
 
 def export(checkpoint_dir: Path, out_dir: Path) -> None:
@@ -410,11 +453,11 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
     verify_checkpoint(checkpoint_dir)  # complete, every file matching its checksum
     train_state = json.loads((checkpoint_dir / TRAIN_STATE).read_text())
     counters = {name: train_state[name] for name in ("iter_num", "step_count")}
-    export_lit_model(checkpoint_dir, out_dir / "lit_model.pth", extra=counters)
+    sums = {"lit_model.pth": export_lit_model(checkpoint_dir, out_dir / "lit_model.pth", extra=counters)}
     copy_config_files(checkpoint_dir, out_dir)  # model_config.yaml and the tokenizer files
     shutil.copy(checkpoint_dir / "hyperparameters.yaml", out_dir)
     # What `vocagnolm evaluate` checks the weights against before it uses them, as a training checkpoint's final/.
-    sums = {name: file_sha256(out_dir / name) for name in MODEL_FILES}
+    sums |= {name: file_sha256(out_dir / name) for name in MODEL_FILES if name not in sums}
     (out_dir / CHECKSUMS).write_text(json.dumps(sums, indent=1))
     print(f"Wrote {out_dir / 'lit_model.pth'} (step {counters['step_count']}): `litgpt generate {out_dir}` reads it.")
 

@@ -79,7 +79,12 @@ def compile_blocks(model: GPT) -> None:
     """`torch.compile` each transformer block in place, as torchtitan compiles under FSDP2:
     FSDP's hooks and collectives stay between the compiled blocks, and every block of one shape runs the same
     compiled code. The run's shapes are fixed (the student's sequence, the data's padded teacher window), so each
-    graph compiles once. `Module.compile` wraps nothing: the checkpoint keys stay LitGPT's."""
+    graph compiles once. `Module.compile` wraps nothing: the checkpoint keys stay LitGPT's.
+
+    The head and its loss (`cross_entropy.linear_cross_entropy`) stay eager, here and wherever a model is compiled:
+    compiled with the model, Inductor unrolls the tile loop and fuses every tile's gather into one kernel whose index
+    (rows x vocabulary: 8 x 2,049 x 152,064 = 2.5e9 for a Qwen2.5 teacher) overflows int32 although each buffer fits
+    (an illegal memory access on an H100), and it keeps every tile's logits alive at once, undoing the tiling."""
     for block in model.transformer.h:
         block.compile(backend=COMPILE_BACKEND, dynamic=False)
 
