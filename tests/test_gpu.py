@@ -31,7 +31,6 @@ run's throughput and final save, and each command's seconds.
 
 import contextlib
 import io
-import itertools
 import json
 import os
 import re
@@ -340,10 +339,12 @@ def figures(commands: Commands) -> str:
 
 
 def final_save(output: str) -> list[str]:
-    """A training run's final save as it printed it: "Saving checkpoint to '.../final'" and its indented lines."""
+    """A training run's final save as it printed it: "Saving checkpoint to '.../final'" and the seconds of each of its
+    phases after it (a library's warnings may come between)."""
     lines = output.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("Saving checkpoint to") and "final" in line)
-    return [lines[start], *itertools.takewhile(lambda line: line.startswith("  "), lines[start + 1 :])]
+    start = next((i for i, line in enumerate(lines) if re.match(r"Saving checkpoint to '[^']*final'", line)), None)
+    assert start is not None, "the run printed no final save"
+    return [lines[start], *(line for line in lines[start + 1 :] if re.fullmatch(r"  \S.* in [\d.]+ s", line))]
 
 
 def log_path(default: Path) -> Path:
@@ -354,7 +355,10 @@ def log_path(default: Path) -> Path:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: run `make test-gpu` on a GPU machine")
 def test_chain_on_one_gpu(tmp_path):
     free = shutil.disk_usage(tmp_path).free / 1e9
-    assert free >= DISK_GB, f"{free:.0f} GB free in {tmp_path}, the chain needs {DISK_GB}: give pytest --basetemp DIR"
+    assert free >= DISK_GB, (
+        f"{free:.0f} GB free in {tmp_path}, the chain needs {DISK_GB}: put pytest's folder on a larger disk"
+        " (PYTEST_ADDOPTS=--basetemp=DIR make test-gpu ...)"
+    )
     commands = Commands(tmp_path, log_path(tmp_path / "chain.log"), in_subprocess, GPU.seconds, CHAIN_SECONDS)
     chain(GPU, tmp_path, commands)
 
@@ -363,8 +367,10 @@ def test_chain_on_one_gpu(tmp_path):
 def test_chain_on_the_cpu(tmp_path, monkeypatch, one_thread):
     import litgpt_vocagnolm.planning.measure
 
+    # Every torch.compile (each block's, and plan --measure's of LitGPT's whole model) with "aot_eager"; scoring in
+    # plan --measure compiled, as on a GPU (score-teacher is told by its --compile).
     compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model=None, **kw: compile(model, **{**kw, "backend": "aot_eager"}))
-    monkeypatch.setattr(litgpt_vocagnolm.planning.measure, "compiles_by_default", lambda device: True)  # a GPU's
+    monkeypatch.setattr(litgpt_vocagnolm.planning.measure, "compiles_by_default", lambda device: True)
     commands = Commands(tmp_path, log_path(tmp_path / "chain.log"), in_this_process, CPU.seconds, None)
     chain(CPU, tmp_path, commands)
