@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slurm demo demo-variants demo-cpu bench clean
+.PHONY: install test test-slurm test-gpu wheels demo demo-variants demo-cpu bench clean
 
 install: $(STAMP)
 
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/tran
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q -m "not slurm"
+	$(PY) -m pytest -q -m "not slurm and not gpu"
 
 # Jobs submitted to a real two-node Slurm on this machine, which the script installs (as root) and starts, and stops
 # after. Where it cannot start, the tests skip, except under CI=true, where they fail.
@@ -38,6 +38,28 @@ test-slurm: install
 	eval "$$(bash tests/slurm/local-cluster.sh start)"; \
 		$(PY) -m pytest -q -m slurm tests/slurm; status=$$?; \
 		bash tests/slurm/local-cluster.sh stop; exit $$status
+
+# The whole chain on one GPU at the paper's widths (tests/test_gpu.py: under 8 minutes of an H100); where torch sees no
+# GPU its test skips. With WHEELS=DIR (`make wheels` beforehand, on a machine with the package registry) it first
+# installs this package from DIR with no index, into python3's own site-packages (not --target: the package's .pth
+# hook, which `litgpt pretrain --recipe` needs, runs only from a site-packages folder; PIP_BREAK_SYSTEM_PACKAGES lets
+# pip write into a system Python that PEP 668 marks as externally managed); without WHEELS it runs in .venv.
+CHAIN_LOG ?= out/test-gpu/chain.log
+test-gpu: $(if $(WHEELS),,install)
+	$(if $(WHEELS),PIP_BREAK_SYSTEM_PACKAGES=1 $(PYTHON) -m pip install --no-index --find-links $(WHEELS) litgpt-vocagnolm)
+	VOCAGNOLM_CHAIN_LOG=$(CHAIN_LOG) $(if $(WHEELS),$(PYTHON),$(PY)) -m pytest -q -m gpu tests/test_gpu.py; \
+		status=$$?; echo "The chain's log: $(CHAIN_LOG)"; exit $$status
+
+# For `make test-gpu WHEELS=DIR` on a machine with no internet: this package's wheel, and those of what its install
+# needs there (tests/gpu-wheels.txt) for that machine's Python on x86_64 Linux, downloaded (or built, for a release with
+# no wheel).
+WHEELS_PYTHON ?= 3.12
+wheels: install
+	$(PIP) wheel --quiet --no-deps --no-build-isolation --wheel-dir $(or $(WHEELS),wheels) .
+	grep -v "no wheel" tests/gpu-wheels.txt | $(PIP) download --quiet --no-deps --only-binary=:all: \
+		--python-version $(WHEELS_PYTHON) --implementation cp --platform manylinux_2_28_x86_64 \
+		--dest $(or $(WHEELS),wheels) -r /dev/stdin
+	grep "no wheel" tests/gpu-wheels.txt | $(PIP) wheel --quiet --no-deps --wheel-dir $(or $(WHEELS),wheels) -r /dev/stdin
 
 demo: install
 	$(VENV)/bin/vocagnolm demo

@@ -44,6 +44,16 @@ def make_checkpoint(directory: Path, config: Config, tokenizer_dir: Path, seed: 
 
 
 @pytest.fixture
+def one_thread():
+    """One torch thread for the commands a test runs in this process, as OMP_NUM_THREADS=1 gives a subprocess
+    (tests/test_as_typed.py says why); it changes nothing they compute."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def read_only_folder(tmp_path) -> Path:
     """A folder this process can't write into: a 0o555 one, or as root (who writes into those, and runs CI here) a
     folder of a read-only mount, such as /proc/sys."""

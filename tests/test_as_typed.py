@@ -21,7 +21,7 @@ evaluate`. What the tests give beyond the defaults, and why:
 - `convert_to_litgpt` is given a folder named after the config (`llemma_7b`, as `litgpt download` names it) that holds
   a tiny model's weights in Hugging Face's layout: the name gives the config, the weights the tensors.
 
-The commands run with one thread (OMP_NUM_THREADS=1 in their subprocesses, `torch.set_num_threads(1)` here): on the 2
+The commands run with one thread (OMP_NUM_THREADS=1 in their subprocesses, conftest's `one_thread` here): on the 2
 shared cores of the test machine a tiny model's matrix products ran up to 400x slower with 2 threads than with 1 (a
 2 x 32 by 32 x 512 product: 15 ms against 36 us; the threads of a busy machine wait on each other, as demo/__init__.py
 says); it changes nothing the commands compute.
@@ -57,7 +57,8 @@ from litgpt_vocagnolm.evaluation.math_tasks import TASKS, load_examples
 from litgpt_vocagnolm.models.weights import CHECKSUMS, UnreadableCheckpoint
 from litgpt_vocagnolm.training.teacher import TeacherArgs
 
-pytestmark = pytest.mark.slow  # console scripts in subprocesses
+# Console scripts in subprocesses; the commands run in this process with one thread, as OMP_NUM_THREADS=1 runs theirs.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 STUDENT = tiny_config("student", 512, block_size=2048)  # prepare's default sequence
 TEACHER = tiny_config("teacher", 512, block_size=4096)  # longer than any teacher window of 2,049 student tokens
 
@@ -72,15 +73,6 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """What OMP_NUM_THREADS=1 does for the subprocesses, for the commands run in this process."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # The chain, each step on what the one before wrote.
