@@ -212,6 +212,26 @@ def test_default_batch_is_what_free_memory_holds(tinyllama_model, monkeypatch, c
         default_batch_size(model)
 
 
+def test_the_gpu_default_batch_decodes_every_question_at_once_as_one_at_a_time(tmp_path, monkeypatch, capsys):
+    """`evaluate` at its defaults as on a GPU, forced on this CPU: the default batch is all the rows the device's
+    free memory holds, uncapped (a CPU stops at `CPU_BATCH_SIZE`). Here free memory holds 40 rows: the 36 questions
+    are decoded together in one batch, and each one's prediction is what decoding it alone gives."""
+    config = tiny_config("tiny", 32000, n_layer=2, n_embd=32, block_size=1024)
+    checkpoint = make_checkpoint(tmp_path / "tiny", config, TINYLLAMA)
+    # A row as the test above counts it: a bf16 cache (evaluate's default precision), float32 buffers.
+    per_row = 2 * 2 * 2 * 1024 * 16 * 2 + ((2 * 16 + 1) * 2 * 1024 + 32000) * 4
+    monkeypatch.setattr(evaluate_module, "device_memory", lambda device: (40 * per_row * 10 // 8, "an H100", None))
+    questions = evaluate_module.CPU_BATCH_SIZE + 4
+    for out, options in (("gpu", {}), ("one", {"batch_size": 1})):
+        evaluate(checkpoint, tasks="gsm8k", limit=questions, max_new_tokens=4, out_dir=tmp_path / out, **options)
+        if out == "gpu":
+            assert "Decoding 40 questions at a time: a row" in capsys.readouterr().out
+    together, alone = (
+        [json.loads(line) for line in open(next((tmp_path / out).glob("gsm8k.*.jsonl")))] for out in ("gpu", "one")
+    )
+    assert len(together) == questions and together == alone
+
+
 # Results kept across runs
 
 

@@ -20,8 +20,8 @@ On the CPU (marked `slow`, in `make test`, about 25 s): the same body with 2-lay
 512 tokens trained on the corpus, sequences of 128 tokens and 18 problems, each command in this process (`cli.main`,
 or LitGPT's `main` behind the recipe dispatch), where every `torch.compile` runs the "aot_eager" backend (dynamo and
 AOT autograd, no code generated: inductor would take minutes of a CPU) and what a GPU picks by default is given:
-score-teacher's bf16 and compile, plan --measure's compiled scoring. The paper's YAML already sets the recipe's
-(compile, a bf16-mixed student, a bf16 teacher).
+score-teacher's bf16 and compile, plan --measure's compiled scoring, AdamW's fused kernel. The paper's YAML already
+sets the recipe's (compile, a bf16-mixed student, a bf16 teacher).
 
 Every command's line, exit status, seconds and the tail of its output go into one log, the file CHAIN_LOG names
 (default: chain.log in the test's folder), followed by the figures the README quotes from a GPU's run: plan
@@ -366,11 +366,15 @@ def test_chain_on_one_gpu(tmp_path):
 @pytest.mark.slow
 def test_chain_on_the_cpu(tmp_path, monkeypatch, one_thread):
     import litgpt_vocagnolm.planning.measure
+    import litgpt_vocagnolm.training.recipe
 
     # Every torch.compile (each block's, and plan --measure's of LitGPT's whole model) with "aot_eager"; scoring in
     # plan --measure compiled, as on a GPU (score-teacher is told by its --compile).
     compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model=None, **kw: compile(model, **{**kw, "backend": "aot_eager"}))
     monkeypatch.setattr(litgpt_vocagnolm.planning.measure, "compiles_by_default", lambda device: True)
+    # AdamW's fused kernel, in the recipe and in plan --measure's steps, as on a GPU.
+    monkeypatch.setattr(litgpt_vocagnolm.training.recipe, "fused_optimizer", lambda device: True)
+    monkeypatch.setattr(litgpt_vocagnolm.planning.measure, "fused_optimizer", lambda device: True)
     commands = Commands(tmp_path, log_path(tmp_path / "chain.log"), in_this_process, CPU.seconds, None)
     chain(CPU, tmp_path, commands)

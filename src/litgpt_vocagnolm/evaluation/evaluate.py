@@ -236,24 +236,28 @@ def default_batch_size(model) -> int:
     model.clear_kv_cache()
     buffers = ((2 * config.head_size + 1) * config.n_head * config.block_size + config.padded_vocab_size) * 4  # fp32
     per_row = cache + buffers
-    on_gpu = param.device.type == "cuda"
-    if on_gpu:
-        free, where = torch.cuda.mem_get_info(param.device)[0], torch.cuda.get_device_name(param.device)
-    else:
-        free, where = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "RAM"
+    free, where, most = device_memory(param.device)
     fits = int(0.8 * free) // per_row
     if fits < 1:
         raise MemoryError(
             f"decoding one question needs {per_row / 2**20:.0f} MiB, more than 80% of the {free / 2**20:.0f} MiB free"
             f" in {where}: free memory, or evaluate on a larger device"
         )
-    batch = fits if on_gpu else min(fits, CPU_BATCH_SIZE)
+    batch = fits if most is None else min(fits, most)
     print(
         f"Decoding {batch} questions at a time: a row (its KV cache for a block of {config.block_size} tokens and its"
         f" buffers) takes {per_row / 2**20:.1f} MiB, and 80% of the {free / 2**30:.1f} GiB free in {where} holds"
-        f" {fits}" + ("" if on_gpu else f" (at most {CPU_BATCH_SIZE} on CPU)") + "; --batch_size sets another"
+        f" {fits}" + ("" if most is None else f" (at most {most} on CPU)") + "; --batch_size sets another"
     )
     return batch
+
+
+def device_memory(device: torch.device) -> tuple[int, str, int | None]:
+    """What `default_batch_size` reads of `device`: its free bytes, its name, and the most rows it decodes by default
+    (None on a GPU: as many as fit; `CPU_BATCH_SIZE` on a CPU, whose threads gain nothing from wider rows)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], torch.cuda.get_device_name(device), None
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "RAM", CPU_BATCH_SIZE
 
 
 class RowKVCache(KVCache):

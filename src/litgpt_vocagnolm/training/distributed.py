@@ -67,6 +67,12 @@ def parallelize(
     return model
 
 
+def fused_optimizer(device: torch.device) -> bool:
+    """Whether AdamW runs its fused kernel (one kernel for all parameters, in place): on CUDA devices, as LitGPT
+    runs it; on a CPU its for-loop form."""
+    return device.type == "cuda"
+
+
 def checkpoint_activations(model: GPT) -> None:
     """Wraps each transformer block so that backward recomputes its activations: only the blocks' inputs stay saved.
     For the student only: the frozen teacher keeps no activations. The checkpoint keys stay LitGPT's."""

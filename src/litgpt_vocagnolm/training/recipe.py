@@ -76,6 +76,7 @@ from litgpt_vocagnolm.training.distributed import (
     FSDPArgs,
     checkpoint_activations,
     compile_blocks,
+    fused_optimizer,
     mean_over_ranks,
     parallelize,
 )
@@ -305,8 +306,7 @@ def main(
             f" {time.perf_counter() - t0:.02f} seconds."
         )
 
-    extra_kwargs = {"fused": fabric.device.type == "cuda"}
-    optimizer = instantiate_torch_optimizer(run.optimizer, model.parameters(), **extra_kwargs)
+    optimizer = instantiate_torch_optimizer(run.optimizer, model.parameters(), fused=fused_optimizer(fabric.device))
     optimizer = fabric.setup_optimizers(optimizer)
 
     if isinstance(data, VocAgnoData):
