@@ -255,3 +255,12 @@ def test_a_metric_over_no_token_is_nothing_not_zero():
     assert logged["student_loss"] == pytest.approx(ls.mean().item())
     logged = mean_over_ranks(fabric, dict(zip(first, metric_pairs(first))))
     assert "selected_fraction" not in logged and "excess_selected" not in logged and logged["mapped_fraction"] == 0
+
+
+def test_a_resume_path_beside_an_initial_checkpoint_names_the_way_out(finished_run, tinyllama_mistral_data, tmp_path):
+    """A paper recipe names an initial checkpoint: `--resume PATH` on it is refused in one line that says how to
+    drop it (`--initial_checkpoint_dir null`), before any model."""
+    initial = make_checkpoint(tmp_path / "initial", tiny_config("student", 32000, block_size=64), TINYLLAMA)
+    step = finished_run / "step-00000001"
+    with pytest.raises(InvalidArgument, match=r"add --initial_checkpoint_dir null\), or --resume auto"):
+        resume(finished_run, tinyllama_mistral_data, resume=step, initial_checkpoint_dir=initial)

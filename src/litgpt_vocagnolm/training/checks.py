@@ -102,8 +102,10 @@ def check_start(config: Config, initial_checkpoint_dir: Path | None, resume: boo
     readable, not both."""
     if initial_checkpoint_dir is not None and resume not in (False, "auto"):
         raise InvalidArgument(
-            "Can't provide both --resume and --initial_checkpoint_dir. Choose one, or --resume auto: it starts from"
-            " --initial_checkpoint_dir until out_dir has a checkpoint (what a requeued Slurm job needs)."
+            f"Can't provide both --resume {resume} and --initial_checkpoint_dir {initial_checkpoint_dir}. Choose one"
+            " (with a --config that names an initial checkpoint, add --initial_checkpoint_dir null), or --resume"
+            " auto: it starts from --initial_checkpoint_dir until out_dir has a checkpoint (what a requeued Slurm job"
+            " needs)."
         )
     if initial_checkpoint_dir is not None:
         check_checkpoint_dir(initial_checkpoint_dir, what="--initial_checkpoint_dir")
