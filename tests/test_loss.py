@@ -27,10 +27,18 @@ from litgpt_vocagnolm.loss.selection import (
 NAN = float("nan")
 
 
-def one_teacher_weights(ls, lt, ranges, valid, *, all_gather=None, rank=0, **options):
+def one_teacher_weights(ls, lt, ranges, valid, *, chosen=None, **options):
     """`teacher_guided_weights` for one teacher: its loss and ranges, each a list of one."""
     args = SelectionArgs(**options)
-    return teacher_guided_weights(ls, [lt], [ranges], valid, args, all_gather=all_gather, rank=rank)
+    return teacher_guided_weights(ls, [lt], [ranges], valid, args, chosen=chosen)
+
+
+def step_verdict(ls, lt, ranges, valid, *, top_k, aggregation, all_gather, rank):
+    """Scope "global" as the recipe ranks a step of one micro-batch per rank: each rank's excess loss and candidates,
+    the top-k over every rank's (`select_top_k`), this rank's share of the verdict."""
+    reference, mapped = aggregate_teacher_loss(lt, ranges, aggregation)
+    excess, candidate = ls - reference, valid & mapped
+    return select_top_k(excess, candidate, top_k, scope="global", all_gather=all_gather, rank=rank)
 
 
 def f32(x: float) -> float:
@@ -150,10 +158,10 @@ def test_global_scope_ranks_the_concatenated_batch(inputs, world, top_k, aggrega
         agg, mapped = aggregate_teacher_loss(shard[1], shard[2], aggregation)
         locals_.append(torch.stack([shard[0] - agg, (shard[3] & mapped).float()]))
     stacked = torch.stack(locals_)
-    per_rank = [
-        one_teacher_weights(*shard, scope="global", all_gather=lambda x: stacked, rank=rank, **options)
-        for rank, shard in enumerate(shards)
-    ]
+    per_rank = []
+    for rank, shard in enumerate(shards):
+        chosen = step_verdict(*shard, top_k=top_k, aggregation=aggregation, all_gather=lambda x: stacked, rank=rank)
+        per_rank.append(one_teacher_weights(*shard, scope="global", chosen=chosen, **options))
     whole = [torch.cat(parts) for parts in zip(*shards)]
     expected = one_teacher_weights(*whole, scope="batch", **options)
     assert torch.equal(torch.cat(per_rank), expected)
@@ -162,12 +170,16 @@ def test_global_scope_ranks_the_concatenated_batch(inputs, world, top_k, aggrega
 def test_global_scope_with_one_process_is_batch_scope():
     # fabric.all_gather returns its input unchanged when there is one process
     ls, lt, ranges, valid = random_inputs(B=2, T=50, M=60, seed=1)
-    one = one_teacher_weights(ls, lt, ranges, valid, scope="global", all_gather=lambda x: x, rank=0)
+    verdict = dict(top_k=0.4, aggregation="max", all_gather=lambda x: x)
+    chosen = step_verdict(ls, lt, ranges, valid, rank=0, **verdict)
+    one = one_teacher_weights(ls, lt, ranges, valid, scope="global", chosen=chosen)
     assert torch.equal(one, one_teacher_weights(ls, lt, ranges, valid, scope="batch"))
     with pytest.raises(ValueError, match="needs all_gather"):
-        one_teacher_weights(ls, lt, ranges, valid, scope="global")
+        step_verdict(ls, lt, ranges, valid, rank=0, **(verdict | {"all_gather": None}))
     with pytest.raises(ValueError, match="same shape"):
-        one_teacher_weights(ls, lt, ranges, valid, scope="global", all_gather=lambda x: x, rank=1)
+        step_verdict(ls, lt, ranges, valid, rank=1, **verdict)
+    with pytest.raises(ValueError, match="pass its verdict as `chosen`"):
+        one_teacher_weights(ls, lt, ranges, valid, scope="global")
 
 
 def random_inputs(B, T, M, seed, nan_rate=0.1, max_len=4):
@@ -283,19 +295,33 @@ def test_per_token_cross_entropy_rejects_bad_shapes():
 
 
 def guided_loss_of_logits(
-    args, logits, targets, teacher_loss=None, ranges=None, teacher_logits=None, positions=None, **run
+    args,
+    logits,
+    targets,
+    teacher_loss=None,
+    ranges=None,
+    teacher_logits=None,
+    positions=None,
+    all_gather=None,
+    rank=0,
+    **run,
 ):
     """`GuidedLoss` as `micro_batch.forward_and_loss` calls it, for one teacher (its loss and ranges, each a list
-    of one):
-    the student's per-token cross-entropy first; `positions` (B,) default to the rows' indices. `run`: the other
-    arguments of `GuidedLoss` (rank, all_gather, seed...)."""
+    of one): the student's per-token cross-entropy first; `positions` (B,) default to the rows' indices. Under scope
+    "global" a step of one micro-batch per rank, its verdict from `GuidedLoss.ranking` and the top-k over every rank's
+    (`all_gather`, `rank`), as `micro_batch.step_choice` ranks it. `run`: the other arguments of `GuidedLoss`."""
     ls = per_token_cross_entropy(logits, targets)
     teacher_losses = None if teacher_loss is None else [teacher_loss]
     positions = torch.arange(len(targets)) if positions is None else positions
     inputs = LossInputs(
         teacher_losses, None if ranges is None else [ranges], logits, teacher_logits, positions=positions
     )
-    return GuidedLoss(args, **run)(ls, targets != -100, inputs)
+    guided, valid = GuidedLoss(args, **run), targets != -100
+    if args.scope == "global":
+        scores, candidates = guided.ranking(ls.detach(), valid, inputs)
+        chosen = select_top_k(scores, candidates, args.top_k, scope="global", all_gather=all_gather, rank=rank)
+        inputs = inputs._replace(chosen=chosen)
+    return guided(ls, valid, inputs)
 
 
 def random_weights(valid, mapped, top_k, unmapped, draws, **kwargs):

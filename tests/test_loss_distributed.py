@@ -6,7 +6,7 @@ import socket
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_loss import guided_loss_of_logits, one_teacher_weights
+from test_loss import guided_loss_of_logits, one_teacher_weights, step_verdict
 
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
 from litgpt_vocagnolm.loss.selection import aggregate_teacher_loss, position_draws, random_selection, select_top_k
@@ -64,9 +64,10 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         x = shard(rank)
         results = {}
         for top_k, aggregation in SETTINGS:
-            options = dict(top_k=top_k, aggregation=aggregation, scope="global", all_gather=all_gather, rank=rank)
+            inputs = (x["ls"], x["lt"], x["ranges"], x["valid"])
+            chosen = step_verdict(*inputs, top_k=top_k, aggregation=aggregation, all_gather=all_gather, rank=rank)
             results[f"weights {top_k} {aggregation}"] = one_teacher_weights(
-                x["ls"], x["lt"], x["ranges"], x["valid"], unmapped="exclude", **options
+                *inputs, top_k=top_k, aggregation=aggregation, unmapped="exclude", scope="global", chosen=chosen
             )
             args = GuidanceArgs(top_k=top_k, aggregation=aggregation, scope="global")
             loss_sum, weight_sum, _ = guided_loss_of_logits(
@@ -170,9 +171,10 @@ def random_worker(rank: int, port: int, out_dir: str) -> None:
             for places in ("same", "apart"):
                 positions = torch.arange(B) + (rank * B if places == "apart" else 0)
                 draws = position_draws(7, positions, T)
-                selected = random_selection(
-                    valid, mapped, 0.4, "include", draws, scope=scope, all_gather=all_gather, rank=rank
-                ).selected
+                chosen = None
+                if scope == "global":  # the step's top-k over both ranks' draws
+                    chosen = select_top_k(draws, valid & mapped, 0.4, scope="global", all_gather=all_gather, rank=rank)
+                selected = random_selection(valid, mapped, 0.4, "include", draws, scope=scope, chosen=chosen).selected
                 counts = []
                 for method in ("random", "vocagnolm"):
                     _, weight_sum, _ = guided_loss_of_logits(

@@ -25,7 +25,6 @@ from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.loss.distillation import kld_loss, paired_teacher_positions, uld_loss
 from litgpt_vocagnolm.loss.selection import (
     Aggregation,
-    AllGather,
     Combine,
     Compare,
     Scope,
@@ -149,8 +148,6 @@ def top_k_by_excess(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: Los
         inputs.ranges,
         valid,
         guided.selection,
-        all_gather=guided.all_gather,
-        rank=guided.rank,
         token_bytes=inputs.token_bytes,
         chosen=inputs.chosen,
     )
@@ -215,8 +212,6 @@ def random_tokens(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: LossI
         args.unmapped,
         position_draws(guided.seed, inputs.positions, valid.shape[1]),
         scope=args.scope,
-        all_gather=guided.all_gather,
-        rank=guided.rank,
         chosen=inputs.chosen,
     )
     return selection_loss(ls, valid, selection._replace(reference=reference, excess=excess, best=best), inputs)
@@ -245,8 +240,6 @@ def top_k_by_ranking(guided: "GuidedLoss", ls: Tensor, valid: Tensor, inputs: Lo
         top_k=args.top_k,
         unmapped=args.unmapped,
         scope=args.scope,
-        all_gather=guided.all_gather,
-        rank=guided.rank,
         chosen=inputs.chosen,
     )
     return selection_loss(ls, valid, Selection(weights, candidate, selected, None, None), inputs)
@@ -475,11 +468,6 @@ class GuidedLoss:
 
     args: GuidanceArgs
     """The method and its options."""
-    all_gather: AllGather | None = None
-    """scope="global": stacks a tensor from every data-parallel rank (`fabric.all_gather`; see
-    `selection.select_top_k`)."""
-    rank: int = 0
-    """This process's index in the `all_gather` result (`fabric.global_rank`)."""
     vocab_size: int | None = None
     """kld: the student tokenizer's vocabulary size; ids below it are compared (see `distillation.kld_loss`)."""
     byte_tables: Sequence[Tensor] = ()

@@ -5,7 +5,8 @@ loss exceeds it most are selected. `teacher_guided_weights` is the contract; `me
 these pieces (and on `distillation`).
 
 Pure functions: tensors in, tensors out. Nothing here knows about Fabric or process groups; the one cross-rank
-quantity (`scope="global"`) arrives as an `all_gather` callable, as torchtitan passes `global_valid_tokens`.
+ranking (`scope="global"`, `select_top_k` over a whole optimizer step) takes an `all_gather` callable, as torchtitan
+passes `global_valid_tokens`, and hands each micro-batch its verdict (`chosen`).
 Selection runs under `no_grad`: weights carry no gradient, only the student's per-token loss does.
 """
 
@@ -251,14 +252,12 @@ def select(
     top_k: float,
     unmapped: Unmapped = "include",
     scope: Scope = "batch",
-    all_gather: AllGather | None = None,
-    rank: int = 0,
     chosen: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The top-k of the valid mapped tokens by `scores`, and the weights that follow (docs/design.md,
-    "Teacher-guided loss", steps 3-4). `chosen`, where the top-k was ranked over more than this micro-batch (scope
-    "global": the whole optimizer step, `select_top_k` over its micro-batches), is that ranking's verdict and replaces
-    this one's.
+    "Teacher-guided loss", steps 3-4). Scope "global" ranks a whole optimizer step's tokens, over its micro-batches and
+    ranks (`select_top_k` with them all, before any trains: `micro_batch.step_choice`): `chosen` is that verdict, which
+    replaces a ranking of this micro-batch.
 
     scores (B, T) float; valid, mapped, chosen (B, T) bool. Returns (weights (B, T) float32, candidates, selected)
     where candidates = valid & mapped.
@@ -266,10 +265,15 @@ def select(
     if unmapped not in get_args(Unmapped):
         raise ValueError(f"unmapped must be one of {get_args(Unmapped)}, got {unmapped!r}")
     candidate = valid & mapped
-    if chosen is not None:
+    if scope == "global":
+        if chosen is None:
+            raise ValueError(
+                "scope='global' ranks a whole optimizer step: pass its verdict as `chosen` (`select_top_k` over the"
+                " step's micro-batches with all_gather, as micro_batch.step_choice does)"
+            )
         selected = chosen & candidate
     else:
-        selected = select_top_k(scores, candidate, top_k, scope=scope, all_gather=all_gather, rank=rank)
+        selected = select_top_k(scores, candidate, top_k, scope=scope)
     keep = selected | (valid & ~mapped) if unmapped == "include" else selected
     return keep.float(), candidate, selected
 
@@ -301,14 +305,11 @@ def teacher_guided_selection(
     valid: Tensor,
     args: SelectionArgs = SelectionArgs(),
     *,
-    all_gather: AllGather | None = None,
-    rank: int = 0,
     token_bytes: TokenBytes | None = None,
     chosen: Tensor | None = None,
 ) -> Selection:
     """VocAgnoLM's selection: the top-k valid mapped tokens by excess loss `ls - agg(lt[range])`, and what it computed
-    on the way (for metrics). `teacher_guided_weights` documents the arguments; `chosen` is the step's verdict under
-    scope "global" (`select`)."""
+    on the way (for metrics). `teacher_guided_weights` documents the arguments."""
     reference, mapped, best = teacher_reference(lts, ranges, args.aggregation, args.combine, token_bytes)
     excess = ls.float() - reference
     weights, candidate, selected = select(
@@ -318,8 +319,6 @@ def teacher_guided_selection(
         top_k=args.top_k,
         unmapped=args.unmapped,
         scope=args.scope,
-        all_gather=all_gather,
-        rank=rank,
         chosen=chosen,
     )
     return Selection(weights, candidate, selected, reference, excess, best)
@@ -332,9 +331,8 @@ def teacher_guided_weights(
     valid: Tensor,
     args: SelectionArgs = SelectionArgs(),
     *,
-    all_gather: AllGather | None = None,
-    rank: int = 0,
     token_bytes: TokenBytes | None = None,
+    chosen: Tensor | None = None,
 ) -> Tensor:
     """VocAgnoLM's token weights: the top-k valid mapped tokens by excess loss `ls - agg(lt[range])`.
 
@@ -345,14 +343,12 @@ def teacher_guided_weights(
             window.
         valid: (B, T) bool, False for padding.
         args: top_k, aggregation, unmapped, scope and combine (see `SelectionArgs`).
-        all_gather, rank: scope="global" (see `select_top_k`).
         token_bytes: compare the teachers' losses per byte, not per token (`teacher_reference`).
+        chosen: (B, T) bool, scope "global": the verdict of the top-k over the whole optimizer step (`select`).
 
     Returns: (B, T) float32 weights in {0, 1}, no gradient.
     """
-    return teacher_guided_selection(
-        ls, lts, ranges, valid, args, all_gather=all_gather, rank=rank, token_bytes=token_bytes
-    ).weights
+    return teacher_guided_selection(ls, lts, ranges, valid, args, token_bytes=token_bytes, chosen=chosen).weights
 
 
 def position_draws(seed: int, positions: Tensor, length: int) -> Tensor:
@@ -399,23 +395,13 @@ def random_selection(
     draws: Tensor,
     *,
     scope: Scope = "batch",
-    all_gather: AllGather | None = None,
-    rank: int = 0,
     chosen: Tensor | None = None,
 ) -> Selection:
     """The control: as many valid mapped tokens as `teacher_guided_weights` selects, the top-k by `draws` (B, T)
     (`position_draws`): uniformly. valid, mapped (B, T) bool; `chosen`: the step's verdict under scope "global"
     (`select`)."""
     weights, candidate, selected = select(
-        draws,
-        valid,
-        mapped,
-        top_k=top_k,
-        unmapped=unmapped,
-        scope=scope,
-        all_gather=all_gather,
-        rank=rank,
-        chosen=chosen,
+        draws, valid, mapped, top_k=top_k, unmapped=unmapped, scope=scope, chosen=chosen
     )
     return Selection(weights, candidate, selected, None, None)
 

@@ -12,7 +12,7 @@ import torch.nn as nn
 from litgpt_vocagnolm.data.prepared import Batch
 from litgpt_vocagnolm.loss.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss, LossInputs
-from litgpt_vocagnolm.loss.selection import select_top_k
+from litgpt_vocagnolm.loss.selection import AllGather, select_top_k
 from litgpt_vocagnolm.training.teacher import Teacher
 
 
@@ -25,6 +25,11 @@ class Guide:
     (`prepared.Batch.teachers`); empty when none scores."""
     loss: GuidedLoss
     """Built once from the run's arguments (`methods.GuidedLoss`)."""
+    all_gather: AllGather | None = None
+    """Scope "global": stacks a tensor from every data-parallel rank (`fabric.all_gather`), for the top-k over a whole
+    step (`step_choice`)."""
+    rank: int = 0
+    """This process's index in the `all_gather` result (`fabric.global_rank`)."""
 
     @classmethod
     def build(
@@ -39,16 +44,9 @@ class Guide:
         """The guide of a run on `fabric`: its rank, and its all_gather for `--guidance.scope global`; `vocab_size`
         (the student tokenizer's) for `kld`, `byte_tables` (`prepared.byte_table`) for `--guidance.compare byte`,
         `seed` for `random`'s draws; of `teachers`, those that score (`Teacher.mode`)."""
+        loss = GuidedLoss(guidance, vocab_size=vocab_size, byte_tables=byte_tables, seed=seed)
         all_gather = fabric.all_gather if guidance.scope == "global" else None
-        loss = GuidedLoss(
-            guidance,
-            all_gather=all_gather,
-            rank=fabric.global_rank,
-            vocab_size=vocab_size,
-            byte_tables=byte_tables,
-            seed=seed,
-        )
-        return cls([t for t in teachers if t.mode], loss)
+        return cls([t for t in teachers if t.mode], loss, all_gather, fabric.global_rank)
 
     @property
     def ranks_the_step(self) -> bool:
@@ -137,8 +135,8 @@ def step_choice(
         torch.stack(candidates),
         args.top_k,
         scope="global",
-        all_gather=guide.loss.all_gather,
-        rank=guide.loss.rank,
+        all_gather=guide.all_gather,
+        rank=guide.rank,
     )
     return scores, chosen
 

@@ -207,7 +207,9 @@ def setup(
             out_dir,
             name=f"vocagnolm-{config.name}",
             resume=bool(resume),
-            log_interval=train.log_interval,
+            # The CSV logger writes its file when (step + 1) divides this, LitGPT counting steps from 0; the recipe
+            # logs only on its log steps, at the optimizer step (from 1): every call writes.
+            log_interval=1,
             log_args=asdict(log),
         )
     if devices * num_nodes > 1:
@@ -365,6 +367,8 @@ def main(
     if stopped is not None:
         exit_after_stop(fabric, run.stop, stopped, state["step_count"])
     run.checkpointer.save_final()
+    for logger in fabric.loggers:
+        logger.finalize("success")  # whatever a logger still holds, written
 
     train_time = time.perf_counter() - train_t0
     tokens_per_iter = train.micro_batch_size * model.max_seq_length * fabric.world_size
