@@ -26,11 +26,13 @@ $(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/tran
 	$(PIP) install --quiet --upgrade --no-deps --target $(VENV)/litgpt-extra -r tests/litgpt-extra.txt
 	touch $(STAMP)
 
-# The formatter and the linter check first (pyproject.toml, [tool.ruff]); they change nothing.
+# The formatter and the linter check first (pyproject.toml, [tool.ruff]); they change nothing. The tests run in two
+# workers (pytest-xdist), each a test file at a time (its module fixtures once) on one thread: the suite's processes
+# wait on imports and on each other much of the time, and two workers keep both cores of a small machine busy.
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q -m "not slurm and not gpu"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slurm and not gpu" -n 2 --dist loadfile
 
 # Jobs submitted to a real two-node Slurm on this machine, which the script installs (as root) and starts, and stops
 # after. Where it cannot start, the tests skip, except under CI=true, where they fail.

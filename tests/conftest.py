@@ -13,6 +13,7 @@ from litgpt.model import GPT
 from litgpt.utils import save_config
 
 from litgpt_vocagnolm.models.model_configs import llama_config
+from litgpt_vocagnolm.training.score_teacher import score_teacher
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the console scripts of this environment
@@ -122,6 +123,17 @@ def mistral_teacher(tmp_path_factory) -> Path:
 def qwen_teacher(tmp_path_factory) -> Path:
     config = tiny_config("t", 151665, n_embd=16)
     return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "teacher-qwen", config, QWEN, seed=1)
+
+
+@pytest.fixture(scope="session")
+def cached_split(tmp_path_factory, mistral_teacher) -> tuple[Path, Path]:
+    """20 GSM8K records prepared at 128 tokens (32 train blocks, 2 validation blocks), and the teacher's loss cache."""
+    directory = tmp_path_factory.mktemp("order")
+    corpus = directory / "gsm8k-20.jsonl"
+    corpus.write_text("\n".join((ROOT / "data" / "gsm8k" / "train.jsonl").read_text().splitlines()[:20]) + "\n")
+    data = prepare_pair(directory / "data", corpus, TINYLLAMA, MISTRAL, max_seq_length=128)
+    score_teacher(data=data, teacher=mistral_teacher, output=directory / "cache", num_workers=0)
+    return data, directory / "cache"
 
 
 def model_config_fields(config: Config) -> dict:

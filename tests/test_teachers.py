@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import MISTRAL, TINYLLAMA, prepare_pair, tiny_config
+from conftest import MISTRAL, QWEN, ROOT, TINYLLAMA, prepare_pair, tiny_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from litgpt.args import TrainArgs
@@ -271,28 +271,37 @@ def test_online_teachers_score_their_own_windows(
 
 
 @pytest.fixture(scope="module")
-def two_caches(tmp_path_factory, tinyllama_qwen_data, tinyllama_mistral_data, qwen_teacher, mistral_teacher):
+def small_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """The first 60 GSM8K problems prepared for a Qwen2.5 and a Mistral teacher (the same student blocks): scoring
+    the Qwen teacher's 151,665-row head over the session's 240 took most of a minute."""
+    root = tmp_path_factory.mktemp("small-pair")
+    corpus = root / "gsm8k.jsonl"
+    corpus.write_text("".join((ROOT / "data" / "gsm8k" / "train.jsonl").read_text().splitlines(True)[:60]))
+    return prepare_pair(root / "qwen", corpus, TINYLLAMA, QWEN), prepare_pair(
+        root / "mistral", corpus, TINYLLAMA, MISTRAL
+    )
+
+
+@pytest.fixture(scope="module")
+def two_caches(tmp_path_factory, small_pair, qwen_teacher, mistral_teacher):
     root = tmp_path_factory.mktemp("caches")
-    score(tinyllama_qwen_data, qwen_teacher, root / "qwen")
-    score(tinyllama_mistral_data, mistral_teacher, root / "mistral")
+    score(small_pair[0], qwen_teacher, root / "qwen")
+    score(small_pair[1], mistral_teacher, root / "mistral")
     return root / "qwen", root / "mistral"
 
 
 @pytest.mark.slow
-def test_training_with_two_caches(tmp_path, tinyllama_qwen_data, tinyllama_mistral_data, two_caches):
+def test_training_with_two_caches(tmp_path, small_pair, two_caches):
     """`litgpt pretrain` with both teachers' caches: a run that logs each teacher's share of the references; with
     the first cache alone, as a one-element list, the very curve of today's `--teacher.cache DIR`."""
+    qwen_data, mistral_data = small_pair
     data = {
         "class_path": "litgpt_vocagnolm.data.VocAgnoData",
-        "init_args": {
-            "path": str(tinyllama_qwen_data),
-            "num_workers": 0,
-            "other_teachers": [str(tinyllama_mistral_data)],
-        },
+        "init_args": {"path": str(qwen_data), "num_workers": 0, "other_teachers": [str(mistral_data)]},
     }
     (tmp_path / "two").mkdir()
     config = recipe_config(
-        tmp_path / "two", tinyllama_qwen_data, None, data=data, teacher={"cache": [str(c) for c in two_caches]}
+        tmp_path / "two", qwen_data, None, data=data, teacher={"cache": [str(c) for c in two_caches]}
     )
     litgpt_pretrain(config, "--guidance.combine", "min")
     rows = metrics(tmp_path / "two" / "out")
@@ -304,7 +313,7 @@ def test_training_with_two_caches(tmp_path, tinyllama_qwen_data, tinyllama_mistr
     curves = []
     for name, cache in (("plain", str(two_caches[0])), ("list", [str(two_caches[0])])):
         (tmp_path / name).mkdir()
-        litgpt_pretrain(recipe_config(tmp_path / name, tinyllama_qwen_data, None, teacher={"cache": cache}))
+        litgpt_pretrain(recipe_config(tmp_path / name, qwen_data, None, teacher={"cache": cache}))
         curves.append([(row["loss"], row["selected_fraction"]) for row in metrics(tmp_path / name / "out")])
     assert curves[0] == curves[1]
 
