@@ -333,8 +333,10 @@ class Checkpointer:
     def _check_free_space(self, checkpoint_dir: Path, needed: int) -> int:
         """Refuses, on every rank and before anything is written, a save that the file system of `out_dir` (shared by
         the ranks, as on a cluster) has no room for: `needed` bytes over all ranks. Returns the free bytes."""
-        existing = next(p for p in (self.out_dir.absolute(), *self.out_dir.absolute().parents) if p.exists())
-        free = shutil.disk_usage(existing).free if self.fabric.global_rank == 0 else 0
+        free = 0
+        if self.fabric.global_rank == 0:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(self.out_dir).free
         free = self.fabric.broadcast(free)
         if needed > free:
             newest = previous_checkpoints(self.out_dir)

@@ -111,7 +111,7 @@ def step_choice(
     model: nn.Module,
     guide: Guide,
     batches: Sequence[Batch],
-    positions: Sequence[torch.Tensor],
+    positions: Sequence[torch.Tensor | None],
     teacher_timer: contextlib.AbstractContextManager = contextlib.nullcontext(),
 ) -> tuple[list[TeacherScores], torch.Tensor]:
     """Scope "global": the top-k over a whole optimizer step, before any of its micro-batches trains. Each of this
@@ -121,9 +121,9 @@ def step_choice(
     (`selection.select_top_k`), so that 1 or N processes select the same tokens. Returns the teachers' scores, for
     the training pass to reuse, and this rank's verdict (A, B, T) bool."""
     scores, ranked, candidates = [], [], []
+    needs_loss = guide.loss.args.spec.teacher_loss  # excess ranks by the student's loss; random reads none
     for batch, rows in zip(batches, positions, strict=True):
         scores.append(teacher_scores(guide, batch, teacher_timer))
-        needs_loss = guide.loss.args.spec.teacher_loss  # excess ranks by it; random reads none
         ls = model(batch.input_ids, targets=batch.targets) if needs_loss else None  # (B, T) float32
         inputs = loss_inputs(batch, guide.loss, scores[-1].losses, positions=rows)
         rank_by, candidate = guide.loss.ranking(ls, batch.targets != IGNORE_INDEX, inputs)

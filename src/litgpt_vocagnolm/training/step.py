@@ -64,10 +64,10 @@ def train_step(
     B, W = train.micro_batch_size, fabric.world_size
     accumulation = order.accumulation(train.global_batch_size, B, W)
     micro_batches = [Batch.of(next(batches)) for _ in range(accumulation)]
-    positions = [
-        state["position"] + (k * W + fabric.global_rank) * B + torch.arange(B, device=fabric.device)
-        for k in range(accumulation)
-    ]
+    positions = [None] * accumulation
+    if "positions" in guide.loss.args.spec.inputs:  # random's draws; no kernel for the other methods
+        rows = torch.arange(B, device=fabric.device)
+        positions = [rows + state["position"] + (k * W + fabric.global_rank) * B for k in range(accumulation)]
     scores, chosen = [None] * accumulation, [None] * accumulation
     if guide.ranks_the_step:
         scores, chosen = step_choice(model, guide, micro_batches, positions, teacher_timer)
