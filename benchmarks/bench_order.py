@@ -10,7 +10,7 @@ data at the paper's scale does with 64 MB chunks. Prints, for each number of wor
   2. the time a consumer waits on data: it takes the paper's cached step time per micro-batch (sleeping, as a host
      waits on its GPU), and the mean time `next()` kept it waiting per step after the first is reported.
 and the blocks/s a GPU needs to keep the paper's step fed: 8 blocks per step per GPU at the H100 step times of the
-README ("At the device's pace", `benchmarks/bench_mfu.py --device cuda --compile --max_micro_batch 8`).
+docs/performance.md (`benchmarks/bench_mfu.py --device cuda --compile --max_micro_batch 8`).
 
     python benchmarks/bench_order.py [--max_seq_length 2048] [--micro_batch_size 8] [--workers 1 4] [--smoke]
 """
@@ -37,7 +37,7 @@ FILES = [REPO / "data/gsm8k/train.jsonl", REPO / "data/stackexchange/math_stacke
 STUDENT = REPO / "tests/fixtures/tokenizers/tinyllama-1.1b"
 TEACHER = REPO / "tests/fixtures/tokenizers/qwen2.5"
 TEXT_KEYS = (("question", "answer"), ("input", "output"))  # GSM8K, Math Stack Exchange
-# The paper's step on one H100 (README, "At the device's pace"): compiled, micro-batch 8, sequence 2048.
+# The paper's step on one H100 (docs/performance.md): compiled, micro-batch 8, sequence 2048.
 PAPER_BLOCKS_PER_STEP = 8
 PAPER_SEQUENCE = 2048
 STEP_TOKENS_PER_SECOND = {"online": 21_227, "cached": 64_268}
@@ -163,7 +163,7 @@ def main() -> None:
         wait_batches = min(args.wait_micro_batches, micro_batches)
         print(
             f"The paper's step ({PAPER_BLOCKS_PER_STEP} blocks of {PAPER_SEQUENCE} tokens per GPU, compiled, one"
-            " H100, README 'At the device's pace') needs:"
+            " H100, docs/performance.md) needs:"
         )
         for work, rate in STEP_TOKENS_PER_SECOND.items():
             print(f"  {work} step: {rate:,} tokens/s, {step_seconds[work]:.3f} s per step: {needed[work]:.1f} blocks/s")

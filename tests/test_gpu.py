@@ -24,7 +24,7 @@ score-teacher's bf16 and compile, plan --measure's compiled scoring, AdamW's fus
 sets the recipe's (compile, a bf16-mixed student, a bf16 teacher).
 
 Every command's line, exit status, seconds and the tail of its output go into one log, the file CHAIN_LOG names
-(default: chain.log in the test's folder), followed by the figures the README quotes from a GPU's run: plan
+(default: chain.log in the test's folder), followed by the figures docs/performance.md quotes from a GPU's run: plan
 --measure's table (MFU of each step, the cached step against LitGPT's, planned and measured memory), each training
 run's throughput and final save, and each command's seconds.
 """
@@ -97,7 +97,7 @@ GPU = Scale(
     documents=400,
     seq_len=2048,
     # What each command may take on one H100, cold compiles included: about 1.5x what it should take at the pace the
-    # README reports ("At the device's pace") plus process start, compilation and checkpoint writing, which no run has
+    # docs/performance.md reports plus process start, compilation and checkpoint writing, which no run has
     # measured yet. CHAIN_SECONDS bounds their sum.
     seconds={
         "prepare": 45,
@@ -320,8 +320,8 @@ def measured_as_planned(printed: str, band: tuple[float, float] | None) -> None:
 
 
 def figures(commands: Commands) -> str:
-    """What the README quotes from this run: plan --measure's report, each training run's throughput and final save,
-    score-teacher's and evaluate's pace, and the seconds of each command."""
+    """What docs/performance.md quotes from this run: plan --measure's report, each training run's throughput and final
+    save, score-teacher's and evaluate's pace, and the seconds of each command."""
     outputs = commands.outputs
     lines = ["== Figures", "vocagnolm plan --measure true:"]
     lines += outputs["plan"][outputs["plan"].index("Measured here") :].rstrip().splitlines()

@@ -1,8 +1,9 @@
-"""The package's sub-packages and modules import one another one way only (README, Layout): each package imports
+"""The package's sub-packages and modules import one another one way only (docs/layout.md): each package imports
 only the packages its row of the layout builds on, and no module imports one that imports it back."""
 
 import ast
 import re
+from functools import cache
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -10,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "litgpt_vocagnolm"
 
 # The shared leaves every package may import: user errors, file hashes and writes.
 SHARED = {"errors", "files"}
-# Each sub-package (a job, a row of the README's layout) and the packages its modules may import besides its own and
+# Each sub-package (a job, a row of docs/layout.md) and the packages its modules may import besides its own and
 # the shared leaves. Read from the bottom up: the algorithms build on nothing, the commands on the rows above them.
 PACKAGES = {
     "alignment": set(),
@@ -147,14 +148,13 @@ def test_nothing_cites_a_file_outside_the_repository():
         assert f"## {section}\n" in design
 
 
-def test_the_readme_layout_lists_every_module_and_data_folder():
-    readme = (PACKAGE.parents[1] / "README.md").read_text(encoding="utf-8")
-    layout = readme[readme.index("## Layout") :]
+def test_the_layout_page_lists_every_module_and_data_folder():
+    layout = (PACKAGE.parents[1] / "docs" / "layout.md").read_text(encoding="utf-8")
     listed = {line.split()[0] for line in layout.splitlines() if line.startswith("  ") and line.split()}
     modules = {p.name for p in PACKAGE.rglob("*.py")} | {f"{p.name}/" for p in PACKAGE.iterdir() if p.is_dir()}
     modules -= {"__pycache__/"}
     assert modules - listed == set()
-    for folder in ("recipes/", "docs/", "tests/", "benchmarks/", "data/"):
+    for folder in ("docs/", "tests/", "benchmarks/", "data/"):
         assert f"\n{folder}" in layout, folder
 
 
@@ -170,39 +170,61 @@ def names_defined(body: list[ast.stmt]) -> dict[str, ast.AST | None]:
     return names
 
 
-def test_every_dotted_reference_in_the_package_points_where_the_name_lives():
-    """A backticked `module.name` (or `module.Class.attribute`) in a docstring or comment names a package module that
-    defines that name itself: a name that moved leaves no reference to where it was. A module is named by its path in
-    the package (`training.recipe.fit`) or by its own name alone (`recipe.fit`); a package by its name, and it defines
-    what its `__init__` exports (`data.VocAgnoData`)."""
+# A backticked dotted name, as code and docs write one: `module.name`, `module.Class.attribute`, `function()`.
+DOTTED = re.compile(r"`([A-Za-z_][\w.]*\.[A-Za-z_]\w*)(?:\(\))?`")
+
+
+@cache
+def package_trees() -> tuple[dict[str, ast.Module], dict[str, str]]:
+    """Each module's syntax tree by its name in the package, and each module's full name by its own name alone."""
     trees = {module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in PACKAGE.rglob("*.py")}
     trees.pop("")
     by_own_name = {name.rsplit(".", 1)[-1]: name for name in trees if "." in name}
     assert len(by_own_name) == len([name for name in trees if "." in name]), "two modules share a name"
+    return trees, by_own_name
+
+
+def unresolved(spans: list[str]) -> list[str]:
+    """The dotted names among `spans` that name a package module which does not define that name itself. A module is
+    named by its path in the package (`training.recipe.fit`) or by its own name alone (`recipe.fit`); a package by its
+    name, and it defines what its `__init__` exports (`data.VocAgnoData`). A name that starts `litgpt_vocagnolm.` must
+    resolve; any other that names no module of the package is not the package's, and is left alone."""
+    trees, by_own_name = package_trees()
     found = []
-    for path in PACKAGE.rglob("*.py"):
-        for span in re.findall(r"`([A-Za-z_][\w.]*\.[A-Za-z_]\w*)(?:\(\))?`", path.read_text(encoding="utf-8")):
-            parts = span.removeprefix("litgpt_vocagnolm.").split(".")
-            if parts[0] in by_own_name and parts[0] not in trees:
-                parts = by_own_name[parts[0]].split(".") + parts[1:]
-            cuts = [cut for cut in range(len(parts) - 1, 0, -1) if ".".join(parts[:cut]) in trees]
-            if not cuts or parts[-1] in ("py", "md", "csv", "json", "yaml"):  # not a module of the package, or a file
-                continue
-            module = ".".join(parts[: cuts[0]])
-            names = names_defined(trees[module].body)
-            if module in PACKAGES:  # a package's `__init__` defines what it exports
-                names |= {
-                    a.asname or a.name: None
-                    for n in trees[module].body
-                    if isinstance(n, ast.ImportFrom)
-                    for a in n.names
-                }
-            rest = parts[cuts[0] :]
-            node = names.get(rest[0], "missing") if rest[0] in names else "missing"
-            if node == "missing" or (
-                isinstance(node, ast.ClassDef) and rest[1:] and rest[1] not in names_defined(node.body)
-            ):
-                found.append(f"{module_name(path)}: `{span}`")
+    for span in spans:
+        parts = span.removeprefix("litgpt_vocagnolm.").split(".")
+        if parts[0] in by_own_name and parts[0] not in trees:
+            parts = by_own_name[parts[0]].split(".") + parts[1:]
+        cuts = [cut for cut in range(len(parts) - 1, 0, -1) if ".".join(parts[:cut]) in trees]
+        if parts[-1] in ("py", "md", "csv", "json", "yaml"):  # a file
+            continue
+        if not cuts:  # not a module of the package, unless it says so
+            if span.startswith("litgpt_vocagnolm.") and ".".join(parts) not in trees:
+                found.append(span)
+            continue
+        module = ".".join(parts[: cuts[0]])
+        names = names_defined(trees[module].body)
+        if module in PACKAGES:  # a package's `__init__` defines what it exports
+            names |= {
+                a.asname or a.name: None for n in trees[module].body if isinstance(n, ast.ImportFrom) for a in n.names
+            }
+        rest = parts[cuts[0] :]
+        node = names.get(rest[0], "missing") if rest[0] in names else "missing"
+        if node == "missing" or (
+            isinstance(node, ast.ClassDef) and rest[1:] and rest[1] not in names_defined(node.body)
+        ):
+            found.append(span)
+    return found
+
+
+def test_every_dotted_reference_in_the_package_points_where_the_name_lives():
+    """A backticked `module.name` in a docstring or comment names a package module that defines that name itself
+    (`unresolved`): a name that moved leaves no reference to where it was."""
+    found = [
+        f"{module_name(path)}: `{span}`"
+        for path in PACKAGE.rglob("*.py")
+        for span in unresolved(DOTTED.findall(path.read_text(encoding="utf-8")))
+    ]
     assert found == []
 
 

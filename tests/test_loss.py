@@ -667,7 +667,7 @@ def test_guidance_args_on_the_command_line():
 
 
 def test_the_readme_example_of_a_new_method(monkeypatch):
-    """README, "Adding a guidance method": the worked example's ranking and entry, as written there, against a loop."""
+    """docs/adding-a-method.md: the worked example's ranking and entry, as written there, against a loop."""
     from litgpt_vocagnolm.loss.methods import METHODS, GuidanceMethod, LossInputs, top_k_by_ranking
 
     def student_loss_ranking(guided: "GuidedLoss", ls, valid, inputs: LossInputs):

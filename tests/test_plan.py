@@ -19,7 +19,7 @@ ROW = re.compile(rf"^  ({WORKS}) +(\d+) +(\S+) +(\S+) +(\S+) +(\S+) +(\S+) +(\S+
 
 
 def bench_scale():
-    """benchmarks/bench_scale.py, whose steps are the recipe's and whose measurement is the one the README reports."""
+    """benchmarks/bench_scale.py, whose steps are the recipe's and whose measurement docs/memory.md reports."""
     spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "benchmarks" / "bench_scale.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -122,7 +122,7 @@ def test_plan_counts_no_teacher_for_a_method_that_loads_none(capsys):
     "micro_batch, compiled_gb, eager_gb", [(1, 34.42, 36.21), (4, 44.46, 51.66), (8, 57.49, 71.89)]
 )
 def test_estimate_gives_the_peaks_measured_on_an_h100_compiled_and_eager(micro_batch, compiled_gb, eager_gb):
-    """The online step's peaks on one H100 (README, "At the device's pace": TinyLlama-1.1B with Qwen2.5-Math-7B,
+    """The online step's peaks on one H100 (docs/performance.md: TinyLlama-1.1B with Qwen2.5-Math-7B,
     sequence 2048, window 2560, one GPU), compiled and eager: the estimate is within a few percent of each, above."""
     from litgpt_vocagnolm.models.model_configs import register
 
