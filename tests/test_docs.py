@@ -4,6 +4,7 @@
   vocagnolm` is parsed by the parser the command builds, as typed (its shell variables, where the block sets them,
   else a placeholder path); nothing runs past the parse.
 - Every backticked dotted name of the package resolves (`test_layout.unresolved`), and every file the docs name exists.
+  The signatures they give are the code's; docs/README.md indexes every page.
 - The README's recipe table says what each recipe's YAML holds.
 - The README stays a guide: under 3,500 words, no paragraph over 10 lines, no sentence over 60 words, `make demo` and
   `make test` its first two commands, the paper's run within its first 150 lines.
@@ -204,6 +205,12 @@ def test_every_file_the_docs_name_exists():
             exists = any(ROOT.glob(name)) if name.startswith("**/") else (ROOT / name).exists()
             missing += [] if exists else [f"{doc.relative_to(ROOT)}: {name}"]
     assert missing == []
+
+
+def test_the_index_lists_every_page_of_docs():
+    index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
+    pages = {page.name for page in (ROOT / "docs").glob("*.md")} - {"README.md"}
+    assert pages == set(re.findall(r"\]\(([\w-]+\.md)\)", index))
 
 
 def recipe_yaml(name: str) -> Path:
