@@ -237,6 +237,15 @@ def test_the_readme_recipe_table_says_what_each_recipe_holds():
             assert teacher == f"checkpoints/{repo}", name
 
 
+def test_the_readme_lists_every_guidance_method():
+    from litgpt_vocagnolm.loss.methods import METHODS
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Guidance methods and options") :].split("\n## ")[0]
+    listed = {name for item in re.findall(r"^- (.+?):", section, re.MULTILINE) for name in re.findall(r"`(\w+)`", item)}
+    assert listed == set(METHODS)
+
+
 def paragraphs(text: str) -> list[list[str]]:
     """The prose paragraphs of markdown `text` (a list item is one), as lines: no code, table or heading."""
     found, current = [], []
