@@ -110,8 +110,10 @@ def parse_only(monkeypatch):
 
 
 @pytest.mark.parametrize("where, words", COMMANDS, ids=[where for where, _ in COMMANDS])
-def test_each_command_the_docs_show_is_parsed_by_its_own_parser(where, words, parse_only, monkeypatch, capsys):
-    monkeypatch.chdir(ROOT)
+def test_each_command_the_docs_show_is_parsed_by_its_own_parser(
+    where, words, parse_only, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)  # where a command that got past its parse would write, and no file of the clone is
     if words[0] == "vocagnolm":
         run = lambda: cli.main(words[1:])  # noqa: E731
     else:  # `litgpt pretrain --recipe vocagnolm ...`, as the .pth hook hands it on
