@@ -1,5 +1,5 @@
 """The guidance methods, in one table: what each needs and its loss. Adding a method is one `GuidanceMethod` entry in
-`METHODS`, its loss function and its test (README, "Adding a guidance method").
+`METHODS`, its loss function and its test (docs/adding-a-method.md).
 
 Everything else reads the table: `GuidanceArgs` (`--guidance.method` and its `--help`), the recipe's checks and its
 teacher, `vocagnolm plan`, the demo. No other module lists method names.
