@@ -2,7 +2,7 @@
 
 A random Llama-shaped model (4 layers, width 256 by default) with TinyLlama's real tokenizer, and the first GSM8K test
 questions with the harness's 8-shot prompt (~800-900 tokens each). In alternating rounds it times
-  evaluate  `evaluate.generate_greedy`: continuous batching, the questions that take rows freed at one step
+  evaluate  `generation.generate_greedy`: continuous batching, the questions that take rows freed at one step
             prefilled together into their rows of the KV cache (at most `PREFILL_ROWS` per forward), a host sync per
             step, the new text decoded a few tokens at a time and searched for the harness's stop strings, the whole
             text decoded at the end;
@@ -32,7 +32,7 @@ import torch
 from litgpt import GPT, Tokenizer
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
-from litgpt_vocagnolm.evaluation.evaluate import PREFILL_CHUNK, generate_greedy
+from litgpt_vocagnolm.evaluation.generation import PREFILL_CHUNK, generate_greedy
 from litgpt_vocagnolm.evaluation.math_tasks import (
     STOP_STRINGS,
     TASKS,

@@ -53,7 +53,7 @@ from litgpt_vocagnolm.loss.cross_entropy import per_token_cross_entropy
 from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss
 from litgpt_vocagnolm.models.gpt import GPT
 from litgpt_vocagnolm.models.model_configs import register
-from litgpt_vocagnolm.planning.plan import StepShape, cpu_peak_bytes, estimate_memory, matmul_parameters
+from litgpt_vocagnolm.planning.memory import StepShape, cpu_peak_bytes, estimate_memory, matmul_parameters
 from litgpt_vocagnolm.training.distributed import FSDPArgs, checkpoint_activations, parallelize
 from litgpt_vocagnolm.training.micro_batch import Guide, forward_and_loss, loss_inputs
 from litgpt_vocagnolm.training.teacher import Teacher, teacher_token_loss
@@ -255,7 +255,7 @@ def measure(fabric: L.Fabric, setting: Setting, kind: str, whole_logits: bool) -
 
 
 def flops_per_step(setting: Setting, kind: str) -> float:
-    """6 N per student token trained, 2 N per teacher token scored (N: `plan.matmul_parameters`), over the step's
+    """6 N per student token trained, 2 N per teacher token scored (N: `memory.matmul_parameters`), over the step's
     micro-batches."""
     B, T, M = setting.micro_batch, setting.seq_len, setting.window
     student = 6 * matmul_parameters(setting.student_config) * B * T if kind != "score" else 0

@@ -23,7 +23,7 @@ evaluate`. What the tests give beyond the defaults, and why:
 
 The commands run with one thread (OMP_NUM_THREADS=1 in their subprocesses, conftest's `one_thread` here): on the 2
 shared cores of the test machine a tiny model's matrix products ran up to 400x slower with 2 threads than with 1 (a
-2 x 32 by 32 x 512 product: 15 ms against 36 us; the threads of a busy machine wait on each other, as demo/__init__.py
+2 x 32 by 32 x 512 product: 15 ms against 36 us; the threads of a busy machine wait on each other, as demo/pipeline.py
 says); it changes nothing the commands compute.
 """
 

@@ -16,8 +16,8 @@ from test_recipe import metrics
 
 from litgpt_vocagnolm.alignment.lexical import vocab_overlap
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer, same_vocabulary
-from litgpt_vocagnolm.demo import demo
 from litgpt_vocagnolm.demo.corpus import add_noise, read_corpus, split_heldout
+from litgpt_vocagnolm.demo.pipeline import demo
 from litgpt_vocagnolm.demo.settings import QUICK, STUDENT_ALPHABET, STUDENT_VOCAB_MIN, STUDENTS
 from litgpt_vocagnolm.demo.table import compare
 from litgpt_vocagnolm.demo.tokenizer_training import train_student_tokenizer
@@ -351,7 +351,7 @@ def test_the_paper_pair_overlap_the_demo_prints_is_computed(tmp_path):
 def test_every_file_the_demo_writes_is_under_a_path_it_records(quick_run):
     """A demo stopped in the middle is replaced on a rerun where its record's paths say, and only there: every file
     a whole demo writes must fall under one of them."""
-    from litgpt_vocagnolm.demo import OUTPUTS, RECORD, demo_paths, written_files
+    from litgpt_vocagnolm.demo.pipeline import OUTPUTS, RECORD, demo_paths, written_files
 
     out_dir, _ = quick_run
     paths = demo_paths([(m, s) for s in (1, 2) for m in METHOD_NAMES if s == 1 or m in SEEDED])  # what it recorded

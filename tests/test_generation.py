@@ -15,14 +15,9 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.evaluation import evaluate as evaluate_module
-from litgpt_vocagnolm.evaluation.evaluate import (
-    Continuation,
-    default_batch_size,
-    evaluate,
-    evaluate_task,
-    generate_greedy,
-    load_model,
-)
+from litgpt_vocagnolm.evaluation import generation as generation_module
+from litgpt_vocagnolm.evaluation.evaluate import evaluate, evaluate_task, load_model
+from litgpt_vocagnolm.evaluation.generation import Continuation, default_batch_size, generate_greedy
 from litgpt_vocagnolm.evaluation.math_tasks import (
     DATA_DIR,
     STOP_STRINGS,
@@ -135,14 +130,14 @@ def test_a_waiting_question_takes_the_row_of_one_that_ended(tinyllama_model, mon
     of two would take 7 steps (the first short question's 8 tokens) and 7 more for the third."""
     model, tokenizer = tinyllama_model
     widths = []
-    forward = evaluate_module.RowKVCache.forward
+    forward = generation_module.RowKVCache.forward
 
     def spy(cache, input_pos, k, v):
         if cache is model.transformer.h[0].attn.kv_cache and input_pos.dim() == 2:  # a decode step of the batch
             widths.append(k.shape[0])
         return forward(cache, input_pos, k, v)
 
-    monkeypatch.setattr(evaluate_module.RowKVCache, "forward", spy)
+    monkeypatch.setattr(generation_module.RowKVCache, "forward", spy)
     prompts = [(task_prompts(tokenizer, ["gsm8k"], 1)[0] * 2)[-1022:]]
     prompts += [tokenizer.encode(text).tolist() for text in ("Question: 1 + 1?", "Question: 2 + 3?")]
 
@@ -201,12 +196,12 @@ def test_default_batch_is_what_free_memory_holds(tinyllama_model, monkeypatch, c
     buffers = ((2 * 32 + 1) * 2 * 1024 + 32000) * 4  # one layer's keys, values and scores per head; the logits
     page = 4096
     pages = {"SC_PAGE_SIZE": page}
-    monkeypatch.setattr(evaluate_module.os, "sysconf", lambda name: pages[name])
+    monkeypatch.setattr(generation_module.os, "sysconf", lambda name: pages[name])
     pages["SC_AVPHYS_PAGES"] = (10 * (cache + buffers) // 8 * 10 + page) // page  # 80% of it holds 10 rows
     assert default_batch_size(model) == 10
     assert "Decoding 10 questions at a time" in capsys.readouterr().out
     pages["SC_AVPHYS_PAGES"] = 10**9 // page * 100  # 100 GB: the bound on CPU
-    assert default_batch_size(model) == evaluate_module.CPU_BATCH_SIZE
+    assert default_batch_size(model) == generation_module.CPU_BATCH_SIZE
     pages["SC_AVPHYS_PAGES"] = 1
     with pytest.raises(MemoryError, match="decoding one question needs 2 MiB, more than 80% of the 0 MiB free"):
         default_batch_size(model)
@@ -220,8 +215,8 @@ def test_the_gpu_default_batch_decodes_every_question_at_once_as_one_at_a_time(t
     checkpoint = make_checkpoint(tmp_path / "tiny", config, TINYLLAMA)
     # A row as the test above counts it: a bf16 cache (evaluate's default precision), float32 buffers.
     per_row = 2 * 2 * 2 * 1024 * 16 * 2 + ((2 * 16 + 1) * 2 * 1024 + 32000) * 4
-    monkeypatch.setattr(evaluate_module, "device_memory", lambda device: (40 * per_row * 10 // 8, "an H100", None))
-    questions = evaluate_module.CPU_BATCH_SIZE + 4
+    monkeypatch.setattr(generation_module, "device_memory", lambda device: (40 * per_row * 10 // 8, "an H100", None))
+    questions = generation_module.CPU_BATCH_SIZE + 4
     for out, options in (("gpu", {}), ("one", {"batch_size": 1})):
         evaluate(checkpoint, tasks="gsm8k", limit=questions, max_new_tokens=4, out_dir=tmp_path / out, **options)
         if out == "gpu":

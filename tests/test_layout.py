@@ -88,8 +88,9 @@ def test_no_module_imports_one_that_imports_it_back():
     assert "planning.measure" in graph["planning.plan"]
     # The data order reads blocks through the prepared data and builds on nothing above it.
     assert graph["data.order"] == {"data.prepared", "errors"}
-    # The demo's parts never import the demo command that runs them.
-    assert not any("demo" in graph[m] for m in graph if m.startswith("demo."))
+    # The demo's parts never import the demo command that runs them; its package names them and imports none.
+    assert not any("demo.pipeline" in graph[m] for m in graph if m.startswith("demo.") and m != "demo.pipeline")
+    assert graph["demo"] == set()
 
 
 def test_no_module_is_longer_than_600_lines():
@@ -118,7 +119,7 @@ def test_no_function_takes_more_than_eight_parameters():
     groups TrainArgs and EvalArgs; keyword-only options count as any other parameter."""
     entry_points = {
         ("training.recipe", "setup"),
-        ("demo", "demo"),
+        ("demo.pipeline", "demo"),
         ("data.prepare", "prepare"),
         ("training.score_teacher", "score_teacher"),
         ("evaluation.evaluate", "evaluate"),
@@ -137,6 +138,87 @@ def test_no_function_takes_more_than_eight_parameters():
             if count > 8:
                 found.append(f"{module_name(path)}.{node.name}: {count}")
     assert found == []
+
+
+def body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's body in lines, its docstring aside: from its first statement to the end of its last (comments
+    and blank lines between them count; nested functions count in the function that holds them, and on their own)."""
+    body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+    return body[-1].end_lineno - body[0].lineno + 1 if body else 0
+
+
+def test_no_function_body_is_longer_than_60_lines():
+    """A function, its docstring aside, fits a screen (nanoGPT's longest is 55 lines): a command reads as its stages,
+    each a function named for what it does, as LitGPT's pretrain reads as setup -> main -> fit -> validate."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and body_lines(node) > 60:
+                found.append(f"{module_name(path)}.{node.name}: {body_lines(node)} lines")
+    assert found == []
+
+
+def shown_signatures(text: str) -> list[tuple[str, str]]:
+    """Each `name(parameters)` a Markdown text shows in a code span (or a line of a fenced block), its return
+    (` -> ...`) aside: (name, parameters), the name as written (`litgpt_vocagnolm.loss.teacher_guided_weights`,
+    `vocab_overlap`)."""
+    fenced = re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.DOTALL)
+    spans = re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.DOTALL))
+    spans += [line for block in fenced for line in block.splitlines()]
+    found = []
+    for span in spans:
+        signature = " ".join(span.split()).split(" -> ")[0]
+        match = re.fullmatch(r"([A-Za-z_][\w.]*)\((.*)\)", signature)
+        if match:
+            found.append((match.group(1), match.group(2)))
+    return found
+
+
+def test_the_signatures_docs_design_shows_are_the_functions_own():
+    """docs/design.md's signatures are the code's: every `name(parameters)` it shows that names a function or class
+    of the package lists that function's parameters, in order, positional and keyword-only as the function takes
+    them, with the same defaults (annotations and the return are the code's to give). A name is the package's when
+    it is a dotted path into it, or the name of one function or class defined at the top of one of its modules."""
+    import importlib
+    import inspect
+
+    design = (PACKAGE.parents[1] / "docs" / "design.md").read_text(encoding="utf-8")
+    defined: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.setdefault(node.name, []).append(module_name(path))
+    checked, found = set(), []
+    for name, parameters in shown_signatures(design):
+        if name.startswith("litgpt_vocagnolm."):
+            module, _, attribute = name.rpartition(".")
+        elif name in defined:
+            assert len(defined[name]) == 1, f"docs/design.md: {name} is defined in {defined[name]}: give its path"
+            module, attribute = f"litgpt_vocagnolm.{defined[name][0]}", name
+        else:  # not the package's (`max(...)`, `ceil(...)`)
+            continue
+        function = getattr(importlib.import_module(module), attribute)
+        namespace = vars(importlib.import_module(function.__module__))  # where its defaults' names resolve
+        shown = ast.parse(f"def shown({parameters}): pass").body[0].args
+        defaults = [None] * (len(shown.posonlyargs) + len(shown.args) - len(shown.defaults)) + shown.defaults
+        doc = [
+            (a.arg, kind, default if default is None else eval(ast.unparse(default), namespace))
+            for kind, args, kind_defaults in (
+                ("POSITIONAL_ONLY", shown.posonlyargs, defaults[: len(shown.posonlyargs)]),
+                ("POSITIONAL_OR_KEYWORD", shown.args, defaults[len(shown.posonlyargs) :]),
+                ("KEYWORD_ONLY", shown.kwonlyargs, shown.kw_defaults),
+            )
+            for a, default in zip(args, kind_defaults)
+        ]
+        code = [
+            (p.name, p.kind.name, None if p.default is inspect.Parameter.empty else p.default)
+            for p in inspect.signature(function).parameters.values()
+        ]
+        if doc != code:
+            found.append(f"{name}({parameters}) is {attribute}{inspect.signature(function)}")
+        checked.add(attribute)
+    assert found == []
+    assert {"align", "teacher_guided_weights", "iter_blocks", "SelectionArgs"} <= checked  # the contract's
 
 
 def test_nothing_cites_a_file_outside_the_repository():

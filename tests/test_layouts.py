@@ -22,7 +22,7 @@ from test_recipe import metrics
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from litgpt_vocagnolm.data.prepared import VocAgnoData
-from litgpt_vocagnolm.planning.plan import StepShape, collective_bytes, estimate_memory, parameters, traffic_per_step
+from litgpt_vocagnolm.planning.memory import StepShape, collective_bytes, estimate_memory, parameters, traffic_per_step
 from litgpt_vocagnolm.training.distributed import FSDPArgs
 from litgpt_vocagnolm.training.recipe import setup
 from litgpt_vocagnolm.training.teacher import TeacherArgs

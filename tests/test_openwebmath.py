@@ -108,12 +108,12 @@ def test_jsonl_text_bytes(tmp_path):
 
 
 def test_teacher_flops_from_its_checkpoint_config(tmp_path):
-    # Counted on the model LitGPT builds from the checkpoint's config, against plan.py's count by formula.
+    # Counted on the model LitGPT builds from the checkpoint's config, against memory.py's count by formula.
     from litgpt.config import Config
     from litgpt.utils import save_config
 
     from litgpt_vocagnolm.data.dry_run import teacher_flops_per_token
-    from litgpt_vocagnolm.planning.plan import matmul_parameters
+    from litgpt_vocagnolm.planning.memory import matmul_parameters
 
     config = Config.from_name("Qwen2.5-Math-7B")
     save_config(config, tmp_path)

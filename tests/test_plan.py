@@ -10,7 +10,7 @@ from conftest import BIN, ROOT, TINYLLAMA
 from litgpt.config import Config
 
 from litgpt_vocagnolm.models.model_configs import llama_config
-from litgpt_vocagnolm.planning.plan import StepShape, estimate_memory, matmul_parameters, parameters
+from litgpt_vocagnolm.planning.memory import StepShape, estimate_memory, matmul_parameters, parameters
 from litgpt_vocagnolm.training.distributed import FSDPArgs
 
 PAPER_RECIPE = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b-instruct.yaml"

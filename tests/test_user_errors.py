@@ -351,7 +351,7 @@ def test_convert_refuses_a_folder_without_hugging_face_weights(tmp_path):
     ],
 )
 def test_demo_refuses_numbers_out_of_range_before_any_work(tmp_path, options, flag):
-    from litgpt_vocagnolm.demo import demo
+    from litgpt_vocagnolm.demo.pipeline import demo
 
     with pytest.raises(InvalidArgument, match=flag):
         demo(out_dir=tmp_path / "demo", **options)
@@ -378,7 +378,7 @@ def test_demo_sizes_refuse_numbers_out_of_range(sizes, flag):
 
 
 def test_demo_refuses_a_folder_with_anything_else_and_keeps_it(tmp_path):
-    from litgpt_vocagnolm.demo import demo
+    from litgpt_vocagnolm.demo.pipeline import demo
 
     clone = tmp_path / "clone"  # `vocagnolm demo --out_dir .` in a clone of the repository
     (clone / "data").mkdir(parents=True)
@@ -391,7 +391,7 @@ def test_demo_refuses_a_folder_with_anything_else_and_keeps_it(tmp_path):
 
 
 def test_demo_replaces_only_its_own_files(tmp_path):
-    from litgpt_vocagnolm.demo import RECORD, claim_out_dir, demo_paths
+    from litgpt_vocagnolm.demo.pipeline import RECORD, claim_out_dir, demo_paths
 
     out_dir = tmp_path / "demo"
     claim_out_dir(out_dir, demo_paths([("ce", 1)]))  # a new folder: the demo records what it will write first
@@ -410,7 +410,7 @@ def test_demo_replaces_only_its_own_files(tmp_path):
 
 
 def test_a_demo_run_again_keeps_a_file_put_in_its_folders(tmp_path):
-    from litgpt_vocagnolm.demo import claim_out_dir, record_finished
+    from litgpt_vocagnolm.demo.pipeline import claim_out_dir, record_finished
 
     out_dir = tmp_path / "demo"
     claim_out_dir(out_dir)
@@ -429,7 +429,7 @@ def test_a_demo_run_again_keeps_a_file_put_in_its_folders(tmp_path):
 def test_a_demo_stopped_in_the_middle_and_run_again_keeps_a_file_put_in_its_folders(tmp_path):
     """Stopped before it recorded its files, a demo's record lists the paths it would write: a rerun replaces what
     lies under them (a stage's unfinished files) and refuses to delete anything else (it deleted its folders whole)."""
-    from litgpt_vocagnolm.demo import claim_out_dir, demo_paths
+    from litgpt_vocagnolm.demo.pipeline import claim_out_dir, demo_paths
 
     out_dir = tmp_path / "demo"
     claim_out_dir(out_dir, demo_paths([("ce", 1)]))

@@ -45,7 +45,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
         "A sharded training checkpoint (step-*) as one lit_model.pth for litgpt generate / convert_from_litgpt",
     ),
     "demo": (
-        "litgpt_vocagnolm.demo:demo",
+        "litgpt_vocagnolm.demo.pipeline:demo",
         "The whole method in miniature on a CPU: teacher, students per method, table, plot",
     ),
     "convert_to_litgpt": (

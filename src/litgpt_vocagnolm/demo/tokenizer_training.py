@@ -148,3 +148,14 @@ def describe_tokenizers(student_dir: Path, teacher_dir: Path, text: str) -> str:
         f"  student: {student.encode(sample, add_special_tokens=False).tokens}\n"
         f"  teacher: {teacher.encode(sample, add_special_tokens=False).tokens}"
     )
+
+
+def describe_second_teacher(student_dir: Path, teacher2_dir: Path) -> str:
+    """The second teacher's vocabulary beside the student's: its size, the tokens they share, those with the same id."""
+    ours = load_tokenizer(student_dir).get_vocab()
+    theirs = load_tokenizer(teacher2_dir).get_vocab()
+    return (
+        f"Second teacher: SentencePiece-style BPE from half the teacher's text, {len(theirs):,} tokens; it holds"
+        f" {len(ours.keys() & theirs.keys()):,} of the student's {len(ours):,},"
+        f" {sum(theirs.get(token) == i for token, i in ours.items()):,} with the same id."
+    )

@@ -5,8 +5,9 @@ Everything else reads the table: `GuidanceArgs` (`--guidance.method` and its `--
 teacher, `vocagnolm plan`, the demo. No other module lists method names.
 
 A method's entry names the inputs it needs (`LossInputs` fields); its loss function takes the run's `GuidedLoss`
-(arguments, rank, gather, vocabulary, byte tables: bound once), the student's per-token loss and what the micro-batch
-brought, and returns each token's loss and weight (`MethodLoss`). `GuidedLoss` checks the inputs against the table,
+(arguments, vocabulary size, byte tables, seed: bound once), the student's per-token loss and what the micro-batch
+brought (with scope "global", the step's verdict `LossInputs.chosen`, ranked across ranks before any micro-batch
+trains), and returns each token's loss and weight (`MethodLoss`). `GuidedLoss` checks the inputs against the table,
 calls it, and returns the weighted loss SUM and the weight SUM. The recipe adds both up over the micro-batches and
 ranks of one optimizer step and divides once, so every trained token weighs the same (docs/design.md, "Teacher-guided
 loss"):

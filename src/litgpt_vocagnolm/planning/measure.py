@@ -97,7 +97,7 @@ class Setting:
     planned: Callable[[str, int], float]
     """The plan's peak bytes for a kind of work at a micro-batch, on one device as measured here."""
     communication_s: float
-    """The plan's lower bound of a step's communication time on the run's GPUs (`plan.communication_seconds`)."""
+    """The plan's lower bound of a step's communication time on the run's GPUs (`memory.communication_seconds`)."""
 
 
 @dataclass
@@ -505,6 +505,38 @@ def report(setting: Setting, results: list[Measured], device: torch.device, save
     micro-batch, the other works, and LitGPT's step last."""
     args, step, litgpt = setting.args, results[0], results[-1]
     peak_flops = get_available_flops(device, torch.bfloat16) if device.type == "cuda" else None
+    print_measured(setting, results, device, peak_flops)
+    print(
+        f"Checkpoint of the student and its AdamW state (`Checkpointer`, on the file system of {args.out_dir}):"
+        f" a blocking save {save_s:.2f} s, a load {load_s:.2f} s."
+    )
+    stop_s = step.seconds + save_s
+    verdict = "in time" if stop_s <= SLURM_WARNING_S else "NOT in time: raise the lead of --signal"
+    print(
+        f"Slurm's warning comes {SLURM_WARNING_S} s before the time limit (recipes/slurm/vocagnolm.sbatch): the"
+        f" step under way ({step.seconds:.2f} s) and the save take {stop_s:.2f} s of it, {verdict}."
+    )
+    other = results[1]
+    sizes = (other.micro_batch, step.micro_batch)
+    slope = (step.peak - other.peak) / (step.micro_batch - other.micro_batch)
+    measured = largest_micro_batch(lambda b: step.peak + slope * (b - step.micro_batch), setting.gpu_memory)
+    planned = largest_micro_batch(lambda b: setting.planned(step.work, b), setting.gpu_memory)
+    print(
+        f"Largest micro-batch that fits {setting.gpu_memory / GB:g} GB on this device: planned {planned}, measured"
+        f" {measured} (the peaks at micro-batch {min(sizes)} and {max(sizes)}, extrapolated linearly)."
+    )
+    print_projection(setting, step, peak_flops)
+    reference = next((r for r in results if r.work == "cached"), step)  # else the configured step
+    print(
+        f"{reference.work.capitalize()} step / LitGPT's step, tokens/s at micro-batch {litgpt.micro_batch}:"
+        f" {litgpt.seconds / reference.seconds:.2f}x (on a GPU at least 1.00x is expected: the same work plus a"
+        " selection)."
+    )
+
+
+def print_measured(setting: Setting, results: list[Measured], device: torch.device, peak_flops: float | None) -> None:
+    """Each work's peak memory, tokens/s and MFU, planned beside measured."""
+    args = setting.args
     held = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "the process's resident memory (a CPU)"
     print(
         f"Peak memory: {held}, beyond what was held before the work's models were built. Planned: the plan's"
@@ -527,25 +559,11 @@ def report(setting: Setting, results: list[Measured], device: torch.device, save
             f"  {r.work:<14} {r.micro_batch:>12} {planned_gb} {r.peak / GB:8.2f}   {planned_speed}"
             f" {r.tokens / r.seconds:10,.0f}   {planned_mfu} {mfu}"
         )
-    print(
-        f"Checkpoint of the student and its AdamW state (`Checkpointer`, on the file system of {args.out_dir}):"
-        f" a blocking save {save_s:.2f} s, a load {load_s:.2f} s."
-    )
-    stop_s = step.seconds + save_s
-    verdict = "in time" if stop_s <= SLURM_WARNING_S else "NOT in time: raise the lead of --signal"
-    print(
-        f"Slurm's warning comes {SLURM_WARNING_S} s before the time limit (recipes/slurm/vocagnolm.sbatch): the"
-        f" step under way ({step.seconds:.2f} s) and the save take {stop_s:.2f} s of it, {verdict}."
-    )
-    other = results[1]
-    sizes = (other.micro_batch, step.micro_batch)
-    slope = (step.peak - other.peak) / (step.micro_batch - other.micro_batch)
-    measured = largest_micro_batch(lambda b: step.peak + slope * (b - step.micro_batch), setting.gpu_memory)
-    planned = largest_micro_batch(lambda b: setting.planned(step.work, b), setting.gpu_memory)
-    print(
-        f"Largest micro-batch that fits {setting.gpu_memory / GB:g} GB on this device: planned {planned}, measured"
-        f" {measured} (the peaks at micro-batch {min(sizes)} and {max(sizes)}, extrapolated linearly)."
-    )
+
+
+def print_projection(setting: Setting, step: Measured, peak_flops: float | None) -> None:
+    """The budget's wall-clock time and GPU-hours at the configured `step`'s pace, planned and measured."""
+    args = setting.args
     steps, world = budget_steps(setting), setting.world_size
     share = H100_MFU[(step.work, args.compile)]
     if peak_flops:
@@ -558,12 +576,6 @@ def report(setting: Setting, results: list[Measured], device: torch.device, save
         f" steps x {step.seconds:.4f} s = {hours(steps * step.seconds, world)}. Communication between GPUs is not"
         f" in it:"
         f" the plan's lower bound adds {setting.communication_s:.3f} s per step."
-    )
-    reference = next((r for r in results if r.work == "cached"), step)  # else the configured step
-    print(
-        f"{reference.work.capitalize()} step / LitGPT's step, tokens/s at micro-batch {litgpt.micro_batch}:"
-        f" {litgpt.seconds / reference.seconds:.2f}x (on a GPU at least 1.00x is expected: the same work plus a"
-        " selection)."
     )
 
 

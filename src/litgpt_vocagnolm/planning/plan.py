@@ -1,375 +1,29 @@
 """`vocagnolm plan`: the per-GPU memory of a recipe's step before it goes to Slurm, and the largest micro-batch
 that fits.
 
-The estimate adds up what one device holds during a step of the recipe (FSDP2 placed as `FSDPArgs` says, bf16
-student with float32 parameters, gradients and AdamW state, bf16 frozen teacher, logits a tile of rows at a time):
-  student parameters, gradients, AdamW state   float32, sharded over all devices or a node's ("hybrid")
-  teacher parameters                           bf16, whole ("replicate"), sharded over a node's devices or all
-  gathered parameters                          FSDP2 gathers one block at a time in bf16 (and prefetches the next) and
-                                               keeps the student's root (embedding, final norm, head) gathered
-  gather buffers                               the all-gather's output, before it is copied into the parameters
-  accumulated gradients                        with several micro-batches per step, the whole float32 gradients until
-                                               the last one reduces them
-  CUDA/NCCL workspace                          context, NCCL buffers, cuBLAS workspace (`CUDA_WORKSPACE_BYTES`)
-  student activations                          what backward needs, at the micro-batch: bytes per token per block
-                                               measured on one real block (below; compiled blocks hold
-                                               `COMPILED_ACTIVATION_SHARE` of it), or the block inputs only with
-                                               activation checkpointing, plus one block recomputed
-  bf16 weight copies                           autocast casts each float32 matrix to bf16 for its product and keeps
-                                               the copy for backward
-  logit tiles                                  `cross_entropy.linear_cross_entropy`: a tile of logits in bf16
-                                               and float32 and the previous tile's float32 ones, and the head's
-                                               gradient
-  teacher activations                          the teacher's forward keeps one block's intermediates at a time
-Per-token activation bytes are measured, not guessed: one block of the model at its real width runs on the CPU at two
-short lengths under bf16 autocast, with saved-tensor hooks (student) or the profiler's allocation events (teacher). The
-peak is the largest of these moments: the teacher's forward, the head's backward (all activations saved, the logits of
-a tile and the head's gradient being made), with activation checkpointing the first block recomputed in backward, and
-the optimizer step (all gradients). benchmarks/bench_scale.py measures the peak of each kind of step next to this
-estimate, and `vocagnolm plan --measure true` the recipe's own steps on the local device (`measure`).
+The command reads as its stages: the recipe's command line parsed and checked (`plan_parser`, `checked_seq_len`,
+`teacher_configs`, `teacher_window`, `step_shape`), then the estimate (`memory.estimate_memory`) printed: the step's
+peak by component (`print_step`), each layout's memory and traffic (`print_layouts`), the largest micro-batch and the
+rest (`print_limits`); with `--measure true` the recipe's steps then run here (`measure_plan`).
 """
 
-import contextlib
 import dataclasses
 import functools
-import json
-import math
-import os
-import sys
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from pathlib import Path
+from typing import Any, Optional, Sequence
 
 import torch
 from litgpt.config import Config
 
 from litgpt_vocagnolm.errors import InvalidArgument, at_least
-from litgpt_vocagnolm.loss.cross_entropy import TILE_ELEMENTS
-from litgpt_vocagnolm.models.gpt import GPT
-from litgpt_vocagnolm.training.distributed import FSDPArgs
-
-GB = 1e9
-
-
-@dataclass
-class MemoryEstimate:
-    """Bytes on one device, by component, and the peak step's total."""
-
-    components: dict[str, float]
-    """What the device holds at the step's peak, by name."""
-    total: float
-    moment: str
-    """When the peak happens."""
-
-
-def matmul_parameters(config: Config) -> int:
-    """Parameters of the matrix products, head included, embedding table excluded: 2 x this is the forward's FLOPs
-    per token (attention's T^2 work aside)."""
-    D, I, V = config.n_embd, config.intermediate_size, config.padded_vocab_size
-    qkv = D * (config.n_head + 2 * config.n_query_groups) * config.head_size
-    projection = config.n_head * config.head_size * D
-    mlp = (3 if config.mlp_class_name in ("LLaMAMLP", "GemmaMLP") else 2) * D * I
-    return config.n_layer * (qkv + projection + mlp) + V * D
-
-
-def parameters(config: Config) -> int:
-    """All parameters of the model (LitGPT's GPT: untied embedding and head)."""
-    D, V = config.n_embd, config.padded_vocab_size
-    norms = (2 * config.n_layer + 1) * D
-    biases = config.n_layer * (config.n_head + 2 * config.n_query_groups) * config.head_size if config.attn_bias else 0
-    return matmul_parameters(config) + V * D + norms + biases
-
-
-@contextlib.contextmanager
-def quiet_stderr() -> Iterator[None]:
-    """Standard error silenced at the file-descriptor level: some torch builds' profiler logs its start and stop
-    there from C++, which a Python redirect does not catch."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as devnull:
-        os.dup2(devnull.fileno(), 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def cpu_peak_bytes(run: Callable[[], Any], during: Sequence[str | None] = (None,)) -> list[int]:
-    """The most bytes of CPU tensors alive at once while `run()` runs, beyond those alive before it: PyTorch's
-    profiler's allocation events summed in time order (tensors, as `torch.cuda.max_memory_allocated` counts them).
-    One peak per name in `during`: None for the whole run, a name for the last `torch.profiler.record_function(name)`
-    range that `run` opens (all bytes `run` allocated before the range and still holds count)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
-        run()
-    events = profiler.profiler.kineto_results.events()
-    timeline = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
-    peaks = []
-    for name in during:
-        start, end = -math.inf, math.inf
-        if name is not None:
-            window = [e for e in events if e.name() == name][-1]  # the last, if `run` opens the range more than once
-            start, end = window.start_ns(), window.end_ns()
-        live = peak = 0
-        for time_ns, nbytes in timeline:
-            if time_ns >= start and peak == 0:
-                peak = live  # what is alive as the range opens
-            live += nbytes
-            if start <= time_ns <= end:
-                peak = max(peak, live)
-        peaks.append(peak)
-    return peaks
-
-
-def block_bytes_per_token(config: Config, train: bool) -> tuple[float, float]:
-    """(bytes per token, bytes per block at any length) of one transformer block of `config` under bf16 autocast.
-
-    train: what a block saves for backward (float32 parameters, as in `bf16-mixed`): the bf16 weight copies are the
-    constant, the activations the per-token part. Not train: the peak of intermediates during a bf16 block's forward
-    under no_grad (the teacher's), beyond its input.
-    """
-    one_block = dataclasses.replace(config, n_layer=1, vocab_size=64, padded_vocab_size=64)  # no vocabulary needed
-    return _block_bytes_per_token(json.dumps(dataclasses.asdict(one_block), sort_keys=True), train)
-
-
-@functools.lru_cache(maxsize=16)
-def _block_bytes_per_token(config_json: str, train: bool, lengths: tuple[int, int] = (32, 64)) -> tuple[float, float]:
-    torch.manual_seed(0)
-    model = GPT(Config(**json.loads(config_json)))  # (a Config is not hashable: cached by its JSON)
-    block = model.transformer.h[0]
-    if not train:
-        block = block.to(torch.bfloat16).requires_grad_(False)
-    parameters = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    measured = []
-    for T in lengths:
-        x = torch.randn(1, T, model.config.n_embd, dtype=torch.float32 if train else torch.bfloat16)
-        cos, sin = model.cos[:T].unsqueeze(0), model.sin[:T].unsqueeze(0)  # (1, T, rope_n_elem)
-        if train:
-            saved = {}
-
-            def pack(tensor: torch.Tensor) -> torch.Tensor:
-                storage = tensor.untyped_storage()
-                if storage.data_ptr() not in parameters:
-                    saved[storage.data_ptr()] = storage.nbytes()
-                return tensor
-
-            with (
-                torch.autocast("cpu", dtype=torch.bfloat16),
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-            ):
-                block(x.requires_grad_(), cos, sin)
-            measured.append(sum(saved.values()))
-        else:
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-                measured += cpu_peak_bytes(lambda: block(x, cos, sin))
-    per_token = (measured[1] - measured[0]) / (lengths[1] - lengths[0])
-    return per_token, measured[0] - per_token * lengths[0]
-
-
-# Bytes per logit of one tile of `cross_entropy.linear_cross_entropy`'s forward at its peak: the tile's bf16
-# product and its
-# float32 copy, and the previous tile's float32 logits, alive until the new ones replace them. Measured with
-# `cpu_peak_bytes` on bf16 (512, 256) x (32000, 256) in tiles of 128 and 256 rows: 10.0 forward, 8.0 backward beyond
-# the gradients. With a single tile there is no previous one: 6.
-TILE_BYTES_PER_LOGIT, SINGLE_TILE_BYTES_PER_LOGIT = 10, 6
-# What a compiled block (`distributed.compile_blocks`, inductor) saves for backward per token, as a share of what an
-# eager one saves (`block_bytes_per_token`). From the H100 rows of README "At the device's pace" (`python
-# benchmarks/bench_mfu.py --device cuda --compile --max_micro_batch 8`: TinyLlama-1.1B with Qwen2.5-Math-7B online,
-# sequence 2048, one GPU): per sequence of micro-batch, the online step's peak grows (57.49 - 34.42) / 7 = 3.296 GB
-# compiled and (71.89 - 36.21) / 7 = 5.097 GB eager, and at micro-batch 1 the two differ by 1.79 GB, the slopes'
-# difference (1.80 GB): compiling changes what each token holds, not what the step holds besides. 1.80 GB is 36.1% of
-# the 4.99 GB that the eager blocks save per sequence (22 blocks x 110,728 bytes per token x 2048 tokens), so a
-# compiled block keeps 0.639. The compiled cached rows agree once the teacher the script kept resident (15.23 GB) is
-# taken out: 29.23 and 42.26 GB measured at micro-batch 4 and 8, 30.27 and 43.17 GB planned with this share.
-COMPILED_ACTIVATION_SHARE = 0.64
-# Allocated beside the tensors a step holds on a GPU: the CUDA context (~0.5 GB on an H100, outside torch's count),
-# NCCL's channel buffers (NCCL_BUFFSIZE, 4 MiB, per channel and peer: ~0.25 GB at 32 channels over two peers) and
-# cuBLAS's workspace (PyTorch's default CUBLAS_WORKSPACE_CONFIG :4096:8, 32 MiB per stream). Rounded up to 1 GB.
-CUDA_WORKSPACE_BYTES = 1e9
-# Per-GPU link bandwidth, one direction, of the paper's cluster (H100 SXM nodes): NVLink 4 within a node (900 GB/s
-# both directions, NVIDIA's H100 datasheet) and one 400 Gb/s InfiniBand NDR adapter per GPU across nodes.
-NODE_LINK_BYTES_PER_S = 450e9
-NETWORK_BYTES_PER_S = 50e9
-
-
-def head_tile_bytes(vocab: int, rows: int) -> float:
-    """Transient bytes of `cross_entropy.linear_cross_entropy` over `rows` rows, a tile at a time
-    (`TILE_BYTES_PER_LOGIT`)."""
-    tile_rows = max(1, TILE_ELEMENTS // vocab)
-    return min(rows, tile_rows) * vocab * (TILE_BYTES_PER_LOGIT if rows > tile_rows else SINGLE_TILE_BYTES_PER_LOGIT)
-
-
-def shard_group(placement: str, world_size: int, num_nodes: int) -> int:
-    """Devices a model's parameters are sharded over: "replicate" 1, "node" and "hybrid" a node's, "full"/"all" all."""
-    return {"replicate": 1, "node": world_size // num_nodes, "hybrid": world_size // num_nodes}.get(
-        placement, world_size
-    )
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """One step of the recipe as `estimate_memory` counts it: its sizes, where it runs and how."""
-
-    micro_batch: int
-    """Sequences per device per micro-batch (B)."""
-    seq_len: int
-    """Student tokens per sequence (T, max_seq_length)."""
-    window: int
-    """Teacher tokens per sequence (M, the longest teacher window in a batch)."""
-    train: bool = True
-    """False for `score-teacher`: the teacher alone, no student."""
-    activation_checkpointing: bool = False
-    """The student keeps only its blocks' inputs."""
-    world_size: int = 1
-    """Devices of the job (FSDP2), `num_nodes` nodes of them."""
-    num_nodes: int = 1
-    layout: FSDPArgs = field(default_factory=FSDPArgs)
-    """Where each model lives (`FSDPArgs.teacher`, `FSDPArgs.student`)."""
-    accumulation: int = 1
-    """Micro-batches per optimizer step on each device. Above one, every micro-batch but the last skips the gradient
-    reduction, and the gradients stay whole until it: float32, `MixedPrecisionPolicy`'s reduce_dtype ("FSDP will
-    accumulate gradients using reduce_dtype", its docstring)."""
-    fused_optimizer: bool = True
-    """AdamW's fused kernel (what the recipe uses on GPUs) updates in place; the for-loop one (on a CPU) makes three
-    temporaries the size of each parameter in turn."""
-    workspace: bool = True
-    """Count `CUDA_WORKSPACE_BYTES` (a GPU's; not on a CPU)."""
-    compiled: bool = False
-    """The student's blocks are compiled (`--compile true`): they save `COMPILED_ACTIVATION_SHARE` of the bytes per
-    token an eager block saves."""
-
-
-def estimate_memory(student: Config, teachers: Sequence[Config], step: StepShape) -> MemoryEstimate:
-    """Peak bytes on one device for one step of the recipe.
-
-    Args:
-        student: the student's config (`bf16-mixed`: float32 parameters, gradients and AdamW state).
-        teachers: the teachers' configs when they run in the step (online guidance, or scoring), else none; several
-            online teachers are all held, one forward at a time.
-        step: its shape (see `StepShape`).
-    """
-    B, T, M, W = step.micro_batch, step.seq_len, step.window, step.world_size
-    train, activation_checkpointing, layout = step.train, step.activation_checkpointing, step.layout
-    num_nodes, accumulation, compiled = step.num_nodes, step.accumulation, step.compiled
-    held: dict[str, float] = {"CUDA/NCCL workspace": CUDA_WORKSPACE_BYTES} if step.workspace else {}
-    moments: dict[str, dict[str, float]] = {}
-    if train:
-        P, D, V = parameters(student), student.n_embd, student.padded_vocab_size
-        block = (P - 2 * V * D - D) / student.n_layer
-        S = shard_group(layout.student, W, num_nodes)
-        held["student parameters"] = 4 * P / S
-        held["AdamW state"] = 8 * P / S
-        if W > 1:  # gathered in bf16: the root stays gathered through the step; a block and the prefetched next one
-            held["gathered student parameters"] = 2 * (2 * V * D + D + 2 * block)
-            # FSDP2's all-gather output, copied out into the gathered parameters (`foreach_all_gather_copy_out`)
-            held["gather buffers"] = 2 * block
-        per_token, per_block = block_bytes_per_token(student, train=True)
-        per_token *= COMPILED_ACTIVATION_SHARE if compiled else 1.0
-        N = B * T
-        # One device: autocast's bf16 copy of each float32 weight, kept for backward. Sharded: the weights are gathered
-        # in bf16 and FSDP2 frees them after forward and gathers them again for backward.
-        copies = student.n_layer * per_block if W == 1 and not activation_checkpointing else 0.0
-        if activation_checkpointing:  # the blocks' inputs (float32 residual stream) only
-            saved = student.n_layer * 4 * N * D
-        else:
-            saved = student.n_layer * per_token * N
-        saved += 4 * N * D + 4 * N  # the final hidden states and the log-sum-exp, kept for the head's backward
-        if accumulation > 1:  # the earlier micro-batches' whole float32 gradients, and the hidden states'
-            head_gradients = 4 * (P + N * D)
-        else:  # head, hidden states, a block's whole gradient before its reduce-scatter
-            head_gradients = 4 * (V * D + N * D) + (4 * block if W > 1 else 0)
-        moments["the head's backward"] = {
-            "student activations": saved,
-            "bf16 weight copies": copies,
-            "logit tiles": head_tile_bytes(V, N) + 4 * V * D,  # and the head and its first gradient product in bf16
-            "student gradients": head_gradients,
-        }
-        if activation_checkpointing:  # then the last block runs forward again, keeping what its backward needs
-            moments["the first recomputed block"] = {
-                "student activations": saved + per_token * N,
-                "bf16 weight copies": per_block,
-                "student gradients": head_gradients,
-            }
-        moments["the optimizer step"] = {
-            "student gradients": 4 * P / S,
-            "optimizer temporaries": 0 if step.fused_optimizer else 3 * 4 * V * D,  # the head: the largest parameter
-        }
-    St = shard_group(layout.teacher, W, num_nodes)
-    if teachers:
-        held["teacher parameters"] = sum(2 * parameters(t) / St for t in teachers)
-    for k, teacher in enumerate(teachers):
-        Pt, Dt, Vt = parameters(teacher), teacher.n_embd, teacher.padded_vocab_size
-        per_token, _ = block_bytes_per_token(teacher, train=False)
-        N = B * M
-        phase = {
-            "teacher activations": 2 * N * Dt + per_token * N,  # the residual stream, one block's intermediates
-            "logit tiles": head_tile_bytes(Vt, N),
-        }
-        if train and accumulation > 1:  # after the first micro-batch: its whole float32 gradients
-            phase["student gradients"] = 4 * parameters(student)
-        if St > 1:  # gathered for the teacher's forward, resharded after it; the all-gather output of a block
-            teacher_block = (Pt - 2 * Vt * Dt) / teacher.n_layer
-            phase["gathered teacher parameters"] = 2 * (2 * Vt * Dt + 2 * teacher_block)
-            phase["teacher gather buffers"] = 2 * teacher_block
-        moments["the teacher's forward" if len(teachers) == 1 else f"teacher {k}'s forward"] = phase
-    moment = max(moments, key=lambda name: sum(moments[name].values()))
-    components = {**held, **moments[moment]}
-    return MemoryEstimate(components, sum(components.values()), moment)
-
-
-def collective_bytes(nbytes: float, group: int, nodes: int) -> tuple[float, float]:
-    """(over the node's links, over the network) that each device of a ring all-gather or reduce-scatter of `nbytes`
-    sends (and receives as much), on average, over `group` devices on `nodes` nodes (a node's devices adjacent in the
-    ring): each of the ring's `group` hops carries (group - 1) chunks of nbytes / group, and `nodes` of its hops (none
-    on one node) go from one node to the next."""
-    if group <= 1:
-        return 0.0, 0.0
-    sent = nbytes * (group - 1) / group
-    network = sent * nodes / group if nodes > 1 else 0.0
-    return sent - network, network
-
-
-def traffic_per_step(
-    student: Config | None,
-    teachers: Sequence[Config],
-    layout: FSDPArgs,
-    *,
-    devices: int,
-    num_nodes: int,
-    accumulation: int,
-) -> tuple[float, float]:
-    """(over the node's links, over the network): bytes each device sends per optimizer step, as much as it receives.
-
-    Per micro-batch the student's blocks are gathered in bf16 for forward and again for backward (its root stays
-    gathered), each teacher's for its forward; once per step the float32 gradients are reduce-scattered, and under
-    "hybrid" the shards' gradients then all-reduced across nodes (two ring passes over one device per node).
-    """
-    world = devices * num_nodes
-    node_links = network = 0.0
-
-    def add(nbytes: float, group: int, nodes: int) -> None:
-        nonlocal node_links, network
-        within, across = collective_bytes(nbytes, group, nodes)
-        node_links, network = node_links + within, network + across
-
-    if student is not None:
-        P, D, V = parameters(student), student.n_embd, student.padded_vocab_size
-        group, nodes = (devices, 1) if layout.student == "hybrid" else (world, num_nodes)
-        add(accumulation * 2 * (2 * P - (2 * V * D + D)), group, nodes)  # forward and backward gathers, bf16
-        add(4 * P, group, nodes)  # the gradients' reduce-scatter, float32
-        if layout.student == "hybrid":
-            add(2 * 4 * P / devices, num_nodes, num_nodes)  # all-reduce = reduce-scatter + all-gather
-    for teacher in teachers:
-        group, nodes = {"replicate": (1, 1), "node": (devices, 1), "all": (world, num_nodes)}[layout.teacher]
-        add(accumulation * 2 * parameters(teacher), group, nodes)
-    return node_links, network
-
-
-def communication_seconds(node_links: float, network: float) -> float:
-    """A lower bound of a step's communication time from `traffic_per_step`: each link at its bandwidth, no overlap
-    between the two (a gather waits for its slowest hop)."""
-    return node_links / NODE_LINK_BYTES_PER_S + network / NETWORK_BYTES_PER_S
+from litgpt_vocagnolm.planning.memory import (
+    GB,
+    MemoryEstimate,
+    StepShape,
+    communication_seconds,
+    estimate_memory,
+    traffic_per_step,
+)
 
 
 def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | None = None) -> None:
@@ -381,16 +35,88 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     configs); the teacher window from the prepared data's manifest when it exists. With `--measure true` the recipe's
     steps then run here for a few steps, and what they measure is printed beside the plan (`measure`).
     """
-    from jsonargparse import CLI, ArgumentParser, capture_parser
-
-    from litgpt_vocagnolm.data.prepared import VocAgnoData, load_manifest, padded_window
-    from litgpt_vocagnolm.models.model_configs import config_named, register
-    from litgpt_vocagnolm.planning.measure import Setting, largest_micro_batch, measure
-    from litgpt_vocagnolm.training.checks import check_run_args, resolve_model_config
-    from litgpt_vocagnolm.training.recipe import setup
+    from litgpt_vocagnolm.models.model_configs import register
+    from litgpt_vocagnolm.training.checks import resolve_model_config
     from litgpt_vocagnolm.training.teacher import teacher_mode
 
     register()
+    parser = plan_parser(prog, parser_class)
+    parsed = parser.parse_args(args)
+    gpu_memory, window, measuring = parsed.pop("gpu_memory"), parsed.pop("window"), parsed.pop("measure")
+    args = parser.instantiate_classes(parsed)
+    student = resolve_model_config(args.model_name, args.model_config)
+    T = checked_seq_len(args, student, gpu_memory)
+    online = teacher_mode(args.teacher, args.guidance.spec) == "online"  # `random` and `ce` load none
+    teachers = teacher_configs(args.teacher.checkpoint_dirs)
+    shape = step_shape(args, T, teacher_window(window, args.data, T, teachers))
+    running = teachers if online else []
+    kind = "teacher online" if online else ("teacher cached" if args.guidance.spec.needs_teacher else "no teacher")
+    kind += f" ({', '.join(t.name for t in teachers)})" if online else ""
+    recipe = " ".join(map(str, parsed.get("config") or ["The recipe"]))
+    print_step(f"{recipe}: student {student.name}, {kind}", estimate_memory(student, running, shape), shape, gpu_memory)
+    print_layouts(student, running, shape, gpu_memory, online)
+    print_limits(student, teachers, online, shape, gpu_memory, args.train.global_batch_size)
+    if measuring:
+        measure_plan(args, student, teachers, online, shape, gpu_memory)
+
+
+def checked_seq_len(args: Any, student: Config, gpu_memory: float) -> int:
+    """The student tokens per sequence of the recipe's run (`recipe.setup`'s arguments, instantiated), after refusing
+    what the plan cannot count: `--devices auto`, run arguments the recipe refuses, no GPU memory, sequences longer
+    than the student's block."""
+    from litgpt_vocagnolm.training.checks import check_run_args
+
+    if args.devices == "auto":
+        raise InvalidArgument("--devices auto: say how many GPUs per node the job will have, e.g. --devices 8.")
+    check_run_args(args.train, args.eval, args.devices, args.num_nodes)
+    if not gpu_memory > 0:
+        raise InvalidArgument(f"--gpu_memory must be above 0 GB, got {gpu_memory}.")
+    T = args.train.max_seq_length or student.block_size
+    if T > student.block_size:
+        raise InvalidArgument(
+            f"--train.max_seq_length {T} is longer than the student's block size {student.block_size}"
+            f" ({student.name}): it can't run. Give at most {student.block_size}."
+        )
+    return T
+
+
+def measure_plan(
+    args: Any, student: Config, teachers: list[Config], online: bool, shape: StepShape, gpu_memory: float
+) -> None:
+    """`--measure true`: the recipe's steps run here (`measure`), set beside this plan's figures for one device."""
+    from litgpt_vocagnolm.planning.measure import Setting, measure
+
+    traffic = traffic_per_step(
+        student,
+        teachers if online else [],
+        args.fsdp,
+        devices=shape.world_size // shape.num_nodes,
+        num_nodes=shape.num_nodes,
+        accumulation=shape.accumulation,
+    )
+    measure(
+        Setting(
+            args=args,
+            student=student,
+            teachers=teachers,
+            online=online,
+            seq_len=shape.seq_len,
+            window=shape.window,
+            accumulation=shape.accumulation,
+            world_size=shape.world_size,
+            gpu_memory=gpu_memory * GB,
+            planned=functools.partial(planned_here, student, teachers, shape),
+            communication_s=communication_seconds(*traffic),
+        )
+    )
+
+
+def plan_parser(prog: str, parser_class: type | None) -> Any:
+    """The recipe's parser (`recipe.setup`'s) with `plan`'s own options: `--gpu_memory`, `--window`, `--measure`."""
+    from jsonargparse import CLI, ArgumentParser, capture_parser
+
+    from litgpt_vocagnolm.training.recipe import setup
+
     parser = capture_parser(lambda: CLI(setup, args=[], parser_class=parser_class or ArgumentParser))
     parser.prog = prog
     parser.description = plan.__doc__
@@ -413,36 +139,31 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
         " wall-clock time and GPU-hours, and the pace of LitGPT's own step for the same"
         " student.",
     )
-    parsed = parser.parse_args(args)
-    gpu_memory, window, measuring = parsed.pop("gpu_memory"), parsed.pop("window"), parsed.pop("measure")
-    args = parser.instantiate_classes(parsed)
-    student = resolve_model_config(args.model_name, args.model_config)
-    if args.devices == "auto":
-        raise InvalidArgument("--devices auto: say how many GPUs per node the job will have, e.g. --devices 8.")
-    check_run_args(args.train, args.eval, args.devices, args.num_nodes)
-    if not gpu_memory > 0:
-        raise InvalidArgument(f"--gpu_memory must be above 0 GB, got {gpu_memory}.")
-    devices, num_nodes = int(args.devices), args.num_nodes
-    world = devices * num_nodes
-    T = args.train.max_seq_length or student.block_size
-    if T > student.block_size:
-        raise InvalidArgument(
-            f"--train.max_seq_length {T} is longer than the student's block size {student.block_size}"
-            f" ({student.name}): it can't run. Give at most {student.block_size}."
-        )
-    guidance, teacher_args = args.guidance, args.teacher
-    online = teacher_mode(teacher_args, guidance.spec) == "online"  # `random` and `ce` load none
+    return parser
+
+
+def teacher_configs(checkpoint_dirs: Sequence[Path]) -> list[Config]:
+    """Each teacher's config: its checkpoint dir's model_config.yaml, else (before downloading) its directory name."""
+    from litgpt_vocagnolm.models.model_configs import config_named
+
     teachers = []
-    for directory in teacher_args.checkpoint_dirs:
+    for directory in checkpoint_dirs:
         found = directory / "model_config.yaml"
         by_name = f"--teacher.checkpoint_dir {directory} (no model_config.yaml there yet: its name)"
         teachers.append(Config.from_file(found) if found.is_file() else config_named(directory.name, by_name))
+    return teachers
+
+
+def teacher_window(window: int | None, data: Any, seq_len: int, teachers: Sequence[Config]) -> int:
+    """`--window`, else the longest window of any teacher's prepared data (`data`, the recipe's), else
+    `seq_len` + 1; refused when a teacher's block size is shorter."""
+    from litgpt_vocagnolm.data.prepared import VocAgnoData, load_manifest, padded_window
+
     if window is None:  # the longest window of any teacher's prepared data
-        data = args.data
         paths = data.paths if isinstance(data, VocAgnoData) else []
         # padded as training pads it: one length per run, so that the compiled step has one shape
         prepared = [padded_window(load_manifest(p)) for p in paths if (p / "manifest.json").is_file()]
-        window = max(prepared) if prepared else T + 1
+        window = max(prepared) if prepared else seq_len + 1
     at_least("--window", window, 1)
     for t in teachers:
         if window > t.block_size:
@@ -451,64 +172,95 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
                 f" would fail once both models are loaded. Give --window at most {t.block_size}, or prepare the data"
                 f" with --teacher_max_length {t.block_size} or less."
             )
-    checkpointing = args.fsdp.activation_checkpointing
-    B = args.train.micro_batch_size
+    return window
+
+
+def step_shape(args: Any, seq_len: int, window: int) -> StepShape:
+    """The recipe's configured step (`recipe.setup`'s arguments, instantiated) on the job's GPUs."""
+    devices, num_nodes, B = int(args.devices), args.num_nodes, args.train.micro_batch_size
+    world = devices * num_nodes
     accumulation = max(1, args.train.global_batch_size // (world * B)) if args.train.global_batch_size else 1
+    return StepShape(
+        B,
+        seq_len,
+        window,
+        activation_checkpointing=args.fsdp.activation_checkpointing,
+        world_size=world,
+        num_nodes=num_nodes,
+        layout=args.fsdp,
+        accumulation=accumulation,
+        compiled=args.compile,
+    )
 
-    def estimate(micro_batch: int, layout: FSDPArgs = args.fsdp) -> MemoryEstimate:
-        step = StepShape(
-            micro_batch,
-            T,
-            window,
-            activation_checkpointing=checkpointing,
-            world_size=world,
-            num_nodes=num_nodes,
-            layout=layout,
-            accumulation=accumulation,
-            compiled=args.compile,
-        )
-        return estimate_memory(student, teachers if online else [], step)
 
-    step = estimate(B)
-    kind = "teacher online" if online else ("teacher cached" if guidance.spec.needs_teacher else "no teacher")
-    kind += f" ({', '.join(t.name for t in teachers)})" if online else ""
+def print_step(run: str, step: MemoryEstimate, shape: StepShape, gpu_memory: float) -> None:
+    """The run's line (`run`: the recipe, its student and teachers) and the step's peak per GPU, by component."""
+    devices = shape.world_size // shape.num_nodes
     print(
-        f"{' '.join(map(str, parsed.get('config') or ['The recipe']))}: student {student.name}, {kind}; {world} GPUs"
-        f" ({num_nodes} x {devices}), micro-batch {B} x {T} tokens, teacher window {window},"
-        f" activation checkpointing {'on' if checkpointing else 'off'}, compile {'on' if args.compile else 'off'}"
+        f"{run}; {shape.world_size} GPUs ({shape.num_nodes} x {devices}), micro-batch {shape.micro_batch} x"
+        f" {shape.seq_len} tokens, teacher window {shape.window}, activation checkpointing"
+        f" {'on' if shape.activation_checkpointing else 'off'}, compile {'on' if shape.compiled else 'off'}"
     )
     print(f"Per GPU at the step's peak ({step.moment}):")
     for name, nbytes in step.components.items():
         print(f"  {name:<28} {nbytes / GB:8.2f} GB")
     verdict = "fits" if step.total <= gpu_memory * GB else "does NOT fit"
     print(f"  {'total':<28} {step.total / GB:8.2f} GB: {verdict} in {gpu_memory:g} GB")
-    # Where each model lives: every layout's memory and traffic per GPU per optimizer step. The fastest is the one that
-    # fits with the least communication time (`communication_seconds`); the compute is the same in all of them.
-    print(f"Layouts (--fsdp.teacher, --fsdp.student), per GPU per optimizer step of {accumulation} micro-batches:")
+
+
+def print_layouts(student: Config, running: list[Config], shape: StepShape, gpu_memory: float, online: bool) -> None:
+    """Where each model lives: every layout's memory and traffic per GPU per optimizer step. The fastest is the one
+    that fits with the least communication time (`communication_seconds`); the compute is the same in all of them.
+    Without online teachers, the configured teacher layout only."""
+    chosen = shape.layout
+    print(
+        f"Layouts (--fsdp.teacher, --fsdp.student), per GPU per optimizer step of {shape.accumulation} micro-batches:"
+    )
     print(f"  {'teacher':<10} {'student':<8} {'memory GB':>9} {'node links GB':>13} {'network GB':>10} {'comm s':>7}")
     rows = []
-    for teacher_layout in ("replicate", "node", "all") if online else (args.fsdp.teacher,):
+    for teacher_layout in ("replicate", "node", "all") if online else (chosen.teacher,):
         for student_layout in ("full", "hybrid"):
-            layout = dataclasses.replace(args.fsdp, teacher=teacher_layout, student=student_layout)
+            layout = dataclasses.replace(chosen, teacher=teacher_layout, student=student_layout)
             traffic = traffic_per_step(
                 student,
-                teachers if online else [],
+                running,
                 layout,
-                devices=devices,
-                num_nodes=num_nodes,
-                accumulation=accumulation,
+                devices=shape.world_size // shape.num_nodes,
+                num_nodes=shape.num_nodes,
+                accumulation=shape.accumulation,
             )
-            rows.append((layout, estimate(B, layout).total, *traffic, communication_seconds(*traffic)))
+            memory = estimate_memory(student, running, dataclasses.replace(shape, layout=layout)).total
+            rows.append((layout, memory, *traffic, communication_seconds(*traffic)))
     fitting = [row for row in rows if row[1] <= gpu_memory * GB]
     fastest = min(fitting, key=lambda row: row[4])[0] if fitting else None
     for layout, memory, node_links, network, seconds in rows:
-        mark = " <- chosen" if layout == args.fsdp else ""
+        mark = " <- chosen" if layout == chosen else ""
         mark += " <- fastest that fits" if layout == fastest else ""
         print(
             f"  {layout.teacher:<10} {layout.student:<8} {memory / GB:9.2f} {node_links / GB:13.2f}"
             f" {network / GB:10.2f} {seconds:7.3f}{mark}"
         )
-    largest = largest_micro_batch(lambda micro_batch: estimate(micro_batch).total, gpu_memory * GB)
+
+
+def print_limits(
+    student: Config,
+    teachers: list[Config],
+    online: bool,
+    shape: StepShape,
+    gpu_memory: float,
+    global_batch_size: int | None,
+) -> None:
+    """The largest micro-batch that fits, the whole logits the tiled head never allocates, `score-teacher`'s memory
+    and how the global batch divides."""
+    from litgpt_vocagnolm.planning.measure import largest_micro_batch
+
+    running, B, T, window = teachers if online else [], shape.micro_batch, shape.seq_len, shape.window
+    largest = largest_micro_batch(
+        lambda micro_batch: (
+            estimate_memory(student, running, dataclasses.replace(shape, micro_batch=micro_batch)).total
+        ),
+        gpu_memory * GB,
+    )
     print(
         f"Largest micro-batch that fits {gpu_memory:g} GB: {largest or 'none'}"
         + ("" if largest else " (turn on --fsdp.activation_checkpointing, or use more GPUs)")
@@ -516,7 +268,7 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     # What the tiled head and loss (`cross_entropy.linear_cross_entropy`) leave unallocated at this micro-batch.
     logits = B * T * student.padded_vocab_size
     whole = f"Whole logits, never allocated: the student's {logits * 4 / GB:.2f} GB (float32)"
-    for t in teachers if online else []:
+    for t in running:
         logits = B * window * t.padded_vocab_size
         whole += f"; {t.name}'s {logits * 2 / GB:.2f} GB (bf16) and {logits * 4 / GB:.2f} GB more as bf16-mixed's"
         whole += " float32 copy"
@@ -529,53 +281,31 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
         print(
             f"`vocagnolm score-teacher --batch_size {B}` (the whole teacher on each GPU): {scoring.total / GB:.2f} GB"
         )
-    if args.train.global_batch_size and accumulation * world * B != args.train.global_batch_size:
-        print(f"Note: global batch {args.train.global_batch_size} is not a multiple of {world} GPUs x micro-batch {B}.")
-    elif args.train.global_batch_size:
+    world, accumulation = shape.world_size, shape.accumulation
+    if global_batch_size and accumulation * world * B != global_batch_size:
+        print(f"Note: global batch {global_batch_size} is not a multiple of {world} GPUs x micro-batch {B}.")
+    elif global_batch_size:
         print(
-            f"Global batch {args.train.global_batch_size} = {world} GPUs x {B} x {accumulation} accumulation steps;"
-            f" {args.train.global_batch_size * T:,} tokens per optimizer step."
+            f"Global batch {global_batch_size} = {world} GPUs x {B} x {accumulation} accumulation steps;"
+            f" {global_batch_size * T:,} tokens per optimizer step."
         )
-    if measuring:
-        cuda = torch.cuda.is_available()
 
-        def planned(work: str, micro_batch: int) -> float:
-            """The estimate for `work` on the one device `measure` runs it on, as it runs it there."""
-            if work == "scoring":  # `score-teacher`: the first teacher alone
-                step = StepShape(micro_batch, T, window, train=False, workspace=cuda)
-                return estimate_memory(student, teachers[:1], step).total
-            step = StepShape(
-                micro_batch,
-                T,
-                window,
-                activation_checkpointing=checkpointing,
-                accumulation=accumulation,
-                fused_optimizer=cuda,
-                workspace=cuda,
-                compiled=args.compile,
-            )
-            return estimate_memory(student, teachers if work == "online" else [], step).total
 
-        traffic = traffic_per_step(
-            student,
-            teachers if online else [],
-            args.fsdp,
-            devices=devices,
-            num_nodes=num_nodes,
-            accumulation=accumulation,
-        )
-        measure(
-            Setting(
-                args=args,
-                student=student,
-                teachers=teachers,
-                online=online,
-                seq_len=T,
-                window=window,
-                accumulation=accumulation,
-                world_size=world,
-                gpu_memory=gpu_memory * GB,
-                planned=planned,
-                communication_s=communication_seconds(*traffic),
-            )
-        )
+def planned_here(student: Config, teachers: list[Config], shape: StepShape, work: str, micro_batch: int) -> float:
+    """The estimate for `work` ("scoring", "online", else the step without a teacher) on the one device `measure`
+    runs it on, as it runs it there: the configured step's `shape` at `micro_batch`."""
+    cuda = torch.cuda.is_available()
+    if work == "scoring":  # `score-teacher`: the first teacher alone
+        step = StepShape(micro_batch, shape.seq_len, shape.window, train=False, workspace=cuda)
+        return estimate_memory(student, teachers[:1], step).total
+    step = StepShape(
+        micro_batch,
+        shape.seq_len,
+        shape.window,
+        activation_checkpointing=shape.activation_checkpointing,
+        accumulation=shape.accumulation,
+        fused_optimizer=cuda,
+        workspace=cuda,
+        compiled=shape.compiled,
+    )
+    return estimate_memory(student, teachers if work == "online" else [], step).total
