@@ -126,7 +126,7 @@ def test_evaluate_on_a_training_checkpoint_says_to_export_it(tmp_path, tinyllama
         evaluate(step, tasks="gsm8k", limit=1, out_dir=tmp_path / "eval")
     assert str(error.value) == (
         f"checkpoint_dir {str(step)!r} is a training checkpoint (sharded, with the optimizer's state), not a LitGPT"
-        f" checkpoint directory: export it first, `vocagnolm export {step} --out_dir DIR`, and pass DIR."
+        f" checkpoint directory: export it first, `vocagnolm export {step} DIR`, and pass DIR."
     )
     assert not (tmp_path / "eval").exists()
 

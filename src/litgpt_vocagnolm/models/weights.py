@@ -46,7 +46,7 @@ def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = Fals
     if missing and (checkpoint_dir / ".metadata").is_file():  # a training checkpoint: sharded, weights and optimizer
         raise PathMissing(
             f"{what} {str(checkpoint_dir)!r} is a training checkpoint (sharded, with the optimizer's state), not a"
-            f" LitGPT checkpoint directory: export it first, `vocagnolm export {checkpoint_dir} --out_dir DIR`, and"
+            f" LitGPT checkpoint directory: export it first, `vocagnolm export {checkpoint_dir} DIR`, and"
             " pass DIR."
         )
     if missing:
