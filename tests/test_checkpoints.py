@@ -194,16 +194,6 @@ def test_resume_auto_starts_afresh_only_without_checkpoints_and_says_how_when_no
         find_resume_checkpoint(fabric, True, tmp_path)
 
 
-def test_export_of_a_missing_folder_says_it_does_not_exist(tmp_path):
-    missing = tmp_path / "out" / "step-00000010"
-    with pytest.raises(FileNotFoundError) as error:
-        checkpoints.export(missing, tmp_path / "exported")
-    assert str(error.value) == (
-        f"checkpoint_dir {str(missing)!r} does not exist: pass a step-* (or final) directory the recipe saved."
-    )
-    assert not (tmp_path / "exported").exists()
-
-
 def test_resume_takes_a_finished_runs_final_where_it_is_the_latest_and_never_starts_afresh_over_it(tmp_path, capsys):
     """`final/` is resumed where no step checkpoint is later (a `step-*` of its step first: the same state); with no
     checkpoint readable, `auto` and `True` refuse rather than start afresh over the finished run."""

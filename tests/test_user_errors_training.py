@@ -123,8 +123,11 @@ def test_a_logger_whose_package_is_missing_is_named(tmp_path, tinyllama_mistral_
 
 
 def test_export_names_its_own_arguments(tmp_path, finished_run):
-    with pytest.raises(UserError, match=r"^checkpoint_dir '.*' is not a sharded checkpoint") as error:
+    with pytest.raises(UserError, match=r"^checkpoint_dir '.*nothing' does not exist: pass a step-\*") as error:
         export(tmp_path / "nothing", tmp_path / "exported")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"^checkpoint_dir '.*empty' is not a sharded checkpoint") as error:
+        export(tmp_path / "empty", tmp_path / "exported")
     assert "--resume" not in str(error.value)
     (tmp_path / "a-file").write_text("mine")
     with pytest.raises(PathTaken, match="a-file is a file, not a folder"):
