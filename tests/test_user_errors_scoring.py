@@ -127,7 +127,7 @@ def test_sigterm_stops_scoring_in_one_line_and_a_rerun_continues(
             os.kill(os.getpid(), signal.SIGTERM)
         return teacher_token_loss(*args)
 
-    stop_at, output = 2, tmp_path / "cache"
+    stop_at, output, handler = 2, tmp_path / "cache", signal.getsignal(signal.SIGTERM)
     monkeypatch.setattr(score_teacher_module, "teacher_token_loss", count_forwards)
     arguments = dict(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64)
     with pytest.raises(ScoringStopped) as error:
@@ -137,7 +137,7 @@ def test_sigterm_stops_scoring_in_one_line_and_a_rerun_continues(
         " continue (it scores only the missing shards)."
     )
     assert [p.name for p in output.rglob("*.losses.npy")] == ["000000.losses.npy"]
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+    assert signal.getsignal(signal.SIGTERM) == handler  # restored
     stop_at, forwards = None, []
     score_teacher(**arguments, num_workers=0, batch_size=64)
     shards = sum(-(-len(list(iter_blocks(tinyllama_mistral_data, split))) // 64) for split in ("train", "val"))
