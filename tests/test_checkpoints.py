@@ -96,6 +96,41 @@ def test_a_crafted_pickle_is_refused_on_every_loading_path(path, crafted_checkpo
     assert not any((tmp_path / name).exists() for name in ("out", "eval", "cache"))  # refused before any work
 
 
+@pytest.mark.parametrize("damage", ["python tag", "unknown class"])
+@pytest.mark.parametrize("path", ["evaluate", "score-teacher", "initial checkpoint"])
+def test_a_damaged_model_config_is_refused_in_one_line_before_any_work(path, damage, tmp_path, tinyllama_mistral_data):
+    """A model_config.yaml holding a `!!python/...` tag (refused by the safe loader: its payload never runs) or naming
+    a class LitGPT lacks: one line naming the file, where the checkpoint enters, before any model or output."""
+    tokenizer = MISTRAL if path == "score-teacher" else TINYLLAMA  # a teacher of the data's teacher tokenizer
+    checkpoint = make_checkpoint(tmp_path / "ckpt", tiny_config("t", 32000, block_size=64), tokenizer)
+    marker, config = tmp_path / "payload-ran", checkpoint / "model_config.yaml"
+    if damage == "python tag":
+        config.write_text(config.read_text() + f"extra: !!python/object/apply:os.system ['touch {marker}']\n")
+        reason = "ConstructorError: could not determine a constructor for the tag 'tag:yaml.org,2002:python/object"
+    else:
+        config.write_text(config.read_text().replace("mlp_class_name: LLaMAMLP", "mlp_class_name: NoSuchMLP"))
+        reason = "AttributeError: module 'litgpt.model' has no attribute 'NoSuchMLP'"
+    with pytest.raises(UnreadableCheckpoint) as error:
+        LOADING_PATHS[path](checkpoint, tmp_path, tinyllama_mistral_data)
+    assert f"{config} is not a LitGPT model config ({reason}" in str(error.value)
+    assert "\n" not in str(error.value) and "Use the model_config.yaml that came with the checkpoint" in str(
+        error.value
+    )
+    assert not marker.exists()
+    assert not any((tmp_path / name).exists() for name in ("out", "eval", "cache"))  # refused before any work
+
+
+def test_evaluate_on_a_training_checkpoint_says_to_export_it(tmp_path, tinyllama_mistral_data):
+    step = write_step(tmp_path / "out", 2)
+    with pytest.raises(FileNotFoundError) as error:
+        evaluate(step, tasks="gsm8k", limit=1, out_dir=tmp_path / "eval")
+    assert str(error.value) == (
+        f"checkpoint_dir {str(step)!r} is a training checkpoint (sharded, with the optimizer's state), not a LitGPT"
+        f" checkpoint directory: export it first, `vocagnolm export {step} DIR`, and pass DIR."
+    )
+    assert not (tmp_path / "eval").exists()
+
+
 def test_damaged_files_are_named(tmp_path):
     good = tmp_path / "good.pth"
     torch.save({"model": {"w": torch.randn(64, 64)}, "iter_num": 8}, good)
@@ -139,13 +174,22 @@ def test_resume_auto_skips_unreadable_checkpoints_newest_first(tmp_path, capsys)
     assert find_resume_checkpoint(fabric, False, tmp_path) is None
 
 
-def test_resume_auto_starts_afresh_when_no_checkpoint_is_readable(tmp_path, capsys):
+def test_resume_auto_starts_afresh_only_without_checkpoints_and_says_how_when_none_is_readable(tmp_path, capsys):
+    """An empty out_dir is a first start; one whose only checkpoint is refused is not started afresh from step 0 (which
+    would later replace it): the run stops, saying how to start afresh, the checkpoint kept."""
     fabric = L.Fabric(accelerator="cpu", devices=1)
     assert find_resume_checkpoint(fabric, "auto", tmp_path) is None  # an empty out_dir: a first start, said nothing
     assert capsys.readouterr().out == ""
-    write_step(tmp_path, 2, "truncated")
-    assert find_resume_checkpoint(fabric, "auto", tmp_path) is None
-    assert "No readable checkpoint in" in capsys.readouterr().out
+    step = write_step(tmp_path, 2, "truncated")
+    kept = {p.name: p.read_bytes() for p in step.iterdir()}
+    with pytest.raises(UnreadableCheckpoint) as error:
+        find_resume_checkpoint(fabric, "auto", tmp_path)
+    assert str(error.value) == (
+        f"--resume auto: no readable checkpoint in --out_dir {tmp_path} (1 unreadable, skipped), see the lines above."
+        " To start afresh there, pass --resume false --overwrite true (it deletes them), or choose another --out_dir."
+    )
+    assert f"Skipping {step}: " in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in step.iterdir()} == kept
     with pytest.raises(FileNotFoundError, match="no readable checkpoint"):
         find_resume_checkpoint(fabric, True, tmp_path)
 

@@ -35,6 +35,7 @@ from litgpt_vocagnolm.data.documents import Stats, find_input_files, plan_units
 from litgpt_vocagnolm.data.packing import BlockDtypes, aligned_stream, aligned_streams, pack_blocks
 from litgpt_vocagnolm.data.prepare import prepare
 from litgpt_vocagnolm.data.prepared import SPLITS, VocAgnoData, iter_blocks, padded_window
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.files import file_sha256
 
 STUDENT, TEACHER = TINYLLAMA, QWEN
@@ -819,6 +820,58 @@ def test_a_missing_or_cut_chunk_is_found_before_training(prepared, tmp_path):
     for name, check in checks.items():
         with pytest.raises(FileNotFoundError, match=rf"{chunk} is missing: .*index.json lists it"):
             check()
+
+
+def point_index_elsewhere(data: Path, how: str, tmp_path: Path) -> str:
+    """Edits the train split's index.json of prepared `data` as a crafted or careless copy would, the manifest's
+    index_sha256 updated to match; returns what the refusal names."""
+    index = data / "train" / "index.json"
+    listing = json.loads(index.read_text())
+    chunk = listing["chunks"][0]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    outside = shutil.copy(data / "train" / chunk["filename"], elsewhere / "x.bin")
+    if how == "dotdot":
+        chunk["filename"] = "../../elsewhere/x.bin"
+    elif how == "absolute":
+        chunk["filename"] = str(outside)
+    elif how == "link":
+        (data / "train" / chunk["filename"]).unlink()
+        (data / "train" / chunk["filename"]).symlink_to(outside)
+    else:  # a data_spec naming another callable than LitData's dict
+        listing["config"]["data_spec"] = listing["config"]["data_spec"].replace("builtins.dict", "os.system")
+    index.write_text(json.dumps(listing))
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["splits"]["train"]["index_sha256"] = file_sha256(index)
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    return "not an index `vocagnolm prepare` writes" if how == "data_spec" else "which is not a file inside"
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "link", "data_spec"])
+def test_a_split_is_read_only_inside_its_folder_and_only_as_prepared(prepared, tmp_path, how):
+    from litgpt.args import TrainArgs
+
+    from litgpt_vocagnolm.loss.methods import GuidanceArgs
+    from litgpt_vocagnolm.training.checks import check_setup
+    from litgpt_vocagnolm.training.teacher import TeacherArgs
+
+    data = Path(shutil.copytree(prepared, tmp_path / "copy"))
+    refusal = point_index_elsewhere(data, how, tmp_path)
+    checks = {
+        "check_files": VocAgnoData(data).check_files,
+        "iter_blocks": lambda: next(iter_blocks(data, "train")),
+        "the recipe, before any model": lambda: check_setup(
+            tiny_config("student", 32000),
+            VocAgnoData(data),
+            TrainArgs(max_tokens=1000, max_norm=1.0),
+            TeacherArgs(),
+            GuidanceArgs(method="ce"),
+        ),
+    }
+    for name, check in checks.items():
+        with pytest.raises(InvalidArgument, match=rf"^{data / 'train' / 'index.json'} .*{refusal}") as error:
+            check()
+        assert "\n" not in str(error.value) and "prepare the data again" in str(error.value), name
 
 
 def test_connect_refuses_another_sequence_length(prepared):

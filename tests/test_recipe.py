@@ -629,16 +629,19 @@ def test_a_step_larger_than_the_train_split_says_how_often_it_reads_each_block(t
 
     from litgpt_vocagnolm.data.order import train_loader
     from litgpt_vocagnolm.data.prepared import VocAgnoData
+    from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss
+    from litgpt_vocagnolm.training.micro_batch import Guide
     from litgpt_vocagnolm.training.step import Loop
 
     blocks = json.loads((tinyllama_mistral_data / "manifest.json").read_text())["splits"]["train"]["blocks"]
     data = VocAgnoData(tinyllama_mistral_data, num_workers=0)
     data.connect(batch_size=4, max_seq_length=64)
     fabric = L.Fabric(devices=1, accelerator="cpu")
-    state = {"model": SimpleNamespace(max_seq_length=64), "iter_num": 0}
+    state = {"model": SimpleNamespace(max_seq_length=64), "iter_num": 0, "step_count": 0}
+    guide = Guide([], GuidedLoss(GuidanceArgs(method="ce")))
     for global_batch_size in (blocks // 4 * 4, 2 * blocks // 4 * 4 + 4):
         train = TrainArgs(global_batch_size=global_batch_size, micro_batch_size=4, max_tokens=10**6)
-        Loop.start(fabric, state, train_loader(data, 0, 0, 1), train)
+        Loop.start(fabric, state, train_loader(data, 0, 0, 1), train, guide)
         said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Each optimizer step reads")]
         if global_batch_size <= blocks:
             assert said == []

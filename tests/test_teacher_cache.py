@@ -17,7 +17,8 @@ from litgpt.model import GPT
 from test_recipe import litgpt_pretrain, metrics, recipe_config
 
 from litgpt_vocagnolm.data.prepared import iter_blocks
-from litgpt_vocagnolm.data.teacher_cache import TeacherLossCache, check_cache
+from litgpt_vocagnolm.data.teacher_cache import TeacherLossCache, check_cache, file_record
+from litgpt_vocagnolm.errors import InvalidArgument
 
 
 def score(data: Path, teacher: Path, output: Path, *args: str) -> subprocess.CompletedProcess:
@@ -177,3 +178,24 @@ def test_a_cache_of_another_format_fails_naming_both_versions_and_the_fix(tmp_pa
     message = str(error.value)
     assert "'vocagnolm-teacher-loss/0'" in message and repr(CACHE_FORMAT) in message
     assert f"vocagnolm score-teacher --data {tinyllama_mistral_data}" in message
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "link"])
+def test_a_cache_is_read_only_inside_its_folder(tmp_path, cache, tinyllama_mistral_data, how):
+    copy = Path(shutil.copytree(cache, tmp_path / "cache"))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    shard = copy / "train" / "000000.losses.npy"
+    outside = Path(shutil.copy(shard, tmp_path / "x.npy"))
+    name = {"dotdot": "../x.npy", "absolute": str(outside), "link": "train/000000.losses.npy"}[how]
+    if how == "link":
+        shard.unlink()
+        shard.symlink_to(outside)
+    else:
+        manifest["files"][name] = file_record(outside)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InvalidArgument) as error:
+        check_cache(copy, tinyllama_mistral_data / "manifest.json", None)
+    assert str(error.value).startswith(
+        f"{copy / 'manifest.json'} lists {name!r}, which is not a file inside {copy}: a teacher loss cache is read"
+        " only from its own folder."
+    )

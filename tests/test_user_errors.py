@@ -8,7 +8,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import BIN, MISTRAL, ROOT, TINYLLAMA
+from conftest import BIN, MISTRAL, ROOT, TINYLLAMA, make_checkpoint, tiny_config
 from litgpt.args import EvalArgs, TrainArgs
 
 from litgpt_vocagnolm.cli import plain_user_errors
@@ -462,3 +462,19 @@ def test_bits_per_byte_names_a_tokenizer_without_bos_or_eos():
 
     with pytest.raises(InvalidArgument, match="--bpb needs a tokenizer with a BOS or EOS token"):
         bits_per_byte_of_documents(None, SimpleNamespace(bos_id=None, eos_id=None), ["text"], batch_size=1)
+
+
+# export and evaluate on what they don't take
+
+
+@pytest.mark.slow  # console scripts in subprocesses
+def test_export_of_a_missing_folder_and_a_damaged_model_config_are_one_line(tmp_path):
+    out = run(str(BIN / "vocagnolm"), "export", "out/step-00000010", str(tmp_path / "exported"))
+    assert_one_line(out, "vocagnolm export", "checkpoint_dir 'out/step-00000010' does not exist: pass a step-*")
+    assert not (tmp_path / "exported").exists()
+    checkpoint = make_checkpoint(tmp_path / "ckpt", tiny_config("t", 32000), TINYLLAMA)
+    config = checkpoint / "model_config.yaml"
+    config.write_text(config.read_text() + f"extra: !!python/object/apply:os.system ['touch {tmp_path / 'ran'}']\n")
+    out = run(str(BIN / "vocagnolm"), "evaluate", str(checkpoint), "--tasks", "gsm8k", "--limit", "1")
+    assert_one_line(out, "vocagnolm evaluate", f"{config} is not a LitGPT model config (ConstructorError: ")
+    assert not (tmp_path / "ran").exists() and not (checkpoint / "evaluate").exists()

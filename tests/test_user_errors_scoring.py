@@ -4,14 +4,23 @@ this command's own option, sizes capped to what the data can use, a damaged cach
 import contextlib
 import io
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from conftest import MISTRAL, make_checkpoint, tiny_config
+from test_score_teacher import cache_bytes
 
-from litgpt_vocagnolm.errors import InvalidArgument, UserError
-from litgpt_vocagnolm.training.score_teacher import score_teacher
+import litgpt_vocagnolm.training.score_teacher as score_teacher_module
+from litgpt_vocagnolm.data.prepared import iter_blocks
+from litgpt_vocagnolm.data.teacher_cache import TeacherLossCache, file_record
+from litgpt_vocagnolm.errors import InvalidArgument, NotFinite, UserError
+from litgpt_vocagnolm.training.score_teacher import ScoringStopped, score_teacher
+from litgpt_vocagnolm.training.teacher import teacher_token_loss
 
 
 @pytest.mark.parametrize(
@@ -84,3 +93,70 @@ def test_a_truncated_shard_is_not_taken_for_a_finished_cache(
     with pytest.raises(InvalidArgument, match=f"{shard} has .* bytes; .* records .* delete {output} and run the same"):
         score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64)
     assert "nothing to do" not in capsys.readouterr().out
+
+
+def nan_teacher(tmp_path: Path, teacher: Path) -> Path:
+    """A copy of `teacher` whose head holds NaN, as a diverged run or a damaged conversion leaves weights."""
+    copy = Path(shutil.copytree(teacher, tmp_path / "nan-teacher"))
+    weights = torch.load(copy / "lit_model.pth", weights_only=True)
+    weights["lm_head.weight"][:] = float("nan")
+    torch.save(weights, copy / "lit_model.pth")
+    return copy
+
+
+def test_a_teacher_whose_losses_are_nan_stops_scoring_naming_it(tmp_path, tinyllama_mistral_data, mistral_teacher):
+    teacher, output = nan_teacher(tmp_path, mistral_teacher), tmp_path / "cache"
+    with pytest.raises(NotFinite) as error:
+        score_teacher(data=tinyllama_mistral_data, teacher=teacher, output=output, num_workers=0, blocks_per_shard=64)
+    assert str(error.value).startswith(
+        f"The teacher {teacher} gives non-finite losses (NaN or inf) on train blocks 0..7 (shard 0, not written)"
+    )
+    assert not list(output.rglob("*.npy")) and not (output / "manifest.json").exists()
+
+
+def test_sigterm_stops_scoring_in_one_line_and_a_rerun_continues(
+    tmp_path, scored, tinyllama_mistral_data, mistral_teacher, monkeypatch
+):
+    """SIGTERM during the second forward (a shard of 64 blocks each): the first shard is kept, the rerun scores the
+    rest only, and the cache is the bytes of one uninterrupted run (`scored`, the same shard and batch sizes)."""
+    forwards = []
+
+    def count_forwards(*args):
+        forwards.append(args)
+        if stop_at and len(forwards) == stop_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return teacher_token_loss(*args)
+
+    stop_at, output, handler = 2, tmp_path / "cache", signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(score_teacher_module, "teacher_token_loss", count_forwards)
+    arguments = dict(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64)
+    with pytest.raises(ScoringStopped) as error:
+        score_teacher(**arguments, num_workers=0, batch_size=64)
+    assert str(error.value) == (
+        f"score-teacher stopped by SIGTERM: the shards written to {output} are kept; run the same command again to"
+        " continue (it scores only the missing shards)."
+    )
+    assert [p.name for p in output.rglob("*.losses.npy")] == ["000000.losses.npy"]
+    assert signal.getsignal(signal.SIGTERM) == handler  # restored
+    stop_at, forwards = None, []
+    score_teacher(**arguments, num_workers=0, batch_size=64)
+    shards = sum(-(-len(list(iter_blocks(tinyllama_mistral_data, split))) // 64) for split in ("train", "val"))
+    assert len(forwards) == shards - 1
+    assert cache_bytes(output) == cache_bytes(scored[0])
+
+
+def test_a_cache_holding_nan_losses_is_refused_at_first_use(tmp_path, scored):
+    cache = Path(shutil.copytree(scored[0], tmp_path / "cache"))
+    shard = cache / "train" / "000001.losses.npy"
+    losses = np.load(shard)
+    losses[5] = np.nan  # as a teacher whose weights held NaN scored it, before score-teacher refused one
+    np.save(shard, losses)
+    manifest = json.loads((cache / "manifest.json").read_text())
+    manifest["files"]["train/000001.losses.npy"] = file_record(shard)
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    cached = TeacherLossCache(cache, "train")
+    assert np.isfinite(cached[0][1:]).all()
+    with pytest.raises(
+        NotFinite, match=rf"^{shard} holds non-finite teacher losses \(NaN or inf\), the first in block 64:"
+    ):
+        cached[64]

@@ -15,7 +15,7 @@ from litgpt.args import TrainArgs
 from test_checkpoints import setup_args
 
 from litgpt_vocagnolm.data.prepared import VocAgnoData
-from litgpt_vocagnolm.errors import InvalidArgument, PathTaken, UserError
+from litgpt_vocagnolm.errors import InvalidArgument, NotFinite, PathTaken, Unguided, UserError
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
 from litgpt_vocagnolm.training.checkpoints import export, resume_history
 from litgpt_vocagnolm.training.recipe import setup
@@ -123,8 +123,11 @@ def test_a_logger_whose_package_is_missing_is_named(tmp_path, tinyllama_mistral_
 
 
 def test_export_names_its_own_arguments(tmp_path, finished_run):
-    with pytest.raises(UserError, match=r"^checkpoint_dir '.*' is not a sharded checkpoint") as error:
+    with pytest.raises(UserError, match=r"^checkpoint_dir '.*nothing' does not exist: pass a step-\*") as error:
         export(tmp_path / "nothing", tmp_path / "exported")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"^checkpoint_dir '.*empty' is not a sharded checkpoint") as error:
+        export(tmp_path / "empty", tmp_path / "exported")
     assert "--resume" not in str(error.value)
     (tmp_path / "a-file").write_text("mine")
     with pytest.raises(PathTaken, match="a-file is a file, not a folder"):
@@ -264,3 +267,72 @@ def test_a_resume_path_beside_an_initial_checkpoint_names_the_way_out(finished_r
     step = finished_run / "step-00000001"
     with pytest.raises(InvalidArgument, match=r"add --initial_checkpoint_dir null\), or --resume auto"):
         resume(finished_run, tinyllama_mistral_data, resume=step, initial_checkpoint_dir=initial)
+
+
+def short_run(**overrides) -> dict:
+    """Four optimizer steps of 2 x 64 tokens, logged and checkpointed every second step."""
+    train = TrainArgs(
+        global_batch_size=2,
+        micro_batch_size=2,
+        max_tokens=4 * 2 * 64,
+        max_norm=1.0,
+        max_seq_length=64,
+        save_interval=2,
+        log_interval=2,
+    )
+    return dict(train=train) | overrides
+
+
+@pytest.mark.parametrize("unmapped", ["include", "exclude"])
+def test_an_online_teacher_whose_losses_are_nan_stops_training_in_one_line(
+    tmp_path, tinyllama_mistral_data, mistral_teacher, unmapped
+):
+    """Before: every token counted unmapped, plain cross-entropy trained (or, excluding them, a loss of 0 and nothing
+    trained), checkpoints saved, exit 0. Now: stopped at the first check, naming the teacher, nothing saved."""
+    from test_user_errors_scoring import nan_teacher
+
+    from litgpt_vocagnolm.training.teacher import TeacherArgs
+
+    teacher = nan_teacher(tmp_path, mistral_teacher)
+    guided = dict(teacher=TeacherArgs(checkpoint_dir=teacher), guidance=GuidanceArgs(unmapped=unmapped))
+    with pytest.raises(NotFinite) as error:
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, **short_run(**guided)))
+    assert str(error.value) == (
+        f"The teacher {teacher} gave a NaN or infinite loss in steps 1..2: it can't guide (its weights hold NaN, or its"
+        f" losses overflow --teacher.precision). Check it (`litgpt generate {teacher}`), or train with"
+        " --teacher.precision 32-true."
+    )
+    assert not [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(("step-", "final"))]
+
+
+def test_a_step_mapping_fewer_tokens_than_min_mapped_stops_the_run(tmp_path, tinyllama_mistral_data, mistral_teacher):
+    """The pair maps 99.5% of its tokens: asking for all of them stops at the first check; the default trains on."""
+    from litgpt_vocagnolm.training.teacher import TeacherArgs
+
+    teacher = TeacherArgs(checkpoint_dir=mistral_teacher)
+    with pytest.raises(Unguided) as error:
+        setup(
+            **setup_args(
+                tmp_path, tinyllama_mistral_data, **short_run(teacher=teacher, guidance=GuidanceArgs(min_mapped=1.0))
+            )
+        )
+    assert str(error.value).startswith(
+        "A step in steps 1..2 mapped fewer than 100% of its tokens to a teacher (--guidance.min_mapped): the teacher"
+        " guides (almost) nothing."
+    )
+    with pytest.raises(InvalidArgument, match=r"guidance.min_mapped must be a share in \[0, 1\]"):
+        GuidanceArgs(min_mapped=1.5)
+
+
+def test_a_non_finite_gradient_stops_in_one_line_naming_where_to_resume(tmp_path, tinyllama_mistral_data):
+    student = make_checkpoint(tmp_path / "nan-student", tiny_config("student", 32000, block_size=64), TINYLLAMA)
+    weights = torch.load(student / "lit_model.pth", weights_only=True)
+    weights["lm_head.weight"][:] = float("nan")
+    torch.save(weights, student / "lit_model.pth")
+    with pytest.raises(NotFinite) as error:
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, initial_checkpoint_dir=student, **short_run()))
+    assert str(error.value) == (
+        "A gradient norm was not finite between the last log step and step 2: the weights are no longer finite. Run"
+        " again from a fresh start (no checkpoint was saved) with a lower learning rate (the optimizer's lr) or"
+        " another --train.max_norm."
+    )

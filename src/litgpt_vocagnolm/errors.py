@@ -31,6 +31,14 @@ class DiskFull(UserError, OSError):
     """A file system without room for what the command would write."""
 
 
+class NotFinite(UserError, RuntimeError):
+    """A loss or gradient that is NaN or infinite: a teacher that can't guide, or a run whose weights diverged."""
+
+
+class Unguided(UserError, RuntimeError):
+    """A training step the teacher guides (almost) nothing of: too few of its tokens mapped, or none trained."""
+
+
 def at_least(flag: str, value: float, minimum: float) -> None:
     """Refuses `value` below `minimum`, naming the option: `at_least("--num_workers", 0, 1)`."""
     if value < minimum:

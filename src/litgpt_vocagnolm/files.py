@@ -27,6 +27,15 @@ def files_sha256(paths: list[Path]) -> dict[str, str]:
         return dict(zip((p.name for p in paths), pool.map(file_sha256, paths)))
 
 
+def inside(folder: Path, name: str) -> bool:
+    """Whether `name`, as a file listing (an index, a manifest) gives it, is a file inside `folder`: relative, without
+    `..`, and no link on the way that leads out of `folder`."""
+    path = Path(name)
+    if path.is_absolute() or ".." in path.parts:
+        return False
+    return (Path(folder) / path).resolve().is_relative_to(Path(folder).resolve())
+
+
 class HashingWriter:
     """A binary file open for writing that hashes what goes through it: `torch.save(obj, HashingWriter(f))` leaves
     the file's sha256 in `hexdigest()` without reading the file again."""

@@ -28,7 +28,7 @@ from litgpt_vocagnolm.alignment.tokenizer_files import (
 )
 from litgpt_vocagnolm.data.teacher_cache import TeacherLossCache
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
-from litgpt_vocagnolm.files import file_sha256
+from litgpt_vocagnolm.files import file_sha256, inside
 
 # LitData asks PyPI for a newer version of itself whenever a dataset is written or opened (30 s timeout): a network
 # call in every run and loader worker, which stalls firewalled cluster nodes. Nothing here should reach the network.
@@ -145,9 +145,10 @@ def chunk_file(folder: Path, position: int) -> Path:
 
 
 def check_split(path: Path, split: str, manifest: dict) -> None:
-    """Fails, naming the file and the fix, unless the split's index is the one the manifest recorded and every chunk
-    file it lists is there with the size it records: a missing or cut chunk would otherwise surface only when the
-    loader reaches it, maybe hours into training. Costs a `stat` per chunk (64 MB each)."""
+    """Fails, naming the file and the fix, unless the split's index is the one the manifest recorded, is one that
+    `prepare` writes (`check_index`), and every chunk file it lists is inside the split's folder, there with the size
+    it records: a missing or cut chunk would otherwise surface only when the loader reaches it, maybe hours into
+    training. Costs a `stat` per chunk (64 MB each)."""
     folder = Path(path) / split
     index = folder / "index.json"
     if not index.is_file() or file_sha256(index) != manifest["splits"][split]["index_sha256"]:
@@ -155,14 +156,46 @@ def check_split(path: Path, split: str, manifest: dict) -> None:
             f"{index} is missing or not the one {Path(path) / MANIFEST} recorded: the folder mixes two preparations."
             " Prepare the data again into a new --output."
         )
-    for chunk in json.loads(index.read_text(encoding="utf-8"))["chunks"]:
+    fix = f"Copy {path} again, whole, or prepare the data again: `vocagnolm prepare ... --output NEW_DIR`."
+    listing = json.loads(index.read_text(encoding="utf-8"))
+    check_index(index, listing, fix)
+    for chunk in listing["chunks"]:
         file, recorded = folder / chunk["filename"], chunk["chunk_bytes"]
-        fix = f"Copy {path} again, whole, or prepare the data again: `vocagnolm prepare ... --output NEW_DIR`."
         if not file.is_file():
             raise PathMissing(f"{file} is missing: {index} lists it ({recorded:,} bytes). {fix}")
         if file.stat().st_size != recorded:
             size = file.stat().st_size
             raise InvalidArgument(f"{file} has {size:,} bytes, {index} records {recorded:,}: it is damaged. {fix}")
+
+
+def check_index(index: Path, listing: dict, fix: str) -> None:
+    """Fails, naming `index` (a split's LitData index.json, read as `listing`), unless it is one `prepare` writes:
+    every chunk it lists a file inside its folder (a name without `..`, not absolute, not a link out of it), and its
+    blocks rebuilt by LitData's own loader as plain dicts (LitData imports whatever callable the `data_spec` names)."""
+    folder = index.parent
+    for chunk in listing["chunks"]:
+        if not inside(folder, chunk["filename"]):
+            raise InvalidArgument(
+                f"{index} lists the chunk {chunk['filename']!r}, which is not a file inside {folder}: prepared data is"
+                f" read only from its own folder. {fix}"
+            )
+    config = listing.get("config") or {}
+    if config.get("item_loader") != "PyTreeLoader" or not flat_dict_spec(config.get("data_spec")):
+        raise InvalidArgument(
+            f"{index} is not an index `vocagnolm prepare` writes: its blocks would be rebuilt by"
+            f" {config.get('item_loader')!r} from the data_spec {str(config.get('data_spec'))[:80]!r}, not as LitData's"
+            f" plain dicts. {fix}"
+        )
+
+
+def flat_dict_spec(data_spec: Any) -> bool:
+    """Whether a LitData `data_spec` (torch's pytree spec, as JSON) is a dict of leaves: what `prepare` writes."""
+    leaf = {"type": None, "context": None, "children_spec": []}
+    try:
+        _, root = json.loads(data_spec)
+        return root["type"] == "builtins.dict" and all(child == leaf for child in root["children_spec"])
+    except (TypeError, ValueError, KeyError):
+        return False
 
 
 def open_split(

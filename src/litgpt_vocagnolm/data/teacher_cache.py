@@ -21,8 +21,8 @@ from typing import Optional
 
 import numpy as np
 
-from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
-from litgpt_vocagnolm.files import file_sha256
+from litgpt_vocagnolm.errors import InvalidArgument, NotFinite, PathMissing
+from litgpt_vocagnolm.files import file_sha256, inside
 from litgpt_vocagnolm.models.weights import checkpoint_fingerprint
 
 CACHE_FORMAT = "vocagnolm-teacher-loss/1"
@@ -105,7 +105,22 @@ class TeacherLossCache:
                 f"{losses_file} holds {len(losses):,} losses, {offsets_file} says {offsets[-1]:,}."
                 f" {rescore_hint(self.cache)}"
             )
+        check_finite_losses(losses, offsets, losses_file, shard * self.blocks_per_shard)
         return losses, offsets
+
+
+def check_finite_losses(losses: np.ndarray, offsets: np.ndarray, losses_file: Path, first_block: int) -> None:
+    """Refuses a shard holding a NaN or infinite loss (scored by a teacher whose weights hold NaN, before
+    `score-teacher` refused such a teacher): training on it would count those tokens unmapped, guided by nothing. One
+    pass over the shard, when a process first opens it."""
+    finite = np.isfinite(losses)
+    if not finite.all():
+        row = int(np.searchsorted(offsets, np.argmin(finite), side="right")) - 1
+        raise NotFinite(
+            f"{losses_file} holds non-finite teacher losses (NaN or inf), the first in block {first_block + row}:"
+            " the teacher that scored it can't guide. Score a sound teacher into a new --output"
+            " (`vocagnolm score-teacher` now refuses such a teacher)."
+        )
 
 
 def load_cache_manifest(cache: Path) -> dict:
@@ -140,6 +155,11 @@ def check_cache(cache: Path, data_manifest: Path, teacher_dir: Path | None, prec
         )
     for name, recorded in manifest.get("files", {}).items():  # a stat per file; the sha256 waits for first use
         file = Path(cache) / name
+        if not inside(cache, name):
+            raise InvalidArgument(
+                f"{Path(cache) / CACHE_MANIFEST} lists {name!r}, which is not a file inside {cache}: a teacher loss"
+                f" cache is read only from its own folder. {rescore_hint(cache)}"
+            )
         if not file.is_file() or file.stat().st_size != recorded["bytes"]:
             found = f"has {file.stat().st_size:,} bytes" if file.is_file() else "is missing"
             raise InvalidArgument(

@@ -390,6 +390,10 @@ class GuidanceArgs:
     though one teacher may cut a student token's text into more, shorter tokens than another; byte: each teacher
     token's loss per UTF-8 byte of its text, the aggregate times the student token's bytes (the cost of its text at
     that teacher's rate). Needs each teacher's tokenizer (--teacher.checkpoint_dir, also beside --teacher.cache)"""
+    min_mapped: float = 0.05
+    """Stop the run at a step where fewer than this share of the student tokens map to a teacher (for the methods that
+    map them; a step that maps none stops whatever this is): real pairs map over 90%, so a share near 0 is a teacher
+    whose losses are NaN, or data prepared for another pair. 0: only a step that maps nothing stops"""
 
     def __post_init__(self) -> None:
         kinds = {
@@ -415,6 +419,10 @@ class GuidanceArgs:
             raise InvalidArgument(f"guidance.distill_weight must be finite and >= 0, got {self.distill_weight}")
         if self.num_chunks < 1:
             raise InvalidArgument(f"guidance.num_chunks must be >= 1, got {self.num_chunks}")
+        if not 0 <= self.min_mapped <= 1:
+            raise InvalidArgument(
+                f"guidance.min_mapped must be a share in [0, 1] (default 0.05), got {self.min_mapped}"
+            )
 
     @property
     def selection(self) -> SelectionArgs:

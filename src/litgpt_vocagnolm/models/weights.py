@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import yaml
 from litgpt.config import Config
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -42,6 +43,12 @@ def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = Fals
     if tokenizer:
         wanted += [("tokenizer.json", "tokenizer.model"), ("tokenizer_config.json",)]  # what `litgpt.Tokenizer` reads
     missing = [" or ".join(names) for names in wanted if not any((checkpoint_dir / n).is_file() for n in names)]
+    if missing and (checkpoint_dir / ".metadata").is_file():  # a training checkpoint: sharded, weights and optimizer
+        raise PathMissing(
+            f"{what} {str(checkpoint_dir)!r} is a training checkpoint (sharded, with the optimizer's state), not a"
+            f" LitGPT checkpoint directory: export it first, `vocagnolm export {checkpoint_dir} DIR`, and"
+            " pass DIR."
+        )
     if missing:
         present = sorted(p.name for p in checkpoint_dir.iterdir())
         raise PathMissing(
@@ -50,13 +57,31 @@ def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = Fals
             " converts), or `litgpt convert_to_litgpt` on a Hugging Face checkpoint; for a trained model, copy the"
             " tokenizer files of the model it started from next to lit_model.pth."
         )
+    config = read_config(checkpoint_dir, what)
     read_weights(checkpoint_dir / "lit_model.pth")
     if verify and (checkpoint_dir / CHECKSUMS).is_file():  # a run's final/ or an exported checkpoint: damaged since?
         verified_weights_sha256(checkpoint_dir)
     if any((checkpoint_dir / name).is_file() for name in TOKENIZER_FILES):
-        config = Config.from_file(checkpoint_dir / "model_config.yaml")
         fix = "tokenizer and weights do not belong together. Use the tokenizer files that came with the checkpoint."
         check_vocab_size(config, checkpoint_dir, what, fix=fix)
+
+
+def read_config(checkpoint_dir: Path, what: str) -> Config:
+    """The checkpoint's model_config.yaml as LitGPT's `Config`, with the classes it names looked up; one that can't
+    be read (YAML refused by the safe loader, such as a `!!python/...` tag: nothing of it runs), holds fields LitGPT's
+    Config lacks, or names a class LitGPT lacks is refused in one line naming the file, before any model is built."""
+    path = checkpoint_dir / "model_config.yaml"
+    try:
+        config = Config.from_file(path)
+        config.mlp_class, config.norm_class  # noqa: B018 - looked up now, not when the model is built
+    except (yaml.YAMLError, TypeError, ValueError, AttributeError) as error:
+        reason = " ".join(str(error).split())[:200]
+        raise UnreadableCheckpoint(
+            f"{what} {str(checkpoint_dir)!r}: {path} is not a LitGPT model config ({type(error).__name__}: {reason})."
+            " Use the model_config.yaml that came with the checkpoint (`litgpt download` or `litgpt convert_to_litgpt`"
+            " writes it)."
+        ) from error
+    return config
 
 
 def check_vocab_size(config: Config, tokenizer_dir: Path, what: str, fix: str) -> None:

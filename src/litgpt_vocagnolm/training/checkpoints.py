@@ -127,6 +127,8 @@ def check_resume_path(path: Path, flag: str = "--resume") -> None:
     """`--resume PATH` (or the checkpoint that option `flag` names), before any process starts: a sharded checkpoint
     directory (or a file in one) whose index loads. Its checksums are checked once the processes run, each rank a share
     of the files (`find_resume_checkpoint`)."""
+    if not path.exists():
+        raise PathMissing(f"{flag} {str(path)!r} does not exist: pass a step-* (or final) directory the recipe saved.")
     if path.is_file():
         read_weights(path)  # a crafted or damaged weight file: refused, naming it
         path = path.parent
@@ -188,9 +190,9 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
     a requeued job fails on every requeue. Here, for `--resume auto` or `True`, a checkpoint that `verify_checkpoint`
     refuses (a file missing, or not matching its checksum) is reported and skipped, newest first, and only one that
     every rank verifies is taken (one all-reduce per checkpoint tried), so all ranks resume from the same step. With
-    none readable, `auto` starts afresh and `True` fails, but neither over a finished run: its `final` is kept and the
-    run refused. A `resume` path (a checkpoint directory or a file in one) is verified the same way, and fails if it
-    doesn't verify.
+    none, `auto` starts afresh and `True` fails; with none readable both fail, saying how to start afresh (a finished
+    run's `final` is kept). A `resume` path (a checkpoint directory or a file in one) is verified the same way, and
+    fails if it doesn't verify.
     """
     if not resume:
         return None
@@ -219,8 +221,11 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
         )
     if resume is True:
         raise PathMissing(f"--resume true, but no readable checkpoint in --out_dir {out_dir}{skipped}.")
-    if candidates:
-        fabric.print(f"No readable checkpoint in {out_dir}{skipped}: starting afresh.")
+    if candidates:  # training from step 0 would later replace them: the user decides
+        raise UnreadableCheckpoint(
+            f"--resume auto: no readable checkpoint in --out_dir {out_dir}{skipped}, see the lines above. To start"
+            " afresh there, pass --resume false --overwrite true (it deletes them), or choose another --out_dir."
+        )
     return None
 
 

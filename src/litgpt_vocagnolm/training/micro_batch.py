@@ -9,7 +9,7 @@ import lightning as L
 import torch
 import torch.nn as nn
 
-from litgpt_vocagnolm.data.prepared import Batch
+from litgpt_vocagnolm.data.prepared import Batch, TeacherSide
 from litgpt_vocagnolm.loss.cross_entropy import IGNORE_INDEX, per_token_cross_entropy
 from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss, LossInputs
 from litgpt_vocagnolm.loss.selection import AllGather, select_top_k
@@ -62,6 +62,9 @@ class TeacherScores(NamedTuple):
     """(B, M_k) each teacher's per-token loss, NaN = unavailable; None when no teacher scores."""
     logits: torch.Tensor | None
     """(B, M, V_teacher) the first teacher's logits, for the distillation methods; else None."""
+    nonfinite: torch.Tensor | None = None
+    """(K,) float: for each online teacher, whether it gave a NaN or infinite loss (or logit) where it has one to give
+    (`nonfinite_scores`); None for cached teachers (a cache holding one is refused when read) and without teachers."""
 
 
 def teacher_scores(
@@ -73,10 +76,21 @@ def teacher_scores(
     online = bool(teachers) and teachers[0].mode == "online"
     with teacher_timer if online else contextlib.nullcontext(), torch.no_grad():
         if online and guide.loss.args.spec.teacher_logits:  # the distillation baselines need the whole distribution
-            return TeacherScores(None, teachers[0].model(sides[0].ids))  # (B, M, V_teacher)
+            logits = teachers[0].model(sides[0].ids)  # (B, M, V_teacher)
+            return TeacherScores(None, logits, (~torch.isfinite(logits).all()).float()[None])
         if teachers:
-            return TeacherScores([teacher.score(side) for teacher, side in zip(teachers, sides, strict=True)], None)
+            losses = [teacher.score(side) for teacher, side in zip(teachers, sides, strict=True)]
+            return TeacherScores(losses, None, nonfinite_scores(losses, sides) if online else None)
     return TeacherScores(None, None)
+
+
+def nonfinite_scores(losses: Sequence[torch.Tensor], sides: Sequence[TeacherSide]) -> torch.Tensor:
+    """(K,) float: for each teacher, whether one of its per-token losses (B, M) is NaN or infinite on its window's
+    tokens (NaN is its loss by definition on each window's first token and on padding). One reduction per teacher,
+    no host sync: `step.train_step` adds them to the step's all-reduce."""
+    return torch.stack(
+        [(~torch.isfinite(loss[:, 1:]) & side.valid[:, 1:]).any() for loss, side in zip(losses, sides)]
+    ).float()
 
 
 def forward_and_loss(

@@ -47,7 +47,7 @@ from litgpt.utils import (
 
 from litgpt_vocagnolm.data import order
 from litgpt_vocagnolm.data.prepared import Batch, VocAgnoData, byte_table
-from litgpt_vocagnolm.errors import check_writable, given_by
+from litgpt_vocagnolm.errors import NotFinite, check_writable, given_by
 from litgpt_vocagnolm.loss.cross_entropy import IGNORE_INDEX
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
 from litgpt_vocagnolm.loss.selection import bits_per_byte
@@ -63,6 +63,7 @@ from litgpt_vocagnolm.training.checkpoints import (
     hyperparameters,
     previous_checkpoints,
     resume_history,
+    saved_checkpoints,
 )
 from litgpt_vocagnolm.training.checks import (
     check_optimizer,
@@ -407,7 +408,7 @@ def fit(
         fabric.print("Verifying settings ...")
         validate(fabric, model, val_dataloader, max_iters=2)  # sanity check
 
-    loop = Loop.start(fabric, state, train_dataloader, train)
+    loop = Loop.start(fabric, state, train_dataloader, train, guide)
     while state["step_count"] < loop.max_steps:  # no batch read past the budget: a resumed run starts with the next
         lr = get_lr(optimizer.defaults["lr"], state["step_count"] + 1, loop.warmup_steps, loop.max_steps, train.min_lr)
         for param_group in optimizer.param_groups:
@@ -439,13 +440,15 @@ def after_step(
     (the stop then comes at the next of those: every 10 steps in the paper's recipes). Returns the checkpoint of the
     step when the run stops here (saved, complete), else None."""
     loop.finite &= step.finite
+    loop.faults |= step.faults
     loop.step_time += step.seconds
     step_count = state["step_count"]
     logs = step_count % train.log_interval == 0
     saves = train.save_interval is not None and step_count % train.save_interval == 0
     stopping = False
     if logs or saves:
-        check_finite(loop.finite, step_count)
+        check_finite(loop.finite, step_count, run.out_dir)
+        loop.check_guidance(step_count)
         stopping = step.totals[2].item() > 0
     if logs:
         log_step(fabric, state, step, loop)
@@ -530,12 +533,16 @@ def validate(fabric: L.Fabric, model: nn.Module, val_dataloader, max_iters: int)
     return metrics
 
 
-def check_finite(finite: torch.Tensor, step: int) -> None:
-    """Stops the run when a gradient norm since the last check was not finite (a host sync: on log steps only)."""
+def check_finite(finite: torch.Tensor, step: int, out_dir: Path) -> None:
+    """Stops the run, in one line naming the checkpoint to resume from, when a gradient norm since the last check was
+    not finite (a host sync: on log steps only)."""
     if not finite.item():
-        raise RuntimeError(
+        latest = saved_checkpoints(out_dir)
+        resume = f"--resume {latest[0][1]}" if latest else "a fresh start (no checkpoint was saved)"
+        raise NotFinite(
             f"A gradient norm was not finite between the last log step and step {step}: the weights are no longer"
-            " finite. Resume from the last checkpoint with a lower learning rate or another --train.max_norm."
+            f" finite. Run again from {resume} with a lower learning rate (the optimizer's lr) or another"
+            " --train.max_norm."
         )
 
 

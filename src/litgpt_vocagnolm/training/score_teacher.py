@@ -3,9 +3,13 @@
 import functools
 import json
 import queue
+import signal
 import threading
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 import lightning as L
 import numpy as np
@@ -24,7 +28,7 @@ from litgpt_vocagnolm.data.teacher_cache import (
     shard_files,
     weights_sha256,
 )
-from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, check_writable
+from litgpt_vocagnolm.errors import InvalidArgument, NotFinite, UserError, at_least, check_devices, check_writable
 from litgpt_vocagnolm.files import file_sha256, write_json
 from litgpt_vocagnolm.models.weights import check_checkpoint_dir
 from litgpt_vocagnolm.training.checks import check_teacher_config
@@ -52,6 +56,8 @@ def score_teacher(
     whole teacher and scores every world_size-th shard, so every block is scored once whatever the number of
     processes, and the cache is the same bytes. Killed and run again, it scores only the missing shards; a run again
     with another teacher (by the hash of its weights), precision or shard size is refused, naming both values.
+    Stopped by SIGTERM (`scancel`, a time limit) it says so in one line, and a rerun continues. A teacher whose losses
+    are NaN or infinite can't guide: the run stops at the first such batch, naming the teacher and the blocks.
 
     The GPU does not wait on the host: loader workers read and pad the windows into pinned memory, batches are copied
     without blocking, every forward has the same shape (batch_size x the data's padded window), the losses come back
@@ -83,107 +89,189 @@ def score_teacher(
         at_least(f"--{name}", value, least)
     check_devices(devices)
     check_precision(precision, "--precision")
-    data, teacher = Path(data), Path(teacher)
-    output = Path(output) if output is not None else data / "teacher_loss" / teacher.name
-    check_checkpoint_dir(teacher, what="--teacher")
-    prepared = VocAgnoData(path=data)
-    prepared.check_tokenizers(None, teacher)  # the teacher's tokenizer must be the one the data was prepared with
-    check_teacher_config(prepared.manifest, teacher, "--teacher", data)
-    check_writable(output, "--output")
-    batch_size = usable_batch_size(batch_size, blocks_per_shard, prepared.manifest)
-    precision = precision or default_precision(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    settings = cache_settings(teacher, data, precision, blocks_per_shard)
-    if (output / CACHE_MANIFEST).is_file():
-        check_same_settings(json.loads((output / CACHE_MANIFEST).read_text()), settings, output)
-        check_cache(output, data / MANIFEST, None)  # every shard file there, at its recorded size
-        print(f"{output} already holds this teacher's losses on this data: nothing to do.")
+    job = Scoring.checked(Path(data), Path(teacher), output, precision, batch_size, blocks_per_shard)
+    if job is None:
         return
-    if output.exists() and any(p.name not in ("train", "val", ".settings.json") for p in output.iterdir()):
-        raise InvalidArgument(f"--output {output} holds something else. Choose a new or empty directory.")
-    if (output / ".settings.json").is_file():  # a killed run's: resume it only with the same settings
-        check_same_settings(json.loads((output / ".settings.json").read_text()), settings, output)
+    with stop_on_sigterm(job.output):
+        fabric, model = launch(job, devices, num_nodes, compile)
+        for split in ("train", "val"):
+            score_split(fabric, model, job, split, num_workers)
+        fabric.barrier()
+    if fabric.global_rank == 0:
+        report(job)
 
+
+@dataclass
+class Scoring:
+    """What one `score-teacher` run scores, and how: its arguments checked (`checked`)."""
+
+    data: Path
+    """The prepared data."""
+    teacher: Path
+    """The teacher's checkpoint directory."""
+    output: Path
+    """The cache directory."""
+    batch_size: int
+    """Blocks per forward, capped where a forward can't take more (`usable_batch_size`)."""
+    blocks_per_shard: int
+    """Blocks per cache file."""
+    manifest: dict
+    """The prepared data's manifest."""
+    settings: dict
+    """What the cache records of its scoring (`cache_settings`)."""
+
+    @property
+    def precision(self) -> str:
+        return self.settings["precision"]
+
+    @classmethod
+    def checked(
+        cls,
+        data: Path,
+        teacher: Path,
+        output: Path | None,
+        precision: str | None,
+        batch_size: int,
+        blocks_per_shard: int,
+    ) -> "Scoring | None":
+        """The run, after every check that needs no model: the teacher, the data (its files inside their folder) and
+        its tokenizer, the output and a killed run's settings there. None, with a note, when `output` already holds
+        this teacher's losses on this data."""
+        output = Path(output) if output is not None else data / "teacher_loss" / teacher.name
+        check_checkpoint_dir(teacher, what="--teacher")
+        prepared = VocAgnoData(path=data)
+        prepared.check_tokenizers(None, teacher)  # the teacher's tokenizer must be the one the data was prepared with
+        check_teacher_config(prepared.manifest, teacher, "--teacher", data)
+        for split in ("train", "val"):
+            check_split(data, split, prepared.manifest)
+        check_writable(output, "--output")
+        batch_size = usable_batch_size(batch_size, blocks_per_shard, prepared.manifest)
+        precision = precision or default_precision(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        settings = cache_settings(teacher, data, precision, blocks_per_shard)
+        if (output / CACHE_MANIFEST).is_file():
+            check_same_settings(json.loads((output / CACHE_MANIFEST).read_text()), settings, output)
+            check_cache(output, data / MANIFEST, None)  # every shard file there, at its recorded size
+            print(f"{output} already holds this teacher's losses on this data: nothing to do.")
+            return None
+        if output.exists() and any(p.name not in ("train", "val", ".settings.json") for p in output.iterdir()):
+            raise InvalidArgument(f"--output {output} holds something else. Choose a new or empty directory.")
+        if (output / ".settings.json").is_file():  # a killed run's: resume it only with the same settings
+            check_same_settings(json.loads((output / ".settings.json").read_text()), settings, output)
+        return cls(data, teacher, output, batch_size, blocks_per_shard, prepared.manifest, settings)
+
+    def shards(self, split: str) -> int:
+        """The number of shards of a split."""
+        return -(-self.manifest["splits"][split]["blocks"] // self.blocks_per_shard)
+
+
+class ScoringStopped(UserError):
+    """`score-teacher` stopped by SIGTERM (Slurm's `scancel`, a time limit, a preemption)."""
+
+
+@contextmanager
+def stop_on_sigterm(output: Path) -> Iterator[None]:
+    """SIGTERM, while scoring, as a `ScoringStopped` naming what a rerun does (shards written so far are kept, each
+    whole or absent: `ShardWriter`), instead of a silent death. Only the main thread can catch signals: elsewhere
+    (a test's thread, say) SIGTERM keeps its default."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise ScoringStopped(
+            f"score-teacher stopped by SIGTERM: the shards written to {output} are kept; run the same command again"
+            " to continue (it scores only the missing shards)."
+        )
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def launch(job: Scoring, devices: int | str, num_nodes: int, compile: bool | None) -> tuple[L.Fabric, torch.nn.Module]:
+    """The processes (one per device, data-parallel), the output's settings (a killed run's kept: the same, checked)
+    and the teacher, loaded on every rank and compiled where asked (`compiles_by_default`)."""
     world_size = parse_devices(devices) * num_nodes
     fabric = L.Fabric(devices=devices, num_nodes=num_nodes, strategy="ddp" if world_size > 1 else "auto")
     fabric.launch()
     if fabric.global_rank == 0:
-        output.mkdir(parents=True, exist_ok=True)
-        write_json(output / ".settings.json", settings)
+        job.output.mkdir(parents=True, exist_ok=True)
+        write_json(job.output / ".settings.json", job.settings)
     fabric.barrier()
-
-    model = Teacher(teacher, mode="online", precision=precision).load(fabric)
-    width = padded_window(prepared.manifest, model.max_seq_length)
+    model = Teacher(job.teacher, mode="online", precision=job.precision).load(fabric)
     if compiles_by_default(fabric.device) if compile is None else compile:
         compile_blocks(model)
-    manifest = prepared.manifest
-    for split in ("train", "val"):
-        check_split(data, split, manifest)
-        # The block count of the manifest, not `len()` of a LitData dataset, which is a rank's share under DDP.
-        num_blocks = manifest["splits"][split]["blocks"]
-        shards = range(fabric.global_rank, -(-num_blocks // blocks_per_shard), fabric.world_size)
-        todo = [s for s in shards if not shard_files(output, split, s)[0].is_file()]
-        (output / split).mkdir(parents=True, exist_ok=True)
-        windows = TeacherWindows(data, split, width)
-        batches = [
-            (shard, start, min(start + batch_size, end))
-            for shard in todo
-            for end in [min((shard + 1) * blocks_per_shard, num_blocks)]
-            for start in range(shard * blocks_per_shard, end, batch_size)
-        ]  # (shard, first block, end block) of each forward, in order
-        loader = DataLoader(
-            windows,
-            batch_sampler=[range(start, end) for _, start, end in batches],
-            collate_fn=functools.partial(collate_windows, batch_size=batch_size),
-            num_workers=num_workers,
-            pin_memory=fabric.device.type == "cuda",
-        )
-        with ShardWriter(output, split, blocks_per_shard, num_blocks) as writer:
-            bar = tqdm(
-                total=len(batches),
-                desc=f"{split} (rank {fabric.global_rank})",
-                unit="batch",
-                disable=fabric.global_rank != 0,
-            )
-            tokens, t0 = 0, time.perf_counter()
-            for (shard, start, end), (ids, lengths) in zip(batches, loader, strict=True):
-                ids = ids.to(fabric.device, non_blocking=True)  # (batch_size, M)
-                valid = torch.arange(ids.shape[1]) < lengths[:, None]  # (batch_size, M), built on the host
-                valid = valid.to(fabric.device, non_blocking=True)
-                with torch.no_grad():
-                    loss = teacher_token_loss(model, ids, valid).half()  # (batch_size, M)
-                writer.put(shard, start, end, to_host(loss), lengths)
-                tokens += int(lengths.sum())
-                bar.update()
-                bar.set_postfix(tokens_per_sec=f"{tokens / (time.perf_counter() - t0):,.0f}", refresh=False)
-            bar.close()
-    fabric.barrier()
+    return fabric, model
 
-    if fabric.global_rank == 0:
-        counts = {}
-        for split in ("train", "val"):
-            num_blocks = manifest["splits"][split]["blocks"]
-            files = sorted((output / split).glob("*.npy"))
-            teacher_tokens = manifest["splits"][split]["teacher_tokens"]
-            size = sum(f.stat().st_size for f in files)
-            counts[split] = {
-                "blocks": num_blocks,
-                "teacher_tokens": teacher_tokens,
-                "bytes": size,
-                "bytes_per_teacher_token": size / max(teacher_tokens, 1),
-            }
-        files = {}  # every shard's checksums, from the rank that scored it
-        for split, c in counts.items():
-            for shard in range(-(-c["blocks"] // blocks_per_shard)):
-                files.update(json.loads(checksum_file(output, split, shard).read_text()))
-        cache_manifest = {**settings, "splits": counts, "files": files}
-        write_json(output / CACHE_MANIFEST, cache_manifest)
-        (output / ".settings.json").unlink()
-        for split, c in counts.items():
-            print(
-                f"{split}: {c['blocks']:,} blocks, {c['teacher_tokens']:,} teacher tokens,"
-                f" {c['bytes_per_teacher_token']:.3f} bytes per teacher token on disk"
-            )
-        print(f"Wrote {output / CACHE_MANIFEST}. Train with --teacher.cache {output}")
+
+def score_split(fabric: L.Fabric, model: torch.nn.Module, job: Scoring, split: str, num_workers: int) -> None:
+    """Scores this rank's missing shards of a split (every world_size-th shard, from its rank) and writes each whole
+    (`ShardWriter`): one forward per batch of consecutive blocks, all of one shape (batch_size x the data's padded
+    window), read from `num_workers` loader workers."""
+    # The block count of the manifest, not `len()` of a LitData dataset, which is a rank's share under DDP.
+    num_blocks = job.manifest["splits"][split]["blocks"]
+    shards = range(fabric.global_rank, job.shards(split), fabric.world_size)
+    todo = [s for s in shards if not shard_files(job.output, split, s)[0].is_file()]
+    (job.output / split).mkdir(parents=True, exist_ok=True)
+    width = padded_window(job.manifest, model.max_seq_length)
+    batches = [
+        (shard, start, min(start + job.batch_size, end))
+        for shard in todo
+        for end in [min((shard + 1) * job.blocks_per_shard, num_blocks)]
+        for start in range(shard * job.blocks_per_shard, end, job.batch_size)
+    ]  # (shard, first block, end block) of each forward, in order
+    loader = DataLoader(
+        TeacherWindows(job.data, split, width),
+        batch_sampler=[range(start, end) for _, start, end in batches],
+        collate_fn=functools.partial(collate_windows, batch_size=job.batch_size),
+        num_workers=num_workers,
+        pin_memory=fabric.device.type == "cuda",
+    )
+    bar = tqdm(
+        total=len(batches), desc=f"{split} (rank {fabric.global_rank})", unit="batch", disable=fabric.global_rank != 0
+    )
+    with ShardWriter(job.output, split, job.blocks_per_shard, num_blocks, job.teacher) as writer:
+        tokens, t0 = 0, time.perf_counter()
+        for (shard, start, end), (ids, lengths) in zip(batches, loader, strict=True):
+            ids = ids.to(fabric.device, non_blocking=True)  # (batch_size, M)
+            valid = torch.arange(ids.shape[1]) < lengths[:, None]  # (batch_size, M), built on the host
+            valid = valid.to(fabric.device, non_blocking=True)
+            with torch.no_grad():
+                loss = teacher_token_loss(model, ids, valid).half()  # (batch_size, M)
+            writer.put(shard, start, end, to_host(loss), lengths)
+            tokens += int(lengths.sum())
+            bar.update()
+            bar.set_postfix(tokens_per_sec=f"{tokens / (time.perf_counter() - t0):,.0f}", refresh=False)
+    bar.close()
+
+
+def report(job: Scoring) -> None:
+    """Rank 0, once every rank has written its shards: the cache's manifest (every shard's checksums, from the rank
+    that scored it), in place of the run's settings, and a line per split."""
+    counts = {}
+    for split in ("train", "val"):
+        teacher_tokens = job.manifest["splits"][split]["teacher_tokens"]
+        size = sum(f.stat().st_size for f in (job.output / split).glob("*.npy"))
+        counts[split] = {
+            "blocks": job.manifest["splits"][split]["blocks"],
+            "teacher_tokens": teacher_tokens,
+            "bytes": size,
+            "bytes_per_teacher_token": size / max(teacher_tokens, 1),
+        }
+    files = {}
+    for split in counts:
+        for shard in range(job.shards(split)):
+            files.update(json.loads(checksum_file(job.output, split, shard).read_text()))
+    write_json(job.output / CACHE_MANIFEST, {**job.settings, "splits": counts, "files": files})
+    (job.output / ".settings.json").unlink()
+    for split, c in counts.items():
+        print(
+            f"{split}: {c['blocks']:,} blocks, {c['teacher_tokens']:,} teacher tokens,"
+            f" {c['bytes_per_teacher_token']:.3f} bytes per teacher token on disk"
+        )
+    print(f"Wrote {job.output / CACHE_MANIFEST}. Train with --teacher.cache {job.output}")
 
 
 def usable_batch_size(batch_size: int, blocks_per_shard: int, manifest: dict) -> int:
@@ -281,10 +369,11 @@ class ShardWriter:
     """A background thread that gathers each shard's losses as their copies land and writes the shard: offsets and
     checksums first, then the losses file renamed into place whole, so a shard counts as done (its losses file exists)
     only once everything is on disk. A failure in the thread is raised in the caller's thread, at the next `put` or
-    at exit."""
+    at exit; a non-finite loss of `teacher` is one (`check_finite`): its shard is not written."""
 
-    def __init__(self, output: Path, split: str, blocks_per_shard: int, num_blocks: int) -> None:
+    def __init__(self, output: Path, split: str, blocks_per_shard: int, num_blocks: int, teacher: Path) -> None:
         self.output, self.split, self.blocks_per_shard, self.num_blocks = output, split, blocks_per_shard, num_blocks
+        self.teacher = teacher
         self.jobs: queue.Queue = queue.Queue(maxsize=8)  # batches in flight: the host memory they hold is bounded
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -316,11 +405,26 @@ class ShardWriter:
                     done.synchronize()
                 loss = loss.numpy()
                 pieces += [loss[row, 1:n] for row, n in enumerate(lengths[: end - start].tolist())]
+                self.check_finite(pieces[-(end - start) :], start)
                 if end == min((shard + 1) * self.blocks_per_shard, self.num_blocks):
                     self.write(shard, pieces)
                     pieces = []
             except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
                 self.error = error
+
+    def check_finite(self, pieces: list[np.ndarray], start: int) -> None:
+        """Refuses the losses of blocks `start`, `start + 1`... unless all are finite: a teacher whose weights hold
+        NaN, or whose losses overflow its precision, can't guide, and a cache of such losses would train plain
+        cross-entropy. Checked on the host, in this thread: the device never waits for it."""
+        bad = [start + row for row, piece in enumerate(pieces) if not np.isfinite(piece).all()]
+        if bad:
+            shard = start // self.blocks_per_shard
+            raise NotFinite(
+                f"The teacher {self.teacher} gives non-finite losses (NaN or inf) on {self.split} blocks"
+                f" {bad[0]}..{bad[-1]} (shard {shard}, not written): it can't guide. Check its weights (`litgpt"
+                f" generate {self.teacher}`), or score in --precision 32-true if its losses overflow 16 bits. The"
+                f" shards written to {self.output} before hold finite losses; another teacher needs a new --output."
+            )
 
     def write(self, shard: int, pieces: list[np.ndarray]) -> None:
         losses_file, offsets_file = shard_files(self.output, self.split, shard)

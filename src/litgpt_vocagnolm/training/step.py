@@ -20,7 +20,9 @@ from torch.distributed.tensor import DTensor
 
 from litgpt_vocagnolm.data import order
 from litgpt_vocagnolm.data.prepared import Batch
-from litgpt_vocagnolm.training.micro_batch import Guide, forward_and_loss, step_choice
+from litgpt_vocagnolm.errors import NotFinite, Unguided
+from litgpt_vocagnolm.loss.cross_entropy import IGNORE_INDEX
+from litgpt_vocagnolm.training.micro_batch import Guide, TeacherScores, forward_and_loss, step_choice, teacher_scores
 from litgpt_vocagnolm.training.stopwatch import Stopwatch
 
 
@@ -31,6 +33,10 @@ class Step:
 
     totals: torch.Tensor
     """(3,): the step's weighted loss sum, its weight sum and the number of ranks asked to stop, over all ranks."""
+    faults: torch.Tensor
+    """(2 + K,) bool, over all ranks: whether the step's share of mapped tokens fell below `--guidance.min_mapped` (or
+    was 0; for the methods that map tokens), whether it trained no token, and for each of the K scoring teachers
+    whether it gave a non-finite loss online (`Loop.check_guidance` reads them)."""
     metrics: dict[str, torch.Tensor]
     """The guided loss's metrics (`methods.GuidedLoss`), each (2,): this rank's sum over the step's micro-batches
     that computed it and their count (a NaN, computed over no token, counts as nothing); `distributed.mean_over_ranks`
@@ -71,10 +77,12 @@ def train_step(
     scores, chosen = [None] * accumulation, [None] * accumulation
     if guide.ranks_the_step:
         scores, chosen = step_choice(model, guide, micro_batches, positions, teacher_timer)
-    sums = torch.zeros(3, device=fabric.device)
+    sums = torch.zeros(5 + len(guide.teachers), device=fabric.device)  # `Step.totals`, then `guidance_counts`
     metric_sums = 0.0  # (N, 2) once a micro-batch has added its metrics
     for k, batch in enumerate(micro_batches):
         state["iter_num"] += 1
+        if scores[k] is None:
+            scores[k] = teacher_scores(guide, batch, teacher_timer)
         with fabric.no_backward_sync(model, enabled=k < accumulation - 1):
             loss_sum, weight_sum, micro_metrics = forward_and_loss(
                 model,
@@ -87,10 +95,14 @@ def train_step(
             )
             fabric.backward(loss_sum)
         sums[:2] += torch.stack([loss_sum.detach(), weight_sum.detach()])
+        sums[3:] += guidance_counts(batch, micro_metrics, scores[k], len(guide.teachers))
         metric_sums = metric_sums + metric_pairs(micro_metrics)
     if stop.is_set():
         sums[2] = 1.0
-    totals = fabric.all_reduce(sums, reduce_op="sum")  # the one all-reduce of the step
+    reduced = fabric.all_reduce(sums, reduce_op="sum")  # the one all-reduce of the step
+    totals, (mapped, valid), nonfinite = reduced[:3], reduced[3:5], reduced[5:]
+    unmapped = ((mapped == 0) | (mapped < guide.loss.args.min_mapped * valid)) & (valid > 0)
+    faults = torch.cat([unmapped[None], totals[1:2] == 0, nonfinite > 0])
     # FSDP averages gradients over ranks; undo that and divide by the step's total weight instead.
     scale = fabric.world_size / totals[1].clamp(min=1)
     for param in model.parameters():
@@ -102,7 +114,19 @@ def train_step(
     optimizer.zero_grad()
     state["step_count"] += 1
     state["position"] += train.global_batch_size
-    return Step(totals, dict(zip(micro_metrics, metric_sums)), finite, time.perf_counter() - t0)
+    return Step(totals, faults, dict(zip(micro_metrics, metric_sums)), finite, time.perf_counter() - t0)
+
+
+def guidance_counts(
+    batch: Batch, metrics: dict[str, torch.Tensor], scores: TeacherScores, num_teachers: int
+) -> torch.Tensor:
+    """(2 + K,) of one micro-batch, what `Step.faults` is made of: its mapped and valid tokens (0 and 0 for a method
+    that maps none: no `mapped_fraction`) and each online teacher's non-finite flag (`TeacherScores.nonfinite`)."""
+    valid = (batch.targets != IGNORE_INDEX).sum().float()
+    mapped = metrics.get("mapped_fraction")
+    counts = torch.stack([mapped * valid, valid]).nan_to_num(0.0) if mapped is not None else valid.new_zeros(2)
+    nonfinite = scores.nonfinite if scores.nonfinite is not None else valid.new_zeros(num_teachers)
+    return torch.cat([counts, nonfinite])
 
 
 def metric_pairs(metrics: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -135,6 +159,14 @@ class Loop:
     """The micro-batches trained before this process started (a resumed run's)."""
     finite: torch.Tensor
     """() bool: whether every gradient norm since the last check was finite."""
+    teachers: list[str]
+    """The scoring teachers, by checkpoint directory (or cache), as `check_guidance` names them."""
+    min_mapped: float
+    """`--guidance.min_mapped`, as `check_guidance` quotes it."""
+    faults: torch.Tensor
+    """(2 + K,) bool: `Step.faults` of every step since the last check, or-ed."""
+    checked: int
+    """The step of the last check (`check_guidance`), or the first step's predecessor."""
     t0: float = field(default_factory=time.perf_counter)
     """When the loop started, once every rank was there."""
     step_time: float = 0.0
@@ -143,7 +175,7 @@ class Loop:
     """The last validation's."""
 
     @classmethod
-    def start(cls, fabric: L.Fabric, state: dict, train_dataloader, train: TrainArgs) -> "Loop":
+    def start(cls, fabric: L.Fabric, state: dict, train_dataloader, train: TrainArgs, guide: Guide) -> "Loop":
         """The loop of `state`'s run from where it is, its schedule from `train`: the schedule counts optimizer steps,
         not micro-batches as litgpt.pretrain does, so that step k gets the same learning rate whatever the split of the
         global batch into devices and accumulation."""
@@ -172,6 +204,8 @@ class Loop:
                 " --train.global_batch_size, or prepare more data, to read each block at most once a step."
             )
         finite = torch.ones((), dtype=torch.bool, device=fabric.device)
+        faults = torch.zeros(2 + len(guide.teachers), dtype=torch.bool, device=fabric.device)
+        teachers = [str(teacher.checkpoint_dir or teacher.cache) for teacher in guide.teachers]
         batches, timer = CycleIterator(train_dataloader), Stopwatch(fabric.device)
         fabric.barrier()
         return cls(
@@ -184,7 +218,38 @@ class Loop:
             timer,
             state["iter_num"],
             finite,
+            teachers,
+            guide.loss.args.min_mapped,
+            faults,
+            state["step_count"],
         )
+
+    def check_guidance(self, step: int) -> None:
+        """Stops the run, in one line, when a step since the last check had a fault (`Step.faults`): a teacher's
+        non-finite loss, too few tokens mapped, none trained. A host sync: on log steps and before checkpoints only,
+        as the gradient norm's check; every rank reads the same all-reduced faults, so all stop together."""
+        unmapped, untrained, *teachers = self.faults.tolist()
+        steps, self.checked = f"steps {self.checked + 1}..{step}", step
+        for name, nonfinite in zip(self.teachers, teachers):
+            if nonfinite:
+                raise NotFinite(
+                    f"The teacher {name} gave a NaN or infinite loss in {steps}: it can't guide (its weights hold NaN,"
+                    f" or its losses overflow --teacher.precision). Check it (`litgpt generate {name}`), or train with"
+                    " --teacher.precision 32-true."
+                )
+        if unmapped:
+            raise Unguided(
+                f"A step in {steps} mapped fewer than {self.min_mapped:.0%} of its tokens to a teacher"
+                " (--guidance.min_mapped): the teacher guides (almost) nothing. Real pairs map over 90%: check that the"
+                " teacher's losses are finite and that --data.path was prepared for this teacher (`vocagnolm"
+                " inspect`), or pass --guidance.min_mapped 0 to stop only where nothing maps."
+            )
+        if untrained:
+            raise Unguided(
+                f"A step in {steps} trained no token (every weight 0, so nothing learns): with --guidance.unmapped"
+                " exclude no token was mapped. Check the teacher and --data.path, or train with --guidance.unmapped"
+                " include."
+            )
 
 
 def run_steps(train: TrainArgs, max_seq_length: int) -> int:
