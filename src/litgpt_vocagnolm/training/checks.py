@@ -126,6 +126,31 @@ def check_setup(
 ) -> None:
     """Every configuration error we can see before building a model, each with what to change (where the student
     starts from: `check_start`)."""
+    check_data_and_budget(data, train, world_size)
+    if tokenizer_dir is not None:
+        check_vocab_size(config, tokenizer_dir, "--tokenizer_dir", fix="train the model this tokenizer belongs to.")
+    check_per_token_loss(config, "The student")
+    method = guidance.spec
+    if method.needs_prepared_data and not isinstance(data, VocAgnoData):
+        raise InvalidArgument(
+            f"--guidance.method {guidance.method} needs aligned data: --data VocAgnoData --data.path DIR"
+            f" (from `vocagnolm prepare`), not {type(data).__name__}."
+            f" Only {method_names(lambda m: not m.needs_prepared_data)} trains on plain LitGPT data."
+        )
+    if isinstance(data, VocAgnoData) and tokenizer_dir is None:
+        raise InvalidArgument("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
+    paths = data.paths if isinstance(data, VocAgnoData) else [None]  # each teacher's prepared data
+    guidance.check_several_teachers(len(paths), fix="Drop --data.other_teachers, or choose one of those methods.")
+    if not method.needs_prepared_data:
+        if isinstance(data, VocAgnoData):  # the student's tokenizer ships in every checkpoint: it must be the data's
+            data.check_tokenizers(tokenizer_dir, None)
+        return
+    check_teachers(data, teacher, guidance, tokenizer_dir)
+
+
+def check_data_and_budget(data: DataModule | None, train: TrainArgs, world_size: int) -> None:
+    """The data given and readable, and the run's budget in tokens, each step's global batch whole micro-batches on
+    every rank."""
     if data is None:
         raise InvalidArgument(
             "Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`)."
@@ -147,24 +172,12 @@ def check_setup(
             f" accumulates whole micro-batches: use {' or '.join(map(str, filter(None, (lower, lower + per_step))))},"
             " or change the micro-batch or the device count."
         )
-    if tokenizer_dir is not None:
-        check_vocab_size(config, tokenizer_dir, "--tokenizer_dir", fix="train the model this tokenizer belongs to.")
-    check_per_token_loss(config, "The student")
-    method = guidance.spec
-    if method.needs_prepared_data and not isinstance(data, VocAgnoData):
-        raise InvalidArgument(
-            f"--guidance.method {guidance.method} needs aligned data: --data VocAgnoData --data.path DIR"
-            f" (from `vocagnolm prepare`), not {type(data).__name__}."
-            f" Only {method_names(lambda m: not m.needs_prepared_data)} trains on plain LitGPT data."
-        )
-    if isinstance(data, VocAgnoData) and tokenizer_dir is None:
-        raise InvalidArgument("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
-    paths = data.paths if isinstance(data, VocAgnoData) else [None]  # each teacher's prepared data
-    guidance.check_several_teachers(len(paths), fix="Drop --data.other_teachers, or choose one of those methods.")
-    if not method.needs_prepared_data:
-        if isinstance(data, VocAgnoData):  # the student's tokenizer ships in every checkpoint: it must be the data's
-            data.check_tokenizers(tokenizer_dir, None)
-        return
+
+
+def check_teachers(data: VocAgnoData, teacher: TeacherArgs, guidance: GuidanceArgs, tokenizer_dir: Path) -> None:
+    """For a method that needs a teacher: one checkpoint or cache per teacher's prepared data, each readable and
+    matching that data, and each tokenizer the one the data was prepared with."""
+    paths, method = data.paths, guidance.spec
     caches, checkpoint_dirs = teacher.caches, teacher.checkpoint_dirs
     for option, given in (("--teacher.cache", caches), ("--teacher.checkpoint_dir", checkpoint_dirs)):
         if given and len(given) != len(paths):
