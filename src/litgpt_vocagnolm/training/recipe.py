@@ -59,7 +59,6 @@ from litgpt_vocagnolm.training.checkpoints import (
     find_resume_checkpoint,
     hyperparameters,
     previous_checkpoints,
-    resume_history,
 )
 from litgpt_vocagnolm.training.checks import (
     check_optimizer,
@@ -67,6 +66,7 @@ from litgpt_vocagnolm.training.checks import (
     check_setup,
     check_start,
     resolve_model_config,
+    resume_history,
     tokenizer_pair_summary,
 )
 from litgpt_vocagnolm.training.distributed import (
@@ -100,7 +100,7 @@ class Run:
     hparams: dict
     """`setup`'s arguments, written into every checkpoint as hyperparameters.yaml."""
     history: list[str]
-    """The resumes that changed the run's shape, headed to hyperparameters.yaml (`checkpoints.resume_history`)."""
+    """The resumes that changed the run's shape, headed to hyperparameters.yaml (`checks.resume_history`)."""
     stop: StopRequest
     """Set by SIGUSR1, SIGINT or SIGTERM: stop after the current optimizer step (see `slurm.stop_signal`)."""
     checkpointer: Checkpointer | None = None
