@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slurm test-gpu wheels demo demo-variants demo-cpu bench clean
+.PHONY: install test test-slurm test-gpu test-wheels wheels demo demo-variants demo-cpu bench clean
 
 install: $(STAMP)
 
@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/tran
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slurm and not gpu" -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slurm and not gpu and not wheels" -n 2 --dist loadfile
 
 # Jobs submitted to a real two-node Slurm on this machine, which the script installs (as root) and starts, and stops
 # after. Where it cannot start, the tests skip, except under CI=true, where they fail.
@@ -52,16 +52,25 @@ test-gpu: $(if $(WHEELS),,install)
 	VOCAGNOLM_CHAIN_LOG=$(CHAIN_LOG) $(if $(WHEELS),$(PYTHON),$(PY)) -m pytest -q -m gpu tests/test_gpu.py; \
 		status=$$?; echo "The chain's log: $(CHAIN_LOG)"; exit $$status
 
-# For `make test-gpu WHEELS=DIR` on a machine with no internet: this package's wheel, and those of what its install
-# needs there (tests/gpu-wheels.txt) for that machine's Python on x86_64 Linux, downloaded (or built, for a release with
-# no wheel).
+# For `make test-gpu WHEELS=DIR` on a machine with no internet: this package's wheel and what pip would install beside
+# it on that machine's image (tests/gpu-image.txt lists its packages; tests/gpu_image.py resolves against them, for its
+# Python, WHEELS_PYTHON, on x86_64 Linux), at the versions of tests/gpu-wheels.txt where it pins them: downloaded, or
+# built for a release with no wheel. Last, the same resolution from DIR alone, with no index, must find all of it.
 WHEELS_PYTHON ?= 3.12
+WHEELS_DIR = $(or $(WHEELS),wheels)
+PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64,--platform $(p))
 wheels: install
-	$(PIP) wheel --quiet --no-deps --no-build-isolation --wheel-dir $(or $(WHEELS),wheels) .
-	grep -v "no wheel" tests/gpu-wheels.txt | $(PIP) download --quiet --no-deps --only-binary=:all: \
-		--python-version $(WHEELS_PYTHON) --implementation cp --platform manylinux_2_28_x86_64 \
-		--dest $(or $(WHEELS),wheels) -r /dev/stdin
-	grep "no wheel" tests/gpu-wheels.txt | $(PIP) wheel --quiet --no-deps --wheel-dir $(or $(WHEELS),wheels) -r /dev/stdin
+	$(PIP) wheel --quiet --no-deps --no-build-isolation --wheel-dir $(WHEELS_DIR) .
+	grep "no wheel" tests/gpu-wheels.txt | $(PIP) wheel --quiet --no-deps --wheel-dir $(WHEELS_DIR) -r /dev/stdin
+	$(PY) tests/gpu_image.py $(WHEELS_DIR) $(WHEELS_PYTHON) > $(WHEELS_DIR)/image-lacks.txt
+	$(PIP) download --quiet --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) --implementation cp \
+		$(PLATFORMS) --find-links $(WHEELS_DIR) --dest $(WHEELS_DIR) -r $(WHEELS_DIR)/image-lacks.txt
+	$(PY) tests/gpu_image.py $(WHEELS_DIR) $(WHEELS_PYTHON) --no-index > /dev/null
+
+# `make wheels`, then `make test-gpu WHEELS=DIR` with no index in a stand-in of the GPU machine's image: it installs
+# and the GPU test skips (tests/test_gpu_wheels.py). Needs the package registry; minutes.
+test-wheels: install
+	$(PY) -m pytest -q -m wheels tests/test_gpu_wheels.py
 
 demo: install
 	$(VENV)/bin/vocagnolm demo

@@ -4,6 +4,7 @@
 import importlib.util
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from test_checkpoints import setup_args
 from litgpt_vocagnolm.data.prepared import VocAgnoData
 from litgpt_vocagnolm.errors import InvalidArgument, NotFinite, PathTaken, Unguided, UserError
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
-from litgpt_vocagnolm.training.checkpoints import export, resume_history
+from litgpt_vocagnolm.training.checkpoints import export
+from litgpt_vocagnolm.training.checks import resume_history
 from litgpt_vocagnolm.training.recipe import setup
 
 
@@ -89,6 +91,66 @@ def test_a_resume_on_the_same_data_spelt_otherwise_or_copied_goes_on(finished_ru
     for path in (Path(os.path.relpath(data.resolve())), data.parent / "." / data.name, copy):
         hparams["data"]["init_args"]["path"] = str(path)
         assert resume_history(checkpoint, hparams, world_size=1) == []
+
+
+@pytest.fixture(scope="module")
+def guided_run(tmp_path_factory, tinyllama_mistral_data, mistral_teacher) -> Path:
+    """A finished one-step VocAgnoLM run, its teacher online at the defaults: its out_dir."""
+    from litgpt_vocagnolm.training.teacher import TeacherArgs
+
+    tmp_path = tmp_path_factory.mktemp("guided")
+    teacher = TeacherArgs(checkpoint_dir=mistral_teacher)
+    setup(**setup_args(tmp_path, tinyllama_mistral_data, guidance=GuidanceArgs(), teacher=teacher))
+    return tmp_path / "out"
+
+
+@pytest.mark.parametrize("change", ["aggregation", "another teacher", "a cache"])
+def test_a_resume_that_changes_what_the_run_ranks_by_is_refused(
+    tmp_path, guided_run, tinyllama_mistral_data, mistral_teacher, change
+):
+    from litgpt_vocagnolm.training.score_teacher import score_teacher
+    from litgpt_vocagnolm.training.teacher import TeacherArgs
+
+    teacher, guidance = TeacherArgs(checkpoint_dir=mistral_teacher), GuidanceArgs()
+    if change == "aggregation":
+        guidance, message = GuidanceArgs(aggregation="mean"), "--guidance.aggregation mean differs from the run's max"
+    elif change == "another teacher":  # the same architecture and tokenizer, other weights
+        other = make_checkpoint(tmp_path / "other", tiny_config("t", 32000), MISTRAL, seed=2)
+        teacher, message = (
+            TeacherArgs(checkpoint_dir=other),
+            "--teacher.checkpoint_dir .*other.* differs from the run's",
+        )
+    else:
+        score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=tmp_path / "cache", num_workers=0)
+        teacher = TeacherArgs(checkpoint_dir=mistral_teacher, cache=tmp_path / "cache")
+        message = "--teacher.cache .*cache.* differs from the run's None"
+    with pytest.raises(InvalidArgument, match=message + ".* Resume with"):
+        resume(guided_run, tinyllama_mistral_data, guidance=guidance, teacher=teacher)
+
+
+def test_a_resume_with_a_copy_of_the_teacher_goes_on(guided_run, mistral_teacher, tmp_path):
+    checkpoint = guided_run / "final"
+    hparams = yaml.safe_load((checkpoint / "hyperparameters.yaml").read_text())
+    hparams["teacher"]["checkpoint_dir"] = [str(shutil.copytree(mistral_teacher, tmp_path / "copy"))]
+    assert resume_history(checkpoint, hparams, world_size=1) == []
+
+
+def test_a_resume_with_another_top_k_trains_with_it_and_records_it(
+    tmp_path, guided_run, tinyllama_mistral_data, mistral_teacher, capsys
+):
+    from litgpt_vocagnolm.training.teacher import TeacherArgs
+
+    out_dir = shutil.copytree(guided_run, tmp_path / "out")
+    capsys.readouterr()
+    teacher = TeacherArgs(checkpoint_dir=mistral_teacher)
+    resume(out_dir, tinyllama_mistral_data, guidance=GuidanceArgs(top_k=0.2), teacher=teacher)
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("Resumed from step 1 with")]
+    assert line == "Resumed from step 1 with train.max_tokens 128 -> 256, guidance.top_k 0.4 -> 0.2."
+    hparams = (out_dir / "final" / "hyperparameters.yaml").read_text()
+    assert hparams.startswith(f"# {line}\n") and yaml.safe_load(hparams)["guidance"]["top_k"] == 0.2
+    (selected,) = re.findall(r"step 2 \| .*selected: ([0-9.]+) of mapped", out)  # ceil(0.2 x mapped) of mapped
+    assert 0.2 <= float(selected) < 0.25
 
 
 def test_negative_loader_workers_are_refused_before_any_model(tmp_path, tinyllama_mistral_data):

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from litgpt_vocagnolm.errors import DiskFull, InvalidArgument, PathMissing, PathTaken, check_writable
-from litgpt_vocagnolm.files import HashingWriter, file_sha256, files_sha256, same_folder
+from litgpt_vocagnolm.files import HashingWriter, file_sha256, files_sha256
 from litgpt_vocagnolm.models.weights import CHECKSUMS, MODEL_FILES, UnreadableCheckpoint, read_weights
 
 TRAIN_STATE = "train_state.json"
@@ -271,7 +271,7 @@ class Checkpointer:
         history: Sequence[str] = (),
     ) -> None:
         """Saves `state` (model, optimizer, counters, data position; a LitGPT data module's loader) in `out_dir` with
-        `tokenizer_dir`'s files and `hparams` as hyperparameters.yaml, headed by `history` (`resume_history`)."""
+        `tokenizer_dir`'s files and `hparams` as hyperparameters.yaml, headed by `history` (`checks.resume_history`)."""
         self.fabric, self.state, self.out_dir = fabric, state, out_dir
         self.tokenizer_dir, self.hparams, self.history = tokenizer_dir, hparams, history
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -504,52 +504,6 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
     sums |= {name: file_sha256(out_dir / name) for name in MODEL_FILES if name not in sums}
     (out_dir / CHECKSUMS).write_text(json.dumps(sums, indent=1))
     print(f"Wrote {out_dir / 'lit_model.pth'} (step {counters['step_count']}): `litgpt generate {out_dir}` reads it.")
-
-
-# What a resume may not change, and why (`resume_history`). Devices, nodes and the micro-batch may change: checkpoints
-# are taken at optimizer steps, and those only change how a step's global batch is split over ranks and micro-batches.
-FIXED_ON_RESUME = {
-    "train.global_batch_size": "it sets the tokens per optimizer step, so the run's schedule (warm-up, decay, steps)"
-    " would no longer be the one it started",
-    "train.max_seq_length": "the blocks and the tokens per step are the run's",
-    "guidance.method": "a run trains one method; train another in a new --out_dir",
-    "precision": "the weights and AdamW state keep the precision the run started with",
-    "data.init_args.path": "the saved data position is a position in the run's data",
-}
-
-
-def resume_history(checkpoint_dir: Path, hparams: dict, world_size: int) -> list[str]:
-    """The run's history after resuming from `checkpoint_dir` with `hparams` on `world_size` processes: the lines
-    the checkpoint's hyperparameters.yaml holds (as comments), and one for this resume if it changes the run's shape.
-    Refuses, naming the old and the new value and why, a change that `FIXED_ON_RESUME` forbids."""
-    saved_file = checkpoint_dir / "hyperparameters.yaml"
-    text = saved_file.read_text(encoding="utf-8")
-    saved = yaml.safe_load(text)
-    history = [line.removeprefix("# ") for line in text.splitlines() if line.startswith("# ")]
-
-    def value(tree: dict, key: str) -> Any:
-        for part in key.split("."):
-            tree = tree.get(part) if isinstance(tree, dict) else None
-        return tree
-
-    for key, reason in FIXED_ON_RESUME.items():
-        old, new = value(saved, key), value(hparams, key)
-        if old != new and not (key == "data.init_args.path" and None not in (old, new) and same_folder(old, new)):
-            raise InvalidArgument(
-                f"--{key} {new} differs from the run's {old} ({saved_file}): it can't change on resume, as {reason}."
-                f" Resume with --{key} {old}."
-            )
-    saved_world_size = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["world_size"]
-    changes = [f"processes {saved_world_size} -> {world_size}"] if saved_world_size != world_size else []
-    # The split of a step over ranks and micro-batches, and the run's length: the learning-rate schedule (its steps,
-    # warm-up and decay) is recomputed from the new length, so the change goes on record.
-    for key in ("train.micro_batch_size", "devices", "num_nodes", "train.max_tokens", "train.max_steps"):
-        if value(saved, key) != value(hparams, key):
-            changes.append(f"{key} {value(saved, key)} -> {value(hparams, key)}")
-    step = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["step_count"]
-    if changes:
-        history.append(f"Resumed from step {step} with {', '.join(changes)}.")
-    return history
 
 
 def import_path(cls: type) -> str:

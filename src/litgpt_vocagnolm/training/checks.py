@@ -1,10 +1,12 @@
 """The recipe's input checks: every configuration error visible before a model is built, each with what to change,
 and the line that makes a wrong tokenizer pairing visible at the start of a run."""
 
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+import yaml
 from litgpt.args import EvalArgs, TrainArgs
 from litgpt.config import Config
 from litgpt.data import DataModule
@@ -13,13 +15,14 @@ from litgpt.utils import instantiate_torch_optimizer
 from litgpt_vocagnolm.alignment.lexical import vocab_overlap
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 from litgpt_vocagnolm.data.prepared import MANIFEST, VocAgnoData
-from litgpt_vocagnolm.data.teacher_cache import check_cache
+from litgpt_vocagnolm.data.teacher_cache import check_cache, weights_sha256
 from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, given_by
+from litgpt_vocagnolm.files import same_folder
 from litgpt_vocagnolm.loss.methods import GuidanceArgs, method_names
 from litgpt_vocagnolm.models.gpt import GPT, check_per_token_loss
 from litgpt_vocagnolm.models.model_configs import config_named
 from litgpt_vocagnolm.models.weights import check_checkpoint_dir, check_vocab_size, read_weights
-from litgpt_vocagnolm.training.checkpoints import check_resume_path
+from litgpt_vocagnolm.training.checkpoints import TRAIN_STATE, check_resume_path
 from litgpt_vocagnolm.training.teacher import TeacherArgs, teacher_mode
 
 
@@ -126,6 +129,31 @@ def check_setup(
 ) -> None:
     """Every configuration error we can see before building a model, each with what to change (where the student
     starts from: `check_start`)."""
+    check_data_and_budget(data, train, world_size)
+    if tokenizer_dir is not None:
+        check_vocab_size(config, tokenizer_dir, "--tokenizer_dir", fix="train the model this tokenizer belongs to.")
+    check_per_token_loss(config, "The student")
+    method = guidance.spec
+    if method.needs_prepared_data and not isinstance(data, VocAgnoData):
+        raise InvalidArgument(
+            f"--guidance.method {guidance.method} needs aligned data: --data VocAgnoData --data.path DIR"
+            f" (from `vocagnolm prepare`), not {type(data).__name__}."
+            f" Only {method_names(lambda m: not m.needs_prepared_data)} trains on plain LitGPT data."
+        )
+    if isinstance(data, VocAgnoData) and tokenizer_dir is None:
+        raise InvalidArgument("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
+    paths = data.paths if isinstance(data, VocAgnoData) else [None]  # each teacher's prepared data
+    guidance.check_several_teachers(len(paths), fix="Drop --data.other_teachers, or choose one of those methods.")
+    if not method.needs_prepared_data:
+        if isinstance(data, VocAgnoData):  # the student's tokenizer ships in every checkpoint: it must be the data's
+            data.check_tokenizers(tokenizer_dir, None)
+        return
+    check_teachers(data, teacher, guidance, tokenizer_dir)
+
+
+def check_data_and_budget(data: DataModule | None, train: TrainArgs, world_size: int) -> None:
+    """The data given and readable, and the run's budget in tokens, each step's global batch whole micro-batches on
+    every rank."""
     if data is None:
         raise InvalidArgument(
             "Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`)."
@@ -147,24 +175,12 @@ def check_setup(
             f" accumulates whole micro-batches: use {' or '.join(map(str, filter(None, (lower, lower + per_step))))},"
             " or change the micro-batch or the device count."
         )
-    if tokenizer_dir is not None:
-        check_vocab_size(config, tokenizer_dir, "--tokenizer_dir", fix="train the model this tokenizer belongs to.")
-    check_per_token_loss(config, "The student")
-    method = guidance.spec
-    if method.needs_prepared_data and not isinstance(data, VocAgnoData):
-        raise InvalidArgument(
-            f"--guidance.method {guidance.method} needs aligned data: --data VocAgnoData --data.path DIR"
-            f" (from `vocagnolm prepare`), not {type(data).__name__}."
-            f" Only {method_names(lambda m: not m.needs_prepared_data)} trains on plain LitGPT data."
-        )
-    if isinstance(data, VocAgnoData) and tokenizer_dir is None:
-        raise InvalidArgument("Pass the student's tokenizer: --tokenizer_dir DIR (the one the data was prepared with).")
-    paths = data.paths if isinstance(data, VocAgnoData) else [None]  # each teacher's prepared data
-    guidance.check_several_teachers(len(paths), fix="Drop --data.other_teachers, or choose one of those methods.")
-    if not method.needs_prepared_data:
-        if isinstance(data, VocAgnoData):  # the student's tokenizer ships in every checkpoint: it must be the data's
-            data.check_tokenizers(tokenizer_dir, None)
-        return
+
+
+def check_teachers(data: VocAgnoData, teacher: TeacherArgs, guidance: GuidanceArgs, tokenizer_dir: Path) -> None:
+    """For a method that needs a teacher: one checkpoint or cache per teacher's prepared data, each readable and
+    matching that data, and each tokenizer the one the data was prepared with."""
+    paths, method = data.paths, guidance.spec
     caches, checkpoint_dirs = teacher.caches, teacher.checkpoint_dirs
     for option, given in (("--teacher.cache", caches), ("--teacher.checkpoint_dir", checkpoint_dirs)):
         if given and len(given) != len(paths):
@@ -200,6 +216,99 @@ def check_setup(
         data.check_tokenizers(tokenizer_dir, teacher_dir, teacher=k)
         same_vocabulary &= data.same_vocabulary(tokenizer_dir, teacher_dir, teacher=k)
     guidance.check_tokenizers(same_vocabulary=same_vocabulary)
+
+
+# What a resume may not change, and why (`resume_history`). Devices, nodes and the micro-batch may change: checkpoints
+# are taken at optimizer steps, and those only change how a step's global batch is split over ranks and micro-batches.
+FIXED_ON_RESUME = {
+    "train.global_batch_size": "it sets the tokens per optimizer step, so the run's schedule (warm-up, decay, steps)"
+    " would no longer be the one it started",
+    "train.max_seq_length": "the blocks and the tokens per step are the run's",
+    "guidance.method": "a run trains one method; train another in a new --out_dir",
+    "precision": "the weights and AdamW state keep the precision the run started with",
+    "data.init_args.path": "the saved data position is a position in the run's data",
+    # What each student token's reference loss is: which teacher scores it, how the teacher tokens that cover it
+    # combine into one loss, and which tokens have one. Changed, the run would rank by another signal than the one
+    # its checkpoints were trained on: another run, in a new --out_dir.
+    "teacher.checkpoint_dir": "the teacher's losses are what the run ranks by; train with another in a new --out_dir",
+    "teacher.cache": "the cache holds the losses of the teacher the run ranks by; train with another in a new"
+    " --out_dir",
+    "guidance.aggregation": "it makes each student token's teacher loss, what the run ranks by",
+    "guidance.combine": "it makes each student token's reference from the teachers' losses, what the run ranks by",
+    "guidance.compare": "it sets the scale the teachers' losses are compared on, what the run ranks by",
+    "guidance.unmapped": "it decides which tokens the run trains at all",
+    "guidance.num_chunks": "it is the chunk alignment of the run's teacher and student tokens",
+}
+# What a resume may change, carried out and recorded in the checkpoints' history: how a step is split over ranks and
+# micro-batches; the run's length (the learning-rate schedule, its steps, warm-up and decay, is recomputed from it);
+# and how much of the teacher's signal a step trains on (the share of tokens selected and where they are ranked, the
+# weight and temperature of distillation) or in what precision the same teacher runs: settings tuned over a run as
+# the learning rate is, continuing the same run.
+RECORDED_ON_RESUME = (
+    "train.micro_batch_size",
+    "devices",
+    "num_nodes",
+    "train.max_tokens",
+    "train.max_steps",
+    "guidance.top_k",
+    "guidance.scope",
+    "guidance.temperature",
+    "guidance.distill_weight",
+    "teacher.precision",
+)
+
+
+def resume_history(checkpoint_dir: Path, hparams: dict, world_size: int) -> list[str]:
+    """The run's history after resuming from `checkpoint_dir` with `hparams` on `world_size` processes: the lines
+    the checkpoint's hyperparameters.yaml holds (as comments), and one for this resume if it changes one of
+    `RECORDED_ON_RESUME`. Refuses, naming the old and the new value and why, a change that `FIXED_ON_RESUME`
+    forbids."""
+    saved_file = checkpoint_dir / "hyperparameters.yaml"
+    text = saved_file.read_text(encoding="utf-8")
+    saved = yaml.safe_load(text)
+    history = [line.removeprefix("# ") for line in text.splitlines() if line.startswith("# ")]
+
+    def value(tree: dict, key: str) -> Any:
+        for part in key.split("."):
+            tree = tree.get(part) if isinstance(tree, dict) else None
+        return tree
+
+    for key, reason in FIXED_ON_RESUME.items():
+        old, new = value(saved, key), value(hparams, key)
+        if not kept_on_resume(key, old, new):
+            raise InvalidArgument(
+                f"--{key} {new} differs from the run's {old} ({saved_file}): it can't change on resume, as {reason}."
+                f" Resume with --{key} {old}."
+            )
+    saved_world_size = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["world_size"]
+    changes = [f"processes {saved_world_size} -> {world_size}"] if saved_world_size != world_size else []
+    for key in RECORDED_ON_RESUME:
+        if value(saved, key) != value(hparams, key):
+            changes.append(f"{key} {value(saved, key)} -> {value(hparams, key)}")
+    step = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["step_count"]
+    if changes:
+        history.append(f"Resumed from step {step} with {', '.join(changes)}.")
+    return history
+
+
+def kept_on_resume(key: str, old: Any, new: Any) -> bool:
+    """Whether a resume keeps `key`'s value: the same, or for the data, a cache or a teacher the same folders (each
+    spelt otherwise or copied: `files.same_folder`; a teacher's checkpoint with the same weights: `same_teacher`)."""
+    if old == new:
+        return True
+    same = {"data.init_args.path": same_folder, "teacher.cache": same_folder, "teacher.checkpoint_dir": same_teacher}
+    if key not in same or None in (old, new):
+        return False
+    olds, news = ([v] if isinstance(v, str) else v for v in (old, new))  # one path or a list of them
+    return len(olds) == len(news) and all(same[key](a, b) for a, b in zip(olds, news))
+
+
+def same_teacher(a: str | Path, b: str | Path) -> bool:
+    """Whether two teacher checkpoint directories hold the same teacher: one folder, or the same config and weights
+    (`teacher_cache.weights_sha256`)."""
+    if Path(a).resolve() == Path(b).resolve():
+        return True
+    return all(Path(d, "model_config.yaml").is_file() for d in (a, b)) and weights_sha256(a) == weights_sha256(b)
 
 
 def tokenizer_pair_summary(data: VocAgnoData, student_dir: Path, teacher_dir: Path | None, index: int = 0) -> str:

@@ -2,12 +2,14 @@
 precision and activation checkpointing. The training loop sees none of it (cf. torchtitan's parallelize.py beside its
 model), but for the one reduction of its logged metrics over the ranks (`mean_over_ranks`)."""
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn as nn
+from lightning.fabric.strategies import ModelParallelStrategy
 
 from litgpt_vocagnolm.models.gpt import GPT
 
@@ -65,6 +67,27 @@ def parallelize(
     # Explicit booleans, as torch 2.7 requires (it rejects None); False is what torch >= 2.8's default does for a root.
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=frozen)
     return model
+
+
+def fabric_strategy(
+    devices: int, num_nodes: int, precision: str, fsdp: FSDPArgs
+) -> tuple[ModelParallelStrategy | str, str]:
+    """Fabric's strategy for `devices` x `num_nodes` processes (FSDP2 on more than one), and the precision Fabric's
+    plugin then takes."""
+    if devices * num_nodes > 1:
+        # FSDP2 does bf16 itself (`MixedPrecisionPolicy`: bf16 gathers and compute, float32 shards, gradients reduced
+        # in float32), as torchtitan does: Fabric's plugin stays at float32, or `bf16-true` would cast the shards (and
+        # so the AdamW state) to bf16 and `bf16-mixed` would autocast parameters that are already bf16.
+        param_dtype = torch.bfloat16 if precision in ("bf16-mixed", "bf16-true") else None
+        precision = "32-true" if param_dtype else precision
+        strategy = ModelParallelStrategy(
+            parallelize_fn=functools.partial(parallelize, fsdp=fsdp, num_nodes=num_nodes, param_dtype=param_dtype),
+            data_parallel_size=devices * num_nodes,
+            tensor_parallel_size=1,
+        )
+    else:
+        strategy = "auto"
+    return strategy, precision
 
 
 def fused_optimizer(device: torch.device) -> bool:

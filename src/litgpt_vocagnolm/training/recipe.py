@@ -18,20 +18,17 @@ resumed from a count of blocks on any number of processes) in `order`, sharding 
 the requeue in `slurm`.
 """
 
-import functools
 import math
 import pprint
 import shutil
 import time
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn as nn
-from lightning.fabric.strategies import ModelParallelStrategy
 from litgpt.args import EvalArgs, LogArgs, TrainArgs
 from litgpt.config import Config
 from litgpt.data import DataModule
@@ -62,7 +59,6 @@ from litgpt_vocagnolm.training.checkpoints import (
     find_resume_checkpoint,
     hyperparameters,
     previous_checkpoints,
-    resume_history,
     saved_checkpoints,
 )
 from litgpt_vocagnolm.training.checks import (
@@ -71,20 +67,20 @@ from litgpt_vocagnolm.training.checks import (
     check_setup,
     check_start,
     resolve_model_config,
+    resume_history,
     tokenizer_pair_summary,
 )
 from litgpt_vocagnolm.training.distributed import (
     FSDPArgs,
     checkpoint_activations,
     compile_blocks,
+    fabric_strategy,
     fused_optimizer,
-    mean_over_ranks,
-    parallelize,
 )
 from litgpt_vocagnolm.training.micro_batch import Guide
 from litgpt_vocagnolm.training.slurm import StopRequest, exit_after_stop, keep_workers, stop_signal
-from litgpt_vocagnolm.training.step import Loop, Step, run_steps, train_step
-from litgpt_vocagnolm.training.teacher import TeacherArgs, teachers_of
+from litgpt_vocagnolm.training.step import Loop, Step, format_metrics, log_step, run_steps, train_step
+from litgpt_vocagnolm.training.teacher import Teacher, TeacherArgs, teachers_of
 
 
 @dataclass
@@ -105,7 +101,7 @@ class Run:
     hparams: dict
     """`setup`'s arguments, written into every checkpoint as hyperparameters.yaml."""
     history: list[str]
-    """The resumes that changed the run's shape, headed to hyperparameters.yaml (`checkpoints.resume_history`)."""
+    """The resumes that changed the run's shape, headed to hyperparameters.yaml (`checks.resume_history`)."""
     stop: StopRequest
     """Set by SIGUSR1, SIGINT or SIGTERM: stop after the current optimizer step (see `slurm.stop_signal`)."""
     checkpointer: Checkpointer | None = None
@@ -202,30 +198,8 @@ def setup(
     precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
     out_dir = init_out_dir(out_dir)
     check_out_dir(out_dir, resume, overwrite)
-    with given_by("--logger_name", "Install the logger's package, or choose another (csv, tensorboard: here)."):
-        logger = choose_logger(
-            logger_name,
-            out_dir,
-            name=f"vocagnolm-{config.name}",
-            resume=bool(resume),
-            # The CSV logger writes its file when (step + 1) divides this, LitGPT counting steps from 0; the recipe
-            # logs only on its log steps, at the optimizer step (from 1): every call writes.
-            log_interval=1,
-            log_args=asdict(log),
-        )
-    if devices * num_nodes > 1:
-        # FSDP2 does bf16 itself (`MixedPrecisionPolicy`: bf16 gathers and compute, float32 shards, gradients reduced
-        # in float32), as torchtitan does: Fabric's plugin stays at float32, or `bf16-true` would cast the shards (and
-        # so the AdamW state) to bf16 and `bf16-mixed` would autocast parameters that are already bf16.
-        param_dtype = torch.bfloat16 if precision in ("bf16-mixed", "bf16-true") else None
-        precision = "32-true" if param_dtype else precision
-        strategy = ModelParallelStrategy(
-            parallelize_fn=functools.partial(parallelize, fsdp=fsdp, num_nodes=num_nodes, param_dtype=param_dtype),
-            data_parallel_size=devices * num_nodes,
-            tensor_parallel_size=1,
-        )
-    else:
-        strategy = "auto"
+    logger = run_logger(logger_name, out_dir, config, resume, log)
+    strategy, precision = fabric_strategy(devices, num_nodes, precision, fsdp)
     fabric = L.Fabric(devices=devices, num_nodes=num_nodes, strategy=strategy, precision=precision, loggers=[logger])
     fabric.launch()
 
@@ -254,6 +228,23 @@ def setup(
         main(fabric, config, data, run, train, eval, teacher, guidance)
 
 
+def run_logger(
+    logger_name: LoggerChoice, out_dir: Path, config: Config, resume: bool | Literal["auto"] | Path, log: LogArgs
+):
+    """The run's metrics logger, LitGPT's `choose_logger`; a logger whose package is missing is a user error."""
+    with given_by("--logger_name", "Install the logger's package, or choose another (csv, tensorboard: here)."):
+        return choose_logger(
+            logger_name,
+            out_dir,
+            name=f"vocagnolm-{config.name}",
+            resume=bool(resume),
+            # The CSV logger writes its file when (step + 1) divides this, LitGPT counting steps from 0; the recipe
+            # logs only on its log steps, at the optimizer step (from 1): every call writes.
+            log_interval=1,
+            log_args=asdict(log),
+        )
+
+
 def main(
     fabric: L.Fabric,
     config: Config,
@@ -264,6 +255,40 @@ def main(
     teacher_args: TeacherArgs,
     guidance: GuidanceArgs,
 ) -> None:
+    """The run, in its stages: the out_dir and where it resumes -> the student, the teachers, the optimizer -> the data
+    -> the training state (weights loaded, initialised or resumed) -> `fit` -> the final checkpoint and the report."""
+    prepare_out_dir(fabric, run, data, teacher_args)
+    fabric.seed_everything(run.seed)  # the same seed on every rank: identical initialisation before sharding
+    fabric.barrier()
+    resume, position = resume_point(fabric, config, data, run, train)
+
+    model = build_student(fabric, config, run, train)
+    teachers = teachers_of(teacher_args, guidance.spec)  # one per prepared dataset, every batch through each
+    load_teachers(fabric, teachers, run)
+    optimizer = instantiate_torch_optimizer(run.optimizer, model.parameters(), fused=fused_optimizer(fabric.device))
+    optimizer = fabric.setup_optimizers(optimizer)
+    train_dataloader, val_dataloader = build_loaders(fabric, data, train, model, guidance, teachers, position)
+    state = build_state(fabric, model, optimizer, train_dataloader, run, resume, position, train)
+    initial_iter = state["iter_num"]
+
+    train_t0 = time.perf_counter()
+    vocab_size = data.manifest["student"]["vocab_size"] if isinstance(data, VocAgnoData) else None
+    tables = []  # bytes per token id: the student's, each teacher's
+    if guidance.compare == "byte":
+        tables = [byte_table(run.tokenizer_dir, fabric.device), *(t.byte_table(fabric.device) for t in teachers)]
+    guide = Guide.build(fabric, guidance, teachers, vocab_size, tables, seed=run.seed)
+    stopped = fit(fabric, state, train_dataloader, val_dataloader, run, train, eval, guide)
+    if stopped is not None:
+        exit_after_stop(fabric, run.stop, stopped, state["step_count"])
+    run.checkpointer.save_final()
+    for logger in fabric.loggers:
+        logger.finalize("success")  # whatever a logger still holds, written
+    report_performance(fabric, train, state, initial_iter, time.perf_counter() - train_t0)
+
+
+def prepare_out_dir(fabric: L.Fabric, run: Run, data: DataModule, teacher_args: TeacherArgs) -> None:
+    """On rank 0: the out_dir made, a previous run's checkpoints deleted under --overwrite, and each tokenizer pair's
+    line printed."""
     out_dir, tokenizer_dir = run.out_dir, run.tokenizer_dir
     if fabric.global_rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -273,10 +298,16 @@ def main(
         if isinstance(data, VocAgnoData) and tokenizer_dir is not None:
             for k, teacher_dir in enumerate(teacher_args.checkpoint_dirs or [None] * len(data.paths)):
                 fabric.print(tokenizer_pair_summary(data, tokenizer_dir, teacher_dir, k))
-    fabric.seed_everything(run.seed)  # the same seed on every rank: identical initialisation before sharding
-    fabric.barrier()
+
+
+def resume_point(
+    fabric: L.Fabric, config: Config, data: DataModule, run: Run, train: TrainArgs
+) -> tuple[Path | None, int]:
+    """The checkpoint the run resumes from (None for a fresh start) and the blocks consumed over all ranks before it:
+    where the data order continues. A change of the run's shape is refused, or carried out and said, here (before any
+    model is built), and goes into `run.history`."""
     # Before any model: `auto` skips unreadable checkpoints.
-    resume = find_resume_checkpoint(fabric, run.resume, out_dir)
+    resume = find_resume_checkpoint(fabric, run.resume, run.out_dir)
     position = 0  # the blocks consumed over all ranks: where the data order continues
     if resume:  # a change of the run's shape: refused, or carried out and said (before any model is built)
         max_seq_length = train.max_seq_length or config.block_size
@@ -285,7 +316,12 @@ def main(
         for line in run.history:
             fabric.print(line)
         position = data_position(resume, train.global_batch_size, fabric.world_size, isinstance(data, VocAgnoData))
+    return resume, position
 
+
+def build_student(fabric: L.Fabric, config: Config, run: Run, train: TrainArgs) -> nn.Module:
+    """The student, its blocks checkpointed and compiled as `run` asks, set up by Fabric (sharded on several
+    devices); its weights are still the meta or empty ones (`build_state` loads or initialises them)."""
     t0 = time.perf_counter()
     model = new_model(fabric, config, train.tie_embeddings)
     if train.max_seq_length:
@@ -296,9 +332,11 @@ def main(
         checkpoint_activations(model)  # before sharding, so that FSDP shards the wrapped blocks
     if run.compile:
         compile_blocks(model)
-    model = fabric.setup(model)
+    return fabric.setup(model)
 
-    teachers = teachers_of(teacher_args, guidance.spec)  # one per prepared dataset, every batch through each
+
+def load_teachers(fabric: L.Fabric, teachers: list[Teacher], run: Run) -> None:
+    """Loads each teacher that runs online (frozen; compiled as `run` asks); a cached one loads nothing."""
     for teacher in [t for t in teachers if t.mode == "online"]:
         t0 = time.perf_counter()
         teacher_model = teacher.load(fabric)
@@ -309,9 +347,18 @@ def main(
             f" {time.perf_counter() - t0:.02f} seconds."
         )
 
-    optimizer = instantiate_torch_optimizer(run.optimizer, model.parameters(), fused=fused_optimizer(fabric.device))
-    optimizer = fabric.setup_optimizers(optimizer)
 
+def build_loaders(
+    fabric: L.Fabric,
+    data: DataModule,
+    train: TrainArgs,
+    model: nn.Module,
+    guidance: GuidanceArgs,
+    teachers: list[Teacher],
+    position: int,
+) -> tuple:
+    """The training and validation loaders, set up by Fabric: `VocAgnoData`'s in one global order continued at
+    `position`, a LitGPT data module's own otherwise."""
     if isinstance(data, VocAgnoData):
         data.connect(
             batch_size=train.micro_batch_size,
@@ -333,11 +380,22 @@ def main(
     else:  # a LitGPT data module's own loaders, dealt to ranks by Fabric's sampler or LitData
         loaders = (data.train_dataloader(), data.val_dataloader())
     loaders = [keep_workers(loader) for loader in loaders]  # they serve the step that a SIGTERM to every process ends
-    train_dataloader, val_dataloader = fabric.setup_dataloaders(
-        *loaders, use_distributed_sampler=not isinstance(data, VocAgnoData)
-    )
-    stateful = hasattr(train_dataloader, "state_dict")  # LitData's: resumed on as many ranks (`data_position`)
+    return fabric.setup_dataloaders(*loaders, use_distributed_sampler=not isinstance(data, VocAgnoData))
 
+
+def build_state(
+    fabric: L.Fabric,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train_dataloader,
+    run: Run,
+    resume: Path | None,
+    position: int,
+    train: TrainArgs,
+) -> dict:
+    """The training state with the student's weights loaded from the initial checkpoint, initialised, or resumed
+    with the optimizer's from `resume`; `run.checkpointer` built over it."""
+    stateful = hasattr(train_dataloader, "state_dict")  # LitData's: resumed on as many ranks (`data_position`)
     if run.initial_checkpoint_dir and not resume:
         load_weights(model, run.initial_checkpoint_dir / "lit_model.pth")
     elif not resume:  # from the seed and each parameter's name: the same weights on any number of processes
@@ -347,7 +405,7 @@ def main(
     state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0, "position": position}
     if stateful:  # the checkpoint keeps every rank's loader state
         state["train_dataloader"] = train_dataloader
-    run.checkpointer = Checkpointer(fabric, state, out_dir, tokenizer_dir, run.hparams, run.history)
+    run.checkpointer = Checkpointer(fabric, state, run.out_dir, run.tokenizer_dir, run.hparams, run.history)
     if resume:
         fabric.print(f"Resuming training from {resume} after {position:,} blocks")
         run.checkpointer.load(resume)  # resharded for this run's number of processes
@@ -356,23 +414,12 @@ def main(
         state["iter_num"] = state["step_count"] * order.accumulation(
             train.global_batch_size, train.micro_batch_size, fabric.world_size
         )
-    initial_iter = state["iter_num"]
+    return state
 
-    train_t0 = time.perf_counter()
-    vocab_size = data.manifest["student"]["vocab_size"] if isinstance(data, VocAgnoData) else None
-    tables = []  # bytes per token id: the student's, each teacher's
-    if guidance.compare == "byte":
-        tables = [byte_table(tokenizer_dir, fabric.device), *(t.byte_table(fabric.device) for t in teachers)]
-    guide = Guide.build(fabric, guidance, teachers, vocab_size, tables, seed=run.seed)
-    stopped = fit(fabric, state, train_dataloader, val_dataloader, run, train, eval, guide)
-    if stopped is not None:
-        exit_after_stop(fabric, run.stop, stopped, state["step_count"])
-    run.checkpointer.save_final()
-    for logger in fabric.loggers:
-        logger.finalize("success")  # whatever a logger still holds, written
 
-    train_time = time.perf_counter() - train_t0
-    tokens_per_iter = train.micro_batch_size * model.max_seq_length * fabric.world_size
+def report_performance(fabric: L.Fabric, train: TrainArgs, state: dict, initial_iter: int, train_time: float) -> None:
+    """The run's closing table: the tokens trained in all and by this run, its time and speed, the peak memory."""
+    tokens_per_iter = train.micro_batch_size * state["model"].max_seq_length * fabric.world_size
     total_tokens = state["iter_num"] * tokens_per_iter
     run_tokens = (state["iter_num"] - initial_iter) * tokens_per_iter  # a resumed run's own, for its speed
     separator = "-" * 40
@@ -471,35 +518,6 @@ def after_step(
     return None
 
 
-def log_step(fabric: L.Fabric, state: dict, step: Step, loop: Loop) -> None:
-    """The step's log line and metrics: the loss read from the device (a host sync), the metrics' mean over ranks."""
-    t1 = time.perf_counter()
-    loss = (step.totals[0] / step.totals[1].clamp(min=1)).item()  # expensive device-to-host synchronization
-    tokens_per_iter = loop.tokens_per_iter
-    tokens = (state["iter_num"] - loop.initial_iter) * tokens_per_iter * fabric.world_size
-    per_step = (t1 - loop.t0) / (state["iter_num"] - loop.initial_iter) * loop.accumulation
-    log = {
-        "loss": loss,
-        "iter": state["iter_num"],
-        "step": state["step_count"],
-        "epoch": (state["position"] - 1) // loop.epoch_blocks if loop.epoch_blocks else loop.batches.epoch,
-        "iter_time": step.seconds / loop.accumulation,
-        "remaining_time": per_step * (loop.max_steps - state["step_count"]),
-        "tokens": state["iter_num"] * tokens_per_iter,
-        "total_tokens": state["iter_num"] * tokens_per_iter * fabric.world_size,
-        "learning_rate": state["optimizer"].param_groups[0]["lr"],
-        "tokens_per_sec": tokens / (t1 - loop.t0),
-        "teacher_time_share": loop.teacher_timer.seconds() / max(loop.step_time, 1e-9),
-        **mean_over_ranks(fabric, step.metrics),
-    }
-    fabric.print(
-        f"Epoch {log['epoch'] + 1} | iter {log['iter']} step {log['step']} | loss train: {loss:.3f}"
-        f"{step_summary(log)} | {format_metrics(loop.val_metrics)} | iter time: {log['iter_time'] * 1000:.2f} ms"
-        f" remaining time: {timedelta(seconds=int(log['remaining_time']))!s}"
-    )
-    fabric.log_dict(log, step=state["step_count"])  # the step the line prints, as every logger keys it
-
-
 @torch.no_grad()
 def validate(fabric: L.Fabric, model: nn.Module, val_dataloader, max_iters: int) -> dict[str, float]:
     """Student cross-entropy on every held-out token, and bits per byte (comparable across tokenizers), over the first
@@ -544,18 +562,3 @@ def check_finite(finite: torch.Tensor, step: int, out_dir: Path) -> None:
             f" finite. Run again from {resume} with a lower learning rate (the optimizer's lr) or another"
             " --train.max_norm."
         )
-
-
-def step_summary(log: dict[str, float]) -> str:
-    """The step line's guided-loss figures, those the method reports: the student's cross-entropy and, for the
-    selecting methods, the share of mapped tokens selected (no figure for what a method does not compute)."""
-    text = f", student CE: {log['student_loss']:.3f}" if "student_loss" in log else ""
-    if "selected_fraction" in log and "mapped_fraction" in log:
-        text += f", selected: {log['selected_fraction']:.2f} of mapped {log['mapped_fraction']:.2f}"
-    return text
-
-
-def format_metrics(metrics: dict[str, float]) -> str:
-    if not metrics:
-        return "val: n/a"
-    return ", ".join(f"{name}: {value:.3f}" for name, value in metrics.items() if name != "val_ppl")

@@ -1,6 +1,6 @@
 """One optimizer step of the recipe (`train_step`: its micro-batches, the one all-reduce, the gradients divided by the
 step's weight, clipping, the optimizer) and what the loop keeps between steps (`Loop`: the schedule, the running
-figures), which `recipe.fit` reads after each step.
+figures), which `recipe.fit` reads after each step, and the line and metrics it logs (`log_step`).
 
 The loss is a weighted sum over every micro-batch and rank of one optimizer step divided once by the total weight:
 each micro-batch backpropagates its unnormalised sum, and the gradients are divided by the all-reduced weight count
@@ -10,6 +10,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Iterator
 
 import lightning as L
@@ -22,6 +23,7 @@ from litgpt_vocagnolm.data import order
 from litgpt_vocagnolm.data.prepared import Batch
 from litgpt_vocagnolm.errors import NotFinite, Unguided
 from litgpt_vocagnolm.loss.cross_entropy import IGNORE_INDEX
+from litgpt_vocagnolm.training.distributed import mean_over_ranks
 from litgpt_vocagnolm.training.micro_batch import Guide, TeacherScores, forward_and_loss, step_choice, teacher_scores
 from litgpt_vocagnolm.training.stopwatch import Stopwatch
 
@@ -266,3 +268,47 @@ def train_split_blocks(train_dataloader, blocks_per_round: int) -> int | None:
     if isinstance(dataset, order.Blocks):
         return len(dataset)
     return len(train_dataloader) * blocks_per_round if hasattr(train_dataloader, "__len__") else None
+
+
+def log_step(fabric: L.Fabric, state: dict, step: Step, loop: Loop) -> None:
+    """The step's log line and metrics: the loss read from the device (a host sync), the metrics' mean over ranks."""
+    t1 = time.perf_counter()
+    loss = (step.totals[0] / step.totals[1].clamp(min=1)).item()  # expensive device-to-host synchronization
+    tokens_per_iter = loop.tokens_per_iter
+    tokens = (state["iter_num"] - loop.initial_iter) * tokens_per_iter * fabric.world_size
+    per_step = (t1 - loop.t0) / (state["iter_num"] - loop.initial_iter) * loop.accumulation
+    log = {
+        "loss": loss,
+        "iter": state["iter_num"],
+        "step": state["step_count"],
+        "epoch": (state["position"] - 1) // loop.epoch_blocks if loop.epoch_blocks else loop.batches.epoch,
+        "iter_time": step.seconds / loop.accumulation,
+        "remaining_time": per_step * (loop.max_steps - state["step_count"]),
+        "tokens": state["iter_num"] * tokens_per_iter,
+        "total_tokens": state["iter_num"] * tokens_per_iter * fabric.world_size,
+        "learning_rate": state["optimizer"].param_groups[0]["lr"],
+        "tokens_per_sec": tokens / (t1 - loop.t0),
+        "teacher_time_share": loop.teacher_timer.seconds() / max(loop.step_time, 1e-9),
+        **mean_over_ranks(fabric, step.metrics),
+    }
+    fabric.print(
+        f"Epoch {log['epoch'] + 1} | iter {log['iter']} step {log['step']} | loss train: {loss:.3f}"
+        f"{step_summary(log)} | {format_metrics(loop.val_metrics)} | iter time: {log['iter_time'] * 1000:.2f} ms"
+        f" remaining time: {timedelta(seconds=int(log['remaining_time']))!s}"
+    )
+    fabric.log_dict(log, step=state["step_count"])  # the step the line prints, as every logger keys it
+
+
+def step_summary(log: dict[str, float]) -> str:
+    """The step line's guided-loss figures, those the method reports: the student's cross-entropy and, for the
+    selecting methods, the share of mapped tokens selected (no figure for what a method does not compute)."""
+    text = f", student CE: {log['student_loss']:.3f}" if "student_loss" in log else ""
+    if "selected_fraction" in log and "mapped_fraction" in log:
+        text += f", selected: {log['selected_fraction']:.2f} of mapped {log['mapped_fraction']:.2f}"
+    return text
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    if not metrics:
+        return "val: n/a"
+    return ", ".join(f"{name}: {value:.3f}" for name, value in metrics.items() if name != "val_ppl")
