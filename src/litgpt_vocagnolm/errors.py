@@ -5,7 +5,9 @@ with status 1, without a traceback (`--debug` or VOCAGNOLM_DEBUG=1 shows it); ev
 its traceback. Each kind is also the built-in exception a caller of the Python API would catch.
 """
 
+import errno
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -29,6 +31,10 @@ class PathTaken(UserError, FileExistsError):
 
 class DiskFull(UserError, OSError):
     """A file system without room for what the command would write."""
+
+
+class FolderInUse(UserError, BlockingIOError):
+    """A folder another command is writing into (`files.hold_folder`), or one whose file system can't lock it."""
 
 
 def at_least(flag: str, value: float, minimum: float) -> None:
@@ -82,3 +88,46 @@ def given_by(flag: str, fix: str) -> Iterator[None]:
     except (ValueError, TypeError, OSError, RuntimeError, KeyError, AttributeError, ImportError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise InvalidArgument(f"{flag}: {reason}. {fix}") from error
+
+
+def no_space_left(error: BaseException) -> bool:
+    """Whether `error` is a full file system (ENOSPC): itself, its cause or context, a per-rank failure that
+    torch.distributed.checkpoint's `CheckpointException` wraps (`failures`: rank -> exception, or (exception,
+    traceback)), or a library's error that says so only in words."""
+    seen, todo = set(), [error]
+    while todo:
+        error = todo.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error):
+            return True
+        failures = getattr(error, "failures", None)
+        wrapped = failures.values() if isinstance(failures, dict) else ()
+        todo += [f[0] if isinstance(f, tuple) else f for f in wrapped] + [error.__cause__, error.__context__]
+    return False
+
+
+def size_text(num_bytes: float) -> str:
+    """2.40 GB, 61.2 MB."""
+    return f"{num_bytes / 1e9:.2f} GB" if num_bytes >= 1e8 else f"{num_bytes / 1e6:.1f} MB"
+
+
+@contextmanager
+def disk_full(folder: Path, needed: int | None, then: str) -> Iterator[None]:
+    """A full file system (`no_space_left`) while writing into `folder` as one `DiskFull` naming the folder, the bytes
+    it needed (where known) and what to do once there is room (`then`: "run again with --resume auto: it continues
+    from step-00000100")."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as error:
+        if not no_space_left(error):
+            raise
+        free = shutil.disk_usage(folder).free if Path(folder).exists() else 0
+        need = f" needs {size_text(needed)} and" if needed else ""
+        raise DiskFull(
+            f"No space left on device: writing into {folder}{need} its file system has {size_text(free)} free. Make"
+            f" room there (or choose another folder), then {then}."
+        ) from error

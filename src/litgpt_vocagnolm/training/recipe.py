@@ -77,6 +77,7 @@ from litgpt_vocagnolm.training.distributed import (
     checkpoint_activations,
     compile_blocks,
     fused_optimizer,
+    hold_run_folder,
     mean_over_ranks,
     parallelize,
 )
@@ -233,7 +234,11 @@ def setup(
         fabric.logger.log_hyperparams(hparams)
 
     # Slurm's warning before the time limit, Ctrl-C, scancel or preemption: end the step, save it, exit.
-    with stop_signal(out_dir, announce=fabric.global_rank == 0) as stop:
+    # One run per --out_dir: a second one into it is refused (a rank 0 that died holds nothing).
+    with (
+        hold_run_folder(fabric, out_dir, "litgpt pretrain --recipe vocagnolm"),
+        stop_signal(out_dir, announce=fabric.global_rank == 0) as stop,
+    ):
         run = Run(
             out_dir=out_dir,
             tokenizer_dir=tokenizer_dir,

@@ -24,11 +24,11 @@ from litgpt_vocagnolm.data.teacher_cache import (
     shard_files,
     weights_sha256,
 )
-from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, check_writable
-from litgpt_vocagnolm.files import file_sha256, write_json
+from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, check_writable, disk_full
+from litgpt_vocagnolm.files import LOCK, file_sha256, write_json
 from litgpt_vocagnolm.models.weights import check_checkpoint_dir
 from litgpt_vocagnolm.training.checks import check_teacher_config
-from litgpt_vocagnolm.training.distributed import compile_blocks
+from litgpt_vocagnolm.training.distributed import compile_blocks, hold_run_folder
 from litgpt_vocagnolm.training.teacher import Teacher, check_precision, default_precision, teacher_token_loss
 
 
@@ -98,7 +98,7 @@ def score_teacher(
         check_cache(output, data / MANIFEST, None)  # every shard file there, at its recorded size
         print(f"{output} already holds this teacher's losses on this data: nothing to do.")
         return
-    if output.exists() and any(p.name not in ("train", "val", ".settings.json") for p in output.iterdir()):
+    if output.exists() and any(p.name not in ("train", "val", ".settings.json", LOCK) for p in output.iterdir()):
         raise InvalidArgument(f"--output {output} holds something else. Choose a new or empty directory.")
     if (output / ".settings.json").is_file():  # a killed run's: resume it only with the same settings
         check_same_settings(json.loads((output / ".settings.json").read_text()), settings, output)
@@ -106,84 +106,88 @@ def score_teacher(
     world_size = parse_devices(devices) * num_nodes
     fabric = L.Fabric(devices=devices, num_nodes=num_nodes, strategy="ddp" if world_size > 1 else "auto")
     fabric.launch()
-    if fabric.global_rank == 0:
-        output.mkdir(parents=True, exist_ok=True)
-        write_json(output / ".settings.json", settings)
-    fabric.barrier()
+    # One run per --output (rank 0 holds it); a full disk in one line, the shards written so far kept.
+    needed = 2 * sum(split["teacher_tokens"] for split in prepared.manifest["splits"].values())  # float16 losses
+    rerun = "run the same command again: it scores only the missing shards"
+    with hold_run_folder(fabric, output, "vocagnolm score-teacher"), disk_full(output, needed, rerun):
+        if fabric.global_rank == 0:
+            output.mkdir(parents=True, exist_ok=True)
+            write_json(output / ".settings.json", settings)
+        fabric.barrier()
 
-    model = Teacher(teacher, mode="online", precision=precision).load(fabric)
-    width = padded_window(prepared.manifest, model.max_seq_length)
-    if compiles_by_default(fabric.device) if compile is None else compile:
-        compile_blocks(model)
-    manifest = prepared.manifest
-    for split in ("train", "val"):
-        check_split(data, split, manifest)
-        # The block count of the manifest, not `len()` of a LitData dataset, which is a rank's share under DDP.
-        num_blocks = manifest["splits"][split]["blocks"]
-        shards = range(fabric.global_rank, -(-num_blocks // blocks_per_shard), fabric.world_size)
-        todo = [s for s in shards if not shard_files(output, split, s)[0].is_file()]
-        (output / split).mkdir(parents=True, exist_ok=True)
-        windows = TeacherWindows(data, split, width)
-        batches = [
-            (shard, start, min(start + batch_size, end))
-            for shard in todo
-            for end in [min((shard + 1) * blocks_per_shard, num_blocks)]
-            for start in range(shard * blocks_per_shard, end, batch_size)
-        ]  # (shard, first block, end block) of each forward, in order
-        loader = DataLoader(
-            windows,
-            batch_sampler=[range(start, end) for _, start, end in batches],
-            collate_fn=functools.partial(collate_windows, batch_size=batch_size),
-            num_workers=num_workers,
-            pin_memory=fabric.device.type == "cuda",
-        )
-        with ShardWriter(output, split, blocks_per_shard, num_blocks) as writer:
-            bar = tqdm(
-                total=len(batches),
-                desc=f"{split} (rank {fabric.global_rank})",
-                unit="batch",
-                disable=fabric.global_rank != 0,
-            )
-            tokens, t0 = 0, time.perf_counter()
-            for (shard, start, end), (ids, lengths) in zip(batches, loader, strict=True):
-                ids = ids.to(fabric.device, non_blocking=True)  # (batch_size, M)
-                valid = torch.arange(ids.shape[1]) < lengths[:, None]  # (batch_size, M), built on the host
-                valid = valid.to(fabric.device, non_blocking=True)
-                with torch.no_grad():
-                    loss = teacher_token_loss(model, ids, valid).half()  # (batch_size, M)
-                writer.put(shard, start, end, to_host(loss), lengths)
-                tokens += int(lengths.sum())
-                bar.update()
-                bar.set_postfix(tokens_per_sec=f"{tokens / (time.perf_counter() - t0):,.0f}", refresh=False)
-            bar.close()
-    fabric.barrier()
-
-    if fabric.global_rank == 0:
-        counts = {}
+        model = Teacher(teacher, mode="online", precision=precision).load(fabric)
+        width = padded_window(prepared.manifest, model.max_seq_length)
+        if compiles_by_default(fabric.device) if compile is None else compile:
+            compile_blocks(model)
+        manifest = prepared.manifest
         for split in ("train", "val"):
+            check_split(data, split, manifest)
+            # The block count of the manifest, not `len()` of a LitData dataset, which is a rank's share under DDP.
             num_blocks = manifest["splits"][split]["blocks"]
-            files = sorted((output / split).glob("*.npy"))
-            teacher_tokens = manifest["splits"][split]["teacher_tokens"]
-            size = sum(f.stat().st_size for f in files)
-            counts[split] = {
-                "blocks": num_blocks,
-                "teacher_tokens": teacher_tokens,
-                "bytes": size,
-                "bytes_per_teacher_token": size / max(teacher_tokens, 1),
-            }
-        files = {}  # every shard's checksums, from the rank that scored it
-        for split, c in counts.items():
-            for shard in range(-(-c["blocks"] // blocks_per_shard)):
-                files.update(json.loads(checksum_file(output, split, shard).read_text()))
-        cache_manifest = {**settings, "splits": counts, "files": files}
-        write_json(output / CACHE_MANIFEST, cache_manifest)
-        (output / ".settings.json").unlink()
-        for split, c in counts.items():
-            print(
-                f"{split}: {c['blocks']:,} blocks, {c['teacher_tokens']:,} teacher tokens,"
-                f" {c['bytes_per_teacher_token']:.3f} bytes per teacher token on disk"
+            shards = range(fabric.global_rank, -(-num_blocks // blocks_per_shard), fabric.world_size)
+            todo = [s for s in shards if not shard_files(output, split, s)[0].is_file()]
+            (output / split).mkdir(parents=True, exist_ok=True)
+            windows = TeacherWindows(data, split, width)
+            batches = [
+                (shard, start, min(start + batch_size, end))
+                for shard in todo
+                for end in [min((shard + 1) * blocks_per_shard, num_blocks)]
+                for start in range(shard * blocks_per_shard, end, batch_size)
+            ]  # (shard, first block, end block) of each forward, in order
+            loader = DataLoader(
+                windows,
+                batch_sampler=[range(start, end) for _, start, end in batches],
+                collate_fn=functools.partial(collate_windows, batch_size=batch_size),
+                num_workers=num_workers,
+                pin_memory=fabric.device.type == "cuda",
             )
-        print(f"Wrote {output / CACHE_MANIFEST}. Train with --teacher.cache {output}")
+            with ShardWriter(output, split, blocks_per_shard, num_blocks) as writer:
+                bar = tqdm(
+                    total=len(batches),
+                    desc=f"{split} (rank {fabric.global_rank})",
+                    unit="batch",
+                    disable=fabric.global_rank != 0,
+                )
+                tokens, t0 = 0, time.perf_counter()
+                for (shard, start, end), (ids, lengths) in zip(batches, loader, strict=True):
+                    ids = ids.to(fabric.device, non_blocking=True)  # (batch_size, M)
+                    valid = torch.arange(ids.shape[1]) < lengths[:, None]  # (batch_size, M), built on the host
+                    valid = valid.to(fabric.device, non_blocking=True)
+                    with torch.no_grad():
+                        loss = teacher_token_loss(model, ids, valid).half()  # (batch_size, M)
+                    writer.put(shard, start, end, to_host(loss), lengths)
+                    tokens += int(lengths.sum())
+                    bar.update()
+                    bar.set_postfix(tokens_per_sec=f"{tokens / (time.perf_counter() - t0):,.0f}", refresh=False)
+                bar.close()
+        fabric.barrier()
+
+        if fabric.global_rank == 0:
+            counts = {}
+            for split in ("train", "val"):
+                num_blocks = manifest["splits"][split]["blocks"]
+                files = sorted((output / split).glob("*.npy"))
+                teacher_tokens = manifest["splits"][split]["teacher_tokens"]
+                size = sum(f.stat().st_size for f in files)
+                counts[split] = {
+                    "blocks": num_blocks,
+                    "teacher_tokens": teacher_tokens,
+                    "bytes": size,
+                    "bytes_per_teacher_token": size / max(teacher_tokens, 1),
+                }
+            files = {}  # every shard's checksums, from the rank that scored it
+            for split, c in counts.items():
+                for shard in range(-(-c["blocks"] // blocks_per_shard)):
+                    files.update(json.loads(checksum_file(output, split, shard).read_text()))
+            cache_manifest = {**settings, "splits": counts, "files": files}
+            write_json(output / CACHE_MANIFEST, cache_manifest)
+            (output / ".settings.json").unlink()
+            for split, c in counts.items():
+                print(
+                    f"{split}: {c['blocks']:,} blocks, {c['teacher_tokens']:,} teacher tokens,"
+                    f" {c['bytes_per_teacher_token']:.3f} bytes per teacher token on disk"
+                )
+            print(f"Wrote {output / CACHE_MANIFEST}. Train with --teacher.cache {output}")
 
 
 def usable_batch_size(batch_size: int, blocks_per_shard: int, manifest: dict) -> int:
