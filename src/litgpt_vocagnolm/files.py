@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
-from litgpt_vocagnolm.errors import FolderInUse
+from litgpt_vocagnolm.errors import FolderInUse, disk_full
 
 LOCK = ".vocagnolm.lock"  # in a folder a command writes into: who holds it, under an OS lock
 NO_LOCK_ENV = (
@@ -193,8 +193,9 @@ def hold_folder(folder: Path, command: str) -> Iterator[None]:
             raise FolderInUse(f"{folder} was taken by another command while this job took it back: run again.")
     HELD.add(folder)
     try:
-        os.write(fd, json.dumps(holder_record(command)).encode())
-        os.fsync(fd)
+        with disk_full(folder, None, "run the command again"):
+            os.write(fd, json.dumps(holder_record(command)).encode())
+            os.fsync(fd)
         yield
     finally:
         HELD.discard(folder)

@@ -274,22 +274,13 @@ class Checkpointer:
         counters = {"iter_num": state["iter_num"], "step_count": state["step_count"]}
         loader = _unwrap_objects(state.get("train_dataloader"))  # a LitGPT data module's own stateful loader
         loaders = self._gather(loader.state_dict()) if loader is not None else None
-        if fabric.global_rank == 0:
-            train_state = {**counters, "position": state["position"], "world_size": fabric.world_size}
-            if loaders is not None:
-                train_state["train_dataloader"] = loaders
-            (partial_dir / TRAIN_STATE).write_text(json.dumps(train_state, indent=1))
-            with open(partial_dir / "hyperparameters.yaml", "w", encoding="utf-8") as f:
-                f.writelines(f"# {line}\n" for line in self.history)
-                yaml.safe_dump(self.hparams, f, sort_keys=False)
-            if self.tokenizer_dir is not None:
-                copy_config_files(self.tokenizer_dir, partial_dir)
-            save_config(model.config, partial_dir)
         shards = {"model": model_state, "optimizer": optimizer_state}
         # As many files per rank as threads write them: they are hashed in parallel too (`file_checksums`).
         writer = dcp.FileSystemWriter(partial_dir, thread_count=WRITE_THREADS)
         t0 = time.perf_counter()
         with self._writing(partial_dir, needed):
+            if fabric.global_rank == 0:
+                self._write_state(partial_dir, counters, loaders, model.config)
             if blocking:
                 dcp.save(shards, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
                 future: Future = Future()
@@ -303,6 +294,19 @@ class Checkpointer:
             self.finish(report=True)
             fabric.print(f"  saved in {time.perf_counter() - t0:.2f} s")
         return checkpoint_dir
+
+    def _write_state(self, partial_dir: Path, counters: dict, loaders: list | None, config: Any) -> None:
+        """Rank 0's files of a checkpoint besides the shards: train state, hyperparameters, tokenizer, config."""
+        train_state = {**counters, "position": self.state["position"], "world_size": self.fabric.world_size}
+        if loaders is not None:
+            train_state["train_dataloader"] = loaders
+        (partial_dir / TRAIN_STATE).write_text(json.dumps(train_state, indent=1))
+        with open(partial_dir / "hyperparameters.yaml", "w", encoding="utf-8") as f:
+            f.writelines(f"# {line}\n" for line in self.history)
+            yaml.safe_dump(self.hparams, f, sort_keys=False)
+        if self.tokenizer_dir is not None:
+            copy_config_files(self.tokenizer_dir, partial_dir)
+        save_config(config, partial_dir)
 
     def _check_free_space(self, checkpoint_dir: Path, needed: int) -> int:
         """Refuses, on every rank and before anything is written, a save that the file system of `out_dir` (shared by

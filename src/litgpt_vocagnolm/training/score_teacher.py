@@ -109,7 +109,7 @@ def score_teacher(
     # One run per --output (rank 0 holds it); a full disk in one line, the shards written so far kept.
     needed = 2 * sum(split["teacher_tokens"] for split in prepared.manifest["splits"].values())  # float16 losses
     rerun = "run the same command again: it scores only the missing shards"
-    with hold_run_folder(fabric, output, "vocagnolm score-teacher"), disk_full(output, needed, rerun):
+    with disk_full(output, needed, rerun), hold_run_folder(fabric, output, "vocagnolm score-teacher"):
         if fabric.global_rank == 0:
             output.mkdir(parents=True, exist_ok=True)
             write_json(output / ".settings.json", settings)
