@@ -89,7 +89,7 @@ def test_a_full_disk_at_each_save_and_at_export_says_so_and_damages_nothing(smal
     leave_free(small_disk, 3 * weights)  # before the first step, AdamW's moments are counted too
     state = {"model": model, "optimizer": torch.optim.AdamW(model.parameters()), "iter_num": 0, "step_count": 0}
     with pytest.raises(DiskFull, match=r"^Saving .*final needs .*: make room there .*, then run again with --resume"):
-        Checkpointer(fabric, state | {"position": 0}, out_dir, TINYLLAMA, hparams={})
+        Checkpointer(fabric, state | {"position": 0}, out_dir, TINYLLAMA, hparams={}).check_room()
 
     (small_disk / "filler").unlink()
     tokens = torch.randint(0, 32000, (1, 8))

@@ -237,12 +237,14 @@ class Checkpointer:
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.group = torch.distributed.new_group(backend="gloo") if distributed else None
         self.pending: tuple[Future, Path, Path, dict | None, int] | None = None  # and .partial- dir, dir, export, bytes
-        model_state, optimizer_state = get_state_dict(
-            _unwrap_objects(state["model"]), _unwrap_objects(state["optimizer"])
-        )
-        # At start, before the first step has made AdamW's moments: room for them (twice the weights) and lit_model.pth.
-        first = tensor_bytes(model_state) * 2 + (tensor_bytes(optimizer_state) or 2 * tensor_bytes(model_state))
-        self._check_free_space(out_dir / "final", first)
+
+    def check_room(self) -> None:
+        """Refuses, at the start of a run, an `out_dir` without room for its final checkpoint: the shards, AdamW's two
+        moments (twice the weights, before the first step has made them) and lit_model.pth."""
+        model, optimizer = _unwrap_objects(self.state["model"]), _unwrap_objects(self.state["optimizer"])
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        weights = tensor_bytes(model_state)
+        self._check_free_space(self.out_dir / "final", 2 * weights + (tensor_bytes(optimizer_state) or 2 * weights))
 
     def save(self, step: int, blocking: bool = True) -> Path:
         """Saves the state of step `step` in `out_dir/step-<step>` (returned), in the background unless `blocking`."""

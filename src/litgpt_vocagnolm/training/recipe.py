@@ -352,6 +352,7 @@ def main(
     if stateful:  # the checkpoint keeps every rank's loader state
         state["train_dataloader"] = train_dataloader
     run.checkpointer = Checkpointer(fabric, state, out_dir, tokenizer_dir, run.hparams, run.history)
+    run.checkpointer.check_room()  # before the first step, not at the first save
     if resume:
         fabric.print(f"Resuming training from {resume} after {position:,} blocks")
         run.checkpointer.load(resume)  # resharded for this run's number of processes
