@@ -107,7 +107,7 @@ def test_a_second_run_and_a_second_export_are_refused_and_a_killed_runs_folder_i
     verify_checkpoint(out_dir / "final")
 
     exported, log = tmp_path / "exported", tmp_path / "export.log"
-    command = [str(BIN / "vocagnolm"), "export", "--checkpoint_dir", str(out_dir / "final"), "--out_dir", str(exported)]
+    command = [str(BIN / "vocagnolm"), "export", str(out_dir / "final"), str(exported)]
     first = start_holding(command, exported, log)
     try:
         with pytest.raises(FolderInUse, match=re.escape(refusal(exported.absolute(), "vocagnolm export", first.pid))):

@@ -184,7 +184,8 @@ def hold_folder(folder: Path, command: str) -> Iterator[None]:
         holder = read_holder(lock)
         if not earlier_attempt(holder):
             raise FolderInUse(
-                f"{folder} is in use by {holder_text(holder)}: wait for it to end, or choose another folder."
+                f"{folder} is in use by {holder_text(holder)}: wait for it to end, or choose another folder. (If it"
+                f" died with a lost node, its lock lasts until the file server notices; delete {lock} to go on now.)"
             )
         print(f"Taking {folder} back from this job's earlier attempt (restart {holder['slurm_restart_count']}).")
         lock.unlink(missing_ok=True)  # its lock stays with the old file; new commands find the new one
