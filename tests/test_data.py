@@ -620,6 +620,26 @@ def test_run_interrupted_while_publishing_is_finished_by_the_next(prepared, corp
     _assert_same_blocks(all_blocks(output), all_blocks(prepared))
 
 
+def test_a_split_whose_shards_another_run_replaced_is_written_again(prepared, corpus, tmp_path, monkeypatch):
+    """Two runs into one folder (before folders were locked) left a split recorded as finished whose index the other
+    run had deleted; the next run died on the missing index.json. A split counts as finished only with the index it
+    recorded."""
+    output = tmp_path / "out"
+    kwargs = prepare_args(corpus[0], output)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(prepare_module, "build_manifest", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            prepare(**kwargs)
+    (output / "val" / "index.json").unlink()  # what the other run's start left of the published val split
+    prepare(**kwargs)
+    assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "train", "val"]
+    _assert_same_blocks(all_blocks(output), all_blocks(prepared))
+
+
 def _assert_same_blocks(got, expected):
     for split in expected:
         assert len(got[split]) == len(expected[split])

@@ -5,10 +5,20 @@ with status 1, without a traceback (`--debug` or VOCAGNOLM_DEBUG=1 shows it); ev
 its traceback. Each kind is also the built-in exception a caller of the Python API would catch.
 """
 
+import errno
 import os
+import re
+import shutil
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+# A full disk in a library's words: LitData's workers report the error as text.
+FULL_WORDS = r"No space left on device|Disk quota exceeded"
+# A short write, as numpy's `tofile` and torch's zip writer report one: a full disk, where the disk is (nearly) full.
+SHORT_WRITE = r"\d+ requested and \d+ written|unexpected pos \d+ vs \d+"
+NEARLY_FULL_BYTES = 1 << 20
 
 
 class UserError(Exception):
@@ -37,6 +47,10 @@ class NotFinite(UserError, RuntimeError):
 
 class Unguided(UserError, RuntimeError):
     """A training step the teacher guides (almost) nothing of: too few of its tokens mapped, or none trained."""
+
+
+class FolderInUse(UserError, BlockingIOError):
+    """A folder another command is writing into (`files.hold_folder`), or one whose file system can't lock it."""
 
 
 def at_least(flag: str, value: float, minimum: float) -> None:
@@ -90,3 +104,60 @@ def given_by(flag: str, fix: str) -> Iterator[None]:
     except (ValueError, TypeError, OSError, RuntimeError, KeyError, AttributeError, ImportError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise InvalidArgument(f"{flag}: {reason}. {fix}") from error
+
+
+def no_space_left(error: BaseException, disk_is_full: bool = False) -> bool:
+    """Whether `error` is a full file system (ENOSPC, or a user's quota spent: EDQUOT): itself, its cause or context, a
+    per-rank failure that torch.distributed.checkpoint's `CheckpointException` wraps (`failures`: rank -> exception, or
+    (exception, traceback)), or a library's error that says so only in words (`FULL_WORDS`; a short write,
+    `SHORT_WRITE`, where `disk_is_full`)."""
+    seen, todo = set(), [error]
+    while todo:
+        error = todo.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or re.search(FULL_WORDS, str(error)):
+            return True
+        if disk_is_full and re.search(SHORT_WRITE, str(error)):
+            return True
+        failures = getattr(error, "failures", None)
+        wrapped = failures.values() if isinstance(failures, dict) else ()
+        todo += [f[0] if isinstance(f, tuple) else f for f in wrapped] + [error.__cause__, error.__context__]
+    return False
+
+
+def size_text(num_bytes: float) -> str:
+    """2.40 GB, 61.2 MB."""
+    return f"{num_bytes / 1e9:.2f} GB" if num_bytes >= 1e8 else f"{num_bytes / 1e6:.1f} MB"
+
+
+@contextmanager
+def disk_full(folder: Path, needed: int | None, then: str) -> Iterator[None]:
+    """A full file system (`no_space_left`) while writing into `folder` as one `DiskFull` naming the folder, the bytes
+    it needed (where known) and what to do once there is room (`then`: "run again with --resume auto: it continues
+    from step-00000100")."""
+    thread_hook = threading.excepthook
+
+    def quiet(args: threading.ExceptHookArgs) -> None:  # a writer thread's full disk: the one line below says it
+        if not no_space_left(args.exc_value, disk_is_full=True):
+            thread_hook(args)
+
+    threading.excepthook = quiet
+    try:
+        yield
+    except UserError:
+        raise
+    except BaseException as error:  # torch.distributed.checkpoint's CheckpointException is a BaseException
+        if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            raise
+        free = shutil.disk_usage(folder).free if Path(folder).exists() else 0
+        if not no_space_left(error, disk_is_full=free < NEARLY_FULL_BYTES):
+            raise
+        need = f" needs {size_text(needed)} and" if needed else ""
+        raise DiskFull(
+            f"No space left on device: writing into {folder}{need} its file system has {size_text(free)} free. Make"
+            f" room there (or choose another folder), then {then}."
+        ) from error
+    finally:
+        threading.excepthook = thread_hook

@@ -6,10 +6,15 @@ windows (packing.py), written by `litdata.optimize` over work units (documents.p
 then OUTPUT/manifest.json with the format version, the tokenizers' hashes, the settings and the counts
 (docs/design.md, "Prepared data"). Each unit ends in one padded block (at most about 0.4% padding).
 
-Resumable: an unfinished run works in OUTPUT/.partial and each finished split is recorded there; a run with the same
-settings finishes the work, a run with other settings is refused, and the data appears (split by split, the manifest
-last) only once complete. The settings hold each input file's size and content hash (`files.file_fingerprint`), so an
-edited file is seen. Ctrl-C stops the workers and exits 130 (cli.py), leaving .partial to the next run.
+Resumable: an unfinished run works in OUTPUT/.partial and each finished split is recorded there (with its index's
+hash); a run with the same settings finishes the work, a run with other settings is refused, and the data appears
+(split by split, the manifest last) only once complete. The settings hold each input file's size and content hash
+(`files.file_fingerprint`), so an edited file is seen. Ctrl-C stops the workers and exits 130 (cli.py), leaving
+.partial to the next run. OUTPUT is held for the run (`files.hold_folder`): a second `prepare` into it is refused; a
+full disk ends in one line (`errors.disk_full`) and the next run keeps the finished splits.
+
+Stages: the checks (`check_numbers`, `find_inputs`), the run's start (`start_run`), its splits (`write_splits`), the
+publishing (`publish`), the summary (`print_summary`).
 """
 
 import dataclasses
@@ -20,7 +25,7 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import numpy as np
 from litdata import optimize
@@ -49,10 +54,10 @@ from litgpt_vocagnolm.data.documents import (
 )
 from litgpt_vocagnolm.data.dry_run import Packing, format_dry_run, measure_prepare
 from litgpt_vocagnolm.data.packing import BlockDtypes, aligned_streams, pack_blocks
-from litgpt_vocagnolm.data.prepared import FORMAT, MANIFEST, PARTIAL, SPLITS
+from litgpt_vocagnolm.data.prepared import FORMAT, MANIFEST, PARTIAL, SPLITS, output_progress
 from litgpt_vocagnolm.data.workers import START_METHOD, optimize_environment
-from litgpt_vocagnolm.errors import InvalidArgument, PathTaken, at_least, check_writable
-from litgpt_vocagnolm.files import file_fingerprint, file_sha256, write_json
+from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_writable, disk_full
+from litgpt_vocagnolm.files import file_fingerprint, file_sha256, hold_folder, write_json
 
 LITDATA_CHUNK_BYTES = "64MB"  # LitData's chunk (file) size; each worker holds one in memory while it fills it
 RATIO_SAMPLE_CHARS = 1 << 16  # text encoded up front to measure the teacher/student token ratio
@@ -86,7 +91,9 @@ def unit_blocks(unit: Unit, job: UnitJob) -> Iterator[dict[str, Any]]:
 
 
 def read_stats(path: Path) -> Stats:
+    """A unit's or a split's counts (a split's record also holds its index's hash: `split_finished`)."""
     data = json.loads(path.read_text(encoding="utf-8"))
+    data.pop("index_sha256", None)
     return Stats(**{**data, "skipped_files": [tuple(f) for f in data["skipped_files"]]})
 
 
@@ -127,69 +134,6 @@ def split_stats(units: list[Unit], stats_dir: Path) -> Optional[Stats]:
     """The sum of the units' Stats, or None if some unit did not finish."""
     files = sorted(stats_dir.glob("unit-*.json"))
     return sum(map(read_stats, files), Stats()) if len(files) == len(units) else None
-
-
-def _differences(recorded: dict, settings: dict) -> str:
-    def show(value: Any) -> str:
-        text = json.dumps(value)
-        return text if len(text) <= 60 else "..."
-
-    keys = [key for key in settings if recorded.get(key) != settings[key]]
-    return "; ".join(
-        _changed_files(key, recorded.get(key) or [], settings[key])
-        if key in ("input", "val_input")
-        else f"{key}: {show(recorded.get(key))} there, {show(settings[key])} now"
-        for key in keys
-    )
-
-
-def _changed_files(key: str, recorded: list, now: list[dict]) -> str:
-    """Which --input (or --val_input) files differ from those recorded (`files.file_fingerprint`), and how."""
-    before = {(r["path"] if isinstance(r, dict) else r[0]): r for r in recorded}  # older versions: [path, size]
-    changes = [f"{r['path']} is new" for r in now if r["path"] not in before]
-    changes += [f"{path} is gone" for path in before.keys() - {r["path"] for r in now}]
-    for new in now:
-        old = before.get(new["path"], new)
-        if isinstance(old, list):
-            changes.append(f"{new['path']} was recorded without its content hash (by an older version)")
-        elif old != new:
-            fields = sorted(field for field in old.keys() | new.keys() if old.get(field) != new.get(field))
-            changes.append(f"{new['path']} changed ({', '.join(fields)})")
-    more = f"; and {len(changes) - 3} more" if len(changes) > 3 else ""
-    return f"--{key}: " + ("; ".join(changes[:3]) + more if changes else "the same files in another order")
-
-
-def output_progress(output: Path, settings: dict) -> Literal["new", "done", "resume"]:
-    """What `--output` holds: nothing, this very dataset, or an unfinished run of it. Refuses anything else."""
-    if output.exists() and not output.is_dir():
-        raise PathTaken(f"--output {output} is a file; give a directory.")
-    entries = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
-    if not entries:
-        return "new"
-    if MANIFEST in entries:
-        recorded = json.loads((output / MANIFEST).read_text(encoding="utf-8"))["settings"]
-        if recorded == settings:
-            return "done"
-        raise PathTaken(
-            f"--output {output} holds data prepared with other settings ({_differences(recorded, settings)})."
-            f" Give another --output, or delete {output} to prepare it again."
-        )
-    if PARTIAL in entries and set(entries) <= {PARTIAL, *SPLITS}:
-        settings_file = output / PARTIAL / "settings.json"
-        recorded = json.loads(settings_file.read_text(encoding="utf-8"))["settings"] if settings_file.is_file() else {}
-        if recorded == settings:
-            return "resume"
-        if not any((output / PARTIAL / f"{split}.json").is_file() for split in SPLITS):
-            return "new"  # an unfinished run that finished no split (it failed, or was killed early): start over
-        raise PathTaken(
-            f"--output {output} holds an unfinished `vocagnolm prepare` with other settings"
-            f" ({_differences(recorded, settings)}). Re-run that command to finish it, give another --output, or"
-            f" delete {output}."
-        )
-    raise PathTaken(
-        f"--output {output} is not empty and holds no prepared data (it has: {', '.join(entries[:5])}"
-        f"{', ...' if len(entries) > 5 else ''}). Give a new or empty directory."
-    )
 
 
 def measure_token_ratio(units: list[Unit], keys: list[str], student: TokenizerInfo, teacher: TokenizerInfo) -> float:
@@ -303,23 +247,93 @@ def prepare(
             whole input will take (hours at --num_workers, tokens, passes 15B tokens make, disk for the shards and
             the teacher loss cache).
     """
-    # Every check before any work.
+    val_fraction = check_numbers(max_seq_length, teacher_max_length, num_workers, val_fraction, bool(val_input))
+    if not dry_run:
+        check_writable(output, "--output")
+    inputs = find_inputs(input, val_input, parse_text_key(text_key), student, teacher)
+    if teacher_max_length is not None:
+        teacher_max_length = usable_teacher_max_length(teacher_max_length, max_seq_length + 1, inputs.student_file)
+    num_workers = num_workers or os.cpu_count() or 1
+    if dry_run:
+        return print_dry_run(inputs, max_seq_length, teacher_max_length, val_fraction, num_workers, teacher)
+    settings = recorded_settings(inputs, max_seq_length, teacher_max_length, val_fraction)
+    output = Path(output)
+    rerun = f"run the same command again: it keeps what {output / PARTIAL} holds of the finished splits"
+    with disk_full(output, None, rerun), hold_folder(output, "vocagnolm prepare"):
+        progress = output_progress(output, settings)
+        if progress == "done":
+            print(f"{output} already holds this data, prepared with the same settings: nothing to do.")
+            return
+        run = start_run(output, settings, inputs, progress == "resume", num_workers)
+        write_splits(run)
+        manifest = publish(run)
+    print_summary(output, manifest)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The files `prepare` reads, found and checked before any work (`find_inputs`)."""
+
+    files: list[Path]
+    skipped: list[tuple[str, str]]
+    val_files: list[Path]
+    val_skipped: list[tuple[str, str]]
+    separate_val: bool
+    """--val_input was given: the val split is its files, not a share of --input."""
+    keys: list[str]
+    student_file: Path
+    teacher_file: Path
+
+
+@dataclass
+class Run:
+    """One `prepare` into OUTPUT/.partial (`start_run`): what its splits are written with (`write_splits`)."""
+
+    output: Path
+    settings: dict
+    derived: dict
+    inputs: Inputs
+    units: dict[str, list[Unit]]
+    job: UnitJob
+    num_workers: int
+
+    @property
+    def partial(self) -> Path:
+        return self.output / PARTIAL
+
+
+def check_numbers(
+    max_seq_length: int,
+    teacher_max_length: Optional[int],
+    num_workers: Optional[int],
+    val_fraction: Optional[float],
+    separate_val: bool,
+) -> Optional[float]:
+    """Refuses a number out of range; returns the val fraction (its default without --val_input, else None)."""
     at_least("--max_seq_length", max_seq_length, 1)
     if teacher_max_length is not None:
         at_least("--teacher_max_length", teacher_max_length, 1)
     if num_workers is not None:
         at_least("--num_workers", num_workers, 1)
-    if val_input and val_fraction is not None:
+    if separate_val and val_fraction is not None:
         raise InvalidArgument("Give --val_fraction or --val_input, not both.")
-    if not val_input:
-        val_fraction = 0.01 if val_fraction is None else val_fraction
-        if not 0 < val_fraction < 1:
-            raise InvalidArgument(f"--val_fraction must lie between 0 and 1, got {val_fraction}.")
-    if not dry_run:
-        check_writable(output, "--output")
-    num_workers = num_workers or os.cpu_count() or 1
-    keys = parse_text_key(text_key)
-    files, skipped_files = find_input_files(input, "--input")
+    if separate_val:
+        return None
+    val_fraction = 0.01 if val_fraction is None else val_fraction
+    if not 0 < val_fraction < 1:
+        raise InvalidArgument(f"--val_fraction must lie between 0 and 1, got {val_fraction}.")
+    return val_fraction
+
+
+def find_inputs(
+    input: Union[list[Path], Path],
+    val_input: Optional[Union[list[Path], Path]],
+    keys: list[str],
+    student: Path,
+    teacher: Path,
+) -> Inputs:
+    """The input files (each checked to hold `keys`) and the tokenizer files; refuses a file in both splits."""
+    files, skipped = find_input_files(input, "--input")
     val_files, val_skipped = find_input_files(val_input, "--val_input") if val_input else ([], [])
     if {f.resolve() for f in files} & {f.resolve() for f in val_files}:
         raise InvalidArgument("A file is in both --input and --val_input; validation text must not be trained on.")
@@ -328,104 +342,149 @@ def prepare(
     for path in val_files:
         check_input_file(path, keys, "--val_input")
     student_file, teacher_file = find_tokenizer_file(student), find_tokenizer_file(teacher)
-    if teacher_max_length is not None:
-        teacher_max_length = usable_teacher_max_length(teacher_max_length, max_seq_length + 1, student_file)
-    if dry_run:
-        student_info, teacher_info = tokenizer_info(student_file), tokenizer_info(teacher_file)
-        units, block_tokens = plan_units(files), max_seq_length + 1
-        derived = block_settings(units, keys, student_info, teacher_info, block_tokens, teacher_max_length)
-        dtypes, cap = BlockDtypes(**derived["dtypes"]), derived["teacher_max_length"]
-        packing = Packing(student_info, teacher_info, block_tokens, cap, dtypes)
-        figures = measure_prepare(
-            files, keys, packing, val_fraction=val_fraction, num_workers=num_workers, teacher_dir=teacher
-        )
-        print(format_dry_run(figures))
-        return
-    settings = {
+    return Inputs(files, skipped, val_files, val_skipped, bool(val_input), keys, student_file, teacher_file)
+
+
+def print_dry_run(
+    inputs: Inputs,
+    max_seq_length: int,
+    teacher_max_length: Optional[int],
+    val_fraction: Optional[float],
+    num_workers: int,
+    teacher: Path,
+) -> None:
+    """`--dry_run`: prepares the input's start in this process, times it, and prints what the whole will take."""
+    student_info, teacher_info = tokenizer_info(inputs.student_file), tokenizer_info(inputs.teacher_file)
+    units, block_tokens = plan_units(inputs.files), max_seq_length + 1
+    derived = block_settings(units, inputs.keys, student_info, teacher_info, block_tokens, teacher_max_length)
+    dtypes, cap = BlockDtypes(**derived["dtypes"]), derived["teacher_max_length"]
+    packing = Packing(student_info, teacher_info, block_tokens, cap, dtypes)
+    figures = measure_prepare(
+        inputs.files, inputs.keys, packing, val_fraction=val_fraction, num_workers=num_workers, teacher_dir=teacher
+    )
+    print(format_dry_run(figures))
+
+
+def recorded_settings(
+    inputs: Inputs, max_seq_length: int, teacher_max_length: Optional[int], val_fraction: Optional[float]
+) -> dict:
+    """What the output records it was prepared from: a rerun with other settings is refused (`output_progress`)."""
+    return {
         "format": FORMAT,
-        "student": {"path": str(student_file.resolve()), "sha256": tokenizer_sha256(student_file)},
-        "teacher": {"path": str(teacher_file.resolve()), "sha256": tokenizer_sha256(teacher_file)},
-        "input": [file_fingerprint(p) for p in files],
-        "val_input": [file_fingerprint(p) for p in val_files],
+        "student": {"path": str(inputs.student_file.resolve()), "sha256": tokenizer_sha256(inputs.student_file)},
+        "teacher": {"path": str(inputs.teacher_file.resolve()), "sha256": tokenizer_sha256(inputs.teacher_file)},
+        "input": [file_fingerprint(p) for p in inputs.files],
+        "val_input": [file_fingerprint(p) for p in inputs.val_files],
         "max_seq_length": max_seq_length,
         "teacher_max_length": teacher_max_length,
-        "text_key": keys,
+        "text_key": inputs.keys,
         "val_fraction": val_fraction,
     }
-    output = Path(output)
-    progress = output_progress(output, settings)
-    if progress == "done":
-        print(f"{output} already holds this data, prepared with the same settings: nothing to do.")
-        return
-    student_info, teacher_info = tokenizer_info(student_file), tokenizer_info(teacher_file)
 
-    partial = output / PARTIAL
-    block_tokens = max_seq_length + 1
-    units = {"train": plan_units(files)}
-    units["val"] = plan_units(val_files) if val_input else units["train"]
-    if progress == "resume":
+
+def start_run(output: Path, settings: dict, inputs: Inputs, resume: bool, num_workers: int) -> Run:
+    """Starts a run in OUTPUT/.partial (the teacher window and dtypes measured, then recorded), or, with `resume`,
+    reads the interrupted one's record; prints what it will write."""
+    partial, block_tokens = output / PARTIAL, settings["max_seq_length"] + 1
+    student_info, teacher_info = tokenizer_info(inputs.student_file), tokenizer_info(inputs.teacher_file)
+    units = {"train": plan_units(inputs.files)}
+    units["val"] = plan_units(inputs.val_files) if inputs.separate_val else units["train"]
+    if resume:
         derived = json.loads((partial / "settings.json").read_text(encoding="utf-8"))["derived"]
         print(f"Finishing the interrupted run in {partial}.")
     else:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-        derived = block_settings(units["train"], keys, student_info, teacher_info, block_tokens, teacher_max_length)
-        derived["val_threshold"] = None if val_input else hash_threshold(val_fraction)
+        derived = block_settings(
+            units["train"], inputs.keys, student_info, teacher_info, block_tokens, settings["teacher_max_length"]
+        )
+        derived["val_threshold"] = None if inputs.separate_val else hash_threshold(settings["val_fraction"])
         write_json(partial / "settings.json", {"settings": settings, "derived": derived})
-    cap = derived["teacher_max_length"]
+    files, skipped = inputs.files + inputs.val_files, inputs.skipped + inputs.val_skipped
     print(
-        f"{len(files) + len(val_files)} input files ({sum(p.stat().st_size for p in files + val_files) / 1e6:.1f} MB),"
-        f" {len(skipped_files) + len(val_skipped)} skipped. Blocks of {block_tokens} student tokens with teacher"
-        f" windows"
-        f" of at most {cap} tokens (measured {derived['token_ratio']:.3f} teacher tokens per student token)."
+        f"{len(files)} input files ({sum(p.stat().st_size for p in files) / 1e6:.1f} MB), {len(skipped)} skipped."
+        f" Blocks of {block_tokens} student tokens with teacher windows of at most {derived['teacher_max_length']}"
+        f" tokens (measured {derived['token_ratio']:.3f} teacher tokens per student token)."
     )
-    for path, reason in skipped_files + val_skipped:
+    for path, reason in skipped:
         print(f"  skipped {path}: {reason}")
-
     job = UnitJob(
         student=student_info,
         teacher=teacher_info,
-        keys=tuple(keys),
+        keys=tuple(inputs.keys),
         block_tokens=block_tokens,
-        teacher_max_length=cap,
+        teacher_max_length=derived["teacher_max_length"],
         dtypes=BlockDtypes(**derived["dtypes"]),
         val_threshold=derived["val_threshold"],
     )
+    return Run(output, settings, derived, inputs, units, job, num_workers)
+
+
+def write_splits(run: Run) -> None:
+    """Writes each split not yet finished (`split_finished`) into OUTPUT/.partial and records its counts there."""
     try:
         for split in SPLITS:
-            if (partial / f"{split}.json").is_file():
+            if split_finished(run.output, split):
                 print(f"The {split} split was written before the interruption.")
                 continue
-            stats = write_split(split, units[split], job, partial, num_workers)
-            if stats.documents == 0 and split == "val" and not val_input:
-                derived["val_threshold"] = smallest_hash_threshold(units["val"], keys, skipped_files, val_fraction)
-                write_json(partial / "settings.json", {"settings": settings, "derived": derived})
-                job = dataclasses.replace(job, val_threshold=derived["val_threshold"])
-                stats = write_split(split, units[split], job, partial, num_workers)
-            if stats.documents == 0 and split == "train" and not val_input:
-                raise InvalidArgument(
-                    f"The train split is empty: --val_fraction {val_fraction} put all"
-                    f" {read_stats(partial / 'val.json').documents} documents in the val split. Lower it."
-                )
-            if stats.documents == 0:
-                flag, skipped = ("--val_input", val_skipped) if split == "val" else ("--input", skipped_files)
-                raise InvalidArgument(nothing_readable(flag, skipped, stats))
-            write_json(partial / f"{split}.json", asdict(stats))
+            stats = write_checked_split(run, split)
+            index_sha256 = file_sha256(run.partial / split / "index.json")
+            write_json(run.partial / f"{split}.json", {**asdict(stats), "index_sha256": index_sha256})
     except KeyboardInterrupt:
-        print(f"Interrupted. The finished splits are kept in {partial}: run the same command again to finish.")
+        print(f"Interrupted. The finished splits are kept in {run.partial}: run the same command again to finish.")
         raise
-    stats = {split: read_stats(partial / f"{split}.json") for split in SPLITS}
 
-    # Publish: each rename is atomic, and the manifest comes last; a run killed in between is finished by the next.
+
+def write_checked_split(run: Run, split: str) -> Stats:
+    """Writes `split` (`write_split`); an empty val split is written again with the document of the smallest hash;
+    an empty split is refused, saying why."""
+    inputs, val_fraction = run.inputs, run.settings["val_fraction"]
+    stats = write_split(split, run.units[split], run.job, run.partial, run.num_workers)
+    if stats.documents == 0 and split == "val" and not inputs.separate_val:
+        run.derived["val_threshold"] = smallest_hash_threshold(
+            run.units["val"], inputs.keys, inputs.skipped, val_fraction
+        )
+        write_json(run.partial / "settings.json", {"settings": run.settings, "derived": run.derived})
+        run.job = dataclasses.replace(run.job, val_threshold=run.derived["val_threshold"])
+        stats = write_split(split, run.units[split], run.job, run.partial, run.num_workers)
+    if stats.documents == 0 and split == "train" and not inputs.separate_val:
+        raise InvalidArgument(
+            f"The train split is empty: --val_fraction {val_fraction} put all"
+            f" {read_stats(run.partial / 'val.json').documents} documents in the val split. Lower it."
+        )
+    if stats.documents == 0:
+        flag, skipped = ("--val_input", inputs.val_skipped) if split == "val" else ("--input", inputs.skipped)
+        raise InvalidArgument(nothing_readable(flag, skipped, stats))
+    return stats
+
+
+def split_finished(output: Path, split: str) -> bool:
+    """Whether a split was written whole: its counts recorded in OUTPUT/.partial with the hash of the index it wrote,
+    and that index (in .partial, or published) unchanged. A split whose shards another run replaced or deleted (two
+    runs at once, before folders were locked) is written again, not published without its index."""
+    record, folder = output / PARTIAL / f"{split}.json", output / PARTIAL / split
+    index = (folder if folder.exists() else output / split) / "index.json"
+    if not record.is_file() or not index.is_file():
+        return False
+    return json.loads(record.read_text(encoding="utf-8")).get("index_sha256") == file_sha256(index)
+
+
+def publish(run: Run) -> dict:
+    """Moves the splits out of OUTPUT/.partial, then writes the manifest: each rename is atomic and the manifest comes
+    last, so a run killed in between is finished by the next. Returns the manifest."""
+    output, partial, inputs = run.output, run.partial, run.inputs
+    stats = {split: read_stats(partial / f"{split}.json") for split in SPLITS}
     for split in SPLITS:
         if (partial / split).exists():
+            shutil.rmtree(output / split, ignore_errors=True)  # an older copy (two runs at once, before locks)
             os.replace(partial / split, output / split)
-    skipped = skipped_files + val_skipped
-    manifest = build_manifest(output, settings, derived, student_info, teacher_info, stats, skipped, bool(val_input))
+    student, teacher = run.job.student, run.job.teacher
+    skipped = inputs.skipped + inputs.val_skipped
+    manifest = build_manifest(output, run.settings, run.derived, student, teacher, stats, skipped, inputs.separate_val)
     write_json(partial / MANIFEST, manifest)
     os.replace(partial / MANIFEST, output / MANIFEST)
     shutil.rmtree(partial)
-    print_summary(output, manifest)
+    return manifest
 
 
 def build_manifest(

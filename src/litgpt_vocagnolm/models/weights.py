@@ -1,7 +1,8 @@
 """LitGPT checkpoint directories: checking them before any model is built, their weights' checksums and
 fingerprint, loading their weights.
 
-Every weight file is read with `torch.load(weights_only=True)` (`read_weights`): a weight file is data, and unpickling
+Every weight file is read with `torch.load(weights_only=True)` (`read_weights`; a sharded training checkpoint's with
+`SafeReader` and `SafePlanner`): a weight file is data, and unpickling
 it without that restriction (as LitGPT's `load_checkpoint` and Lightning's `_lazy_load` do) would run whatever code a
 crafted file holds.
 """
@@ -14,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 import yaml
 from litgpt.config import Config
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from litgpt_vocagnolm.alignment.tokenizer_files import TOKENIZER_FILES, load_tokenizer
@@ -29,6 +33,54 @@ CHECKSUMS = "checksums.json"
 
 class UnreadableCheckpoint(InvalidArgument):
     """A weight file that can't be loaded safely: truncated, corrupt, or holding more than tensors and plain data."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's `.metadata` is a pickle that `FileSystemReader` loads without restriction: here only the classes a
+    checkpoint's index holds (DCP's metadata dataclasses, paths, sizes, dtypes) may be built."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (
+            module == "torch.distributed.checkpoint.metadata"
+            or (module, name)
+            in {
+                ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+                ("torch.serialization", "_get_layout"),
+                ("pathlib", "PosixPath"),
+                ("pathlib", "WindowsPath"),
+                ("torch", "Size"),
+                ("collections", "OrderedDict"),
+            }
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        )
+        if not allowed:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's index")
+        return super().find_class(module, name)
+
+
+class SafeReader(dcp.FileSystemReader):
+    """`FileSystemReader` whose index is unpickled by `_MetadataUnpickler` (the tensors already load with
+    `weights_only=True`)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self.path) / ".metadata"
+        try:
+            with open(path, "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+        except pickle.UnpicklingError as error:
+            raise UnreadableCheckpoint(f"Refused to load {path}: {error}; nothing was loaded.") from error
+        except Exception as error:
+            raise UnreadableCheckpoint(f"Cannot read {path} ({type(error).__name__}: {error}).") from error
+        metadata.storage_meta = metadata.storage_meta or StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafePlanner(DefaultLoadPlanner):
+    """DCP's loader of non-tensor values (the optimizer's `param_groups`): `weights_only=True`, unlike the default."""
+
+    def load_bytes(self, read_item, value) -> None:
+        self.original_state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
 
 
 def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = False, verify: bool = True) -> None:

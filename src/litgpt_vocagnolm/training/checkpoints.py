@@ -1,21 +1,22 @@
 """The recipe's training checkpoints: saving them sharded, whole or not at all, finding the one to resume from,
 exporting one as a LitGPT checkpoint.
 
-Every weight file is read with `torch.load(weights_only=True)` (`weights.read_weights`, `SafeReader`, `SafePlanner`):
-a weight file is data, and unpickling it without that restriction would run whatever code a crafted file holds.
+Every weight file is read with `torch.load(weights_only=True)` (`weights.read_weights`, `weights.SafeReader`,
+`weights.SafePlanner`): a weight file is data, and unpickling it without that restriction would run whatever code a
+crafted file holds.
 """
 
 import json
 import os
-import pickle
 import re
 import shutil
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 import lightning as L
 import torch
@@ -24,16 +25,22 @@ import yaml
 from lightning.fabric.wrappers import _unwrap_objects
 from litgpt.data import DataModule
 from litgpt.utils import copy_config_files, save_config
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
 
-from litgpt_vocagnolm.errors import DiskFull, InvalidArgument, PathMissing, PathTaken, check_writable
-from litgpt_vocagnolm.files import HashingWriter, file_sha256, files_sha256
-from litgpt_vocagnolm.models.weights import CHECKSUMS, MODEL_FILES, UnreadableCheckpoint, read_weights
+from litgpt_vocagnolm.errors import DiskFull, InvalidArgument, PathMissing, PathTaken, check_writable, disk_full
+from litgpt_vocagnolm.files import HashingWriter, file_sha256, files_sha256, hold_folder
+from litgpt_vocagnolm.models.weights import (
+    CHECKSUMS,
+    MODEL_FILES,
+    SafePlanner,
+    SafeReader,
+    UnreadableCheckpoint,
+    read_weights,
+)
 
 TRAIN_STATE = "train_state.json"
 GB = 1e9
@@ -49,6 +56,12 @@ def previous_checkpoints(out_dir: Path) -> list[Path]:
     return sorted(p for p in out_dir.iterdir() if p.is_dir() and re.fullmatch(pattern, p.name))
 
 
+def resume_note(out_dir: Path) -> str:
+    """What a run stopped now continues from: "run again with --resume auto: it continues from step-00000100"."""
+    saved = saved_checkpoints(out_dir)
+    return f"run again with --resume auto: it {f'continues from {saved[0][1].name}' if saved else 'starts afresh'}"
+
+
 def check_out_dir(out_dir: Path, resume: bool | Literal["auto"] | Path, overwrite: bool) -> None:
     """Refuses a fresh run (no `--resume`) into an `out_dir` that holds a previous run's checkpoints: its `final/` and
     the `step-*` it saves would be overwritten, the old run's later steps kept, and a later `--resume auto` would
@@ -61,54 +74,6 @@ def check_out_dir(out_dir: Path, resume: bool | Literal["auto"] | Path, overwrit
             f"--out_dir {str(out_dir)!r} holds a previous run's checkpoints ({names}). Continue that run with --resume"
             " auto, choose another --out_dir, or pass --overwrite true to delete them and start afresh."
         )
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """DCP's `.metadata` is a pickle that `FileSystemReader` loads without restriction: here only the classes a
-    checkpoint's index holds (DCP's metadata dataclasses, paths, sizes, dtypes) may be built."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = (
-            module == "torch.distributed.checkpoint.metadata"
-            or (module, name)
-            in {
-                ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-                ("torch.serialization", "_get_layout"),
-                ("pathlib", "PosixPath"),
-                ("pathlib", "WindowsPath"),
-                ("torch", "Size"),
-                ("collections", "OrderedDict"),
-            }
-            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-        )
-        if not allowed:
-            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's index")
-        return super().find_class(module, name)
-
-
-class SafeReader(dcp.FileSystemReader):
-    """`FileSystemReader` whose index is unpickled by `_MetadataUnpickler` (the tensors already load with
-    `weights_only=True`)."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = Path(self.path) / ".metadata"
-        try:
-            with open(path, "rb") as f:
-                metadata = _MetadataUnpickler(f).load()
-        except pickle.UnpicklingError as error:
-            raise UnreadableCheckpoint(f"Refused to load {path}: {error}; nothing was loaded.") from error
-        except Exception as error:
-            raise UnreadableCheckpoint(f"Cannot read {path} ({type(error).__name__}: {error}).") from error
-        metadata.storage_meta = metadata.storage_meta or StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-class SafePlanner(DefaultLoadPlanner):
-    """DCP's loader of non-tensor values (the optimizer's `param_groups`): `weights_only=True`, unlike the default."""
-
-    def load_bytes(self, read_item, value) -> None:
-        self.original_state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
 
 
 def file_checksums(directory: Path, shards_of: int | None = None, skip: Sequence[str] = ()) -> dict[str, str]:
@@ -276,7 +241,15 @@ class Checkpointer:
         self.tokenizer_dir, self.hparams, self.history = tokenizer_dir, hparams, history
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.group = torch.distributed.new_group(backend="gloo") if distributed else None
-        self.pending: tuple[Future, Path, Path, dict | None] | None = None  # future, .partial- dir, final dir, export
+        self.pending: tuple[Future, Path, Path, dict | None, int] | None = None  # and .partial- dir, dir, export, bytes
+
+    def check_room(self) -> None:
+        """Refuses, at the start of a run, an `out_dir` without room for its final checkpoint: the shards, AdamW's two
+        moments (twice the weights, before the first step has made them) and lit_model.pth."""
+        model, optimizer = _unwrap_objects(self.state["model"]), _unwrap_objects(self.state["optimizer"])
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        weights = tensor_bytes(model_state)
+        self._check_free_space(self.out_dir / "final", 2 * weights + (tensor_bytes(optimizer_state) or 2 * weights))
 
     def save(self, step: int, blocking: bool = True) -> Path:
         """Saves the state of step `step` in `out_dir/step-<step>` (returned), in the background unless `blocking`."""
@@ -293,7 +266,8 @@ class Checkpointer:
         model_state, optimizer_state = get_state_dict(model, optimizer)
         shard_bytes = tensor_bytes(model_state) + tensor_bytes(optimizer_state)
         export_bytes = tensor_bytes(model_state) if export else 0
-        free = self._check_free_space(checkpoint_dir, shard_bytes + export_bytes)
+        needed = shard_bytes + export_bytes
+        free = self._check_free_space(checkpoint_dir, needed)
         partial_dir = checkpoint_dir.with_name(f".partial-{checkpoint_dir.name}")
         if fabric.global_rank == 0:
             shutil.rmtree(partial_dir, ignore_errors=True)
@@ -307,33 +281,39 @@ class Checkpointer:
         counters = {"iter_num": state["iter_num"], "step_count": state["step_count"]}
         loader = _unwrap_objects(state.get("train_dataloader"))  # a LitGPT data module's own stateful loader
         loaders = self._gather(loader.state_dict()) if loader is not None else None
-        if fabric.global_rank == 0:
-            train_state = {**counters, "position": state["position"], "world_size": fabric.world_size}
-            if loaders is not None:
-                train_state["train_dataloader"] = loaders
-            (partial_dir / TRAIN_STATE).write_text(json.dumps(train_state, indent=1))
-            with open(partial_dir / "hyperparameters.yaml", "w", encoding="utf-8") as f:
-                f.writelines(f"# {line}\n" for line in self.history)
-                yaml.safe_dump(self.hparams, f, sort_keys=False)
-            if self.tokenizer_dir is not None:
-                copy_config_files(self.tokenizer_dir, partial_dir)
-            save_config(model.config, partial_dir)
         shards = {"model": model_state, "optimizer": optimizer_state}
         # As many files per rank as threads write them: they are hashed in parallel too (`file_checksums`).
         writer = dcp.FileSystemWriter(partial_dir, thread_count=WRITE_THREADS)
         t0 = time.perf_counter()
-        if blocking:
-            dcp.save(shards, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
-            future: Future = Future()
-            future.set_result(None)
-            fabric.print(f"  shards written in {time.perf_counter() - t0:.2f} s")
-        else:
-            future = dcp.async_save(shards, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
-        self.pending = (future, partial_dir, checkpoint_dir, counters if export else None)
+        with self._writing(partial_dir, needed):
+            if fabric.global_rank == 0:
+                self._write_state(partial_dir, counters, loaders, model.config)
+            if blocking:
+                dcp.save(shards, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
+                future: Future = Future()
+                future.set_result(None)
+                fabric.print(f"  shards written in {time.perf_counter() - t0:.2f} s")
+            else:
+                group, no_dist = self.group, self.group is None
+                future = dcp.async_save(shards, storage_writer=writer, process_group=group, no_dist=no_dist)
+        self.pending = (future, partial_dir, checkpoint_dir, counters if export else None, needed)
         if blocking:
             self.finish(report=True)
             fabric.print(f"  saved in {time.perf_counter() - t0:.2f} s")
         return checkpoint_dir
+
+    def _write_state(self, partial_dir: Path, counters: dict, loaders: list | None, config: Any) -> None:
+        """Rank 0's files of a checkpoint besides the shards: train state, hyperparameters, tokenizer, config."""
+        train_state = {**counters, "position": self.state["position"], "world_size": self.fabric.world_size}
+        if loaders is not None:
+            train_state["train_dataloader"] = loaders
+        (partial_dir / TRAIN_STATE).write_text(json.dumps(train_state, indent=1))
+        with open(partial_dir / "hyperparameters.yaml", "w", encoding="utf-8") as f:
+            f.writelines(f"# {line}\n" for line in self.history)
+            yaml.safe_dump(self.hparams, f, sort_keys=False)
+        if self.tokenizer_dir is not None:
+            copy_config_files(self.tokenizer_dir, partial_dir)
+        save_config(config, partial_dir)
 
     def _check_free_space(self, checkpoint_dir: Path, needed: int) -> int:
         """Refuses, on every rank and before anything is written, a save that the file system of `out_dir` (shared by
@@ -344,13 +324,24 @@ class Checkpointer:
             free = shutil.disk_usage(self.out_dir).free
         free = self.fabric.broadcast(free)
         if needed > free:
-            newest = previous_checkpoints(self.out_dir)
-            resume = f"; --resume auto continues from {newest[-1].name}" if newest else ""
             raise DiskFull(
                 f"Saving {checkpoint_dir} needs {needed / GB:.2f} GB and the file system of {self.out_dir} has"
-                f" {free / GB:.2f} GB free: make room there (or give another --out_dir), then run again{resume}."
+                f" {free / GB:.2f} GB free: make room there (or give another --out_dir), then"
+                f" {resume_note(self.out_dir)}."
             )
         return free
+
+    @contextmanager
+    def _writing(self, partial_dir: Path, needed: int) -> Iterator[None]:
+        """A full disk while a checkpoint is written as one `DiskFull` (`errors.disk_full`); its unfinished directory
+        is deleted, giving the room back, and the earlier checkpoints are untouched."""
+        try:
+            with disk_full(self.out_dir, needed, resume_note(self.out_dir)):
+                yield
+        except DiskFull:
+            if self.fabric.global_rank == 0:
+                shutil.rmtree(partial_dir, ignore_errors=True)
+            raise
 
     def poll(self) -> None:
         """Completes a background save once every rank's write is done (one all-reduce while one is in flight)."""
@@ -366,8 +357,13 @@ class Checkpointer:
         shards in a thread. `report`: print the phase's seconds."""
         if self.pending is None:
             return
-        fabric, (future, partial_dir, checkpoint_dir, export) = self.fabric, self.pending
+        future, partial_dir, checkpoint_dir, export, needed = self.pending
         self.pending = None
+        with self._writing(partial_dir, needed):
+            self._complete(future, partial_dir, checkpoint_dir, export, report)
+
+    def _complete(self, future: Future, partial_dir: Path, checkpoint_dir: Path, export: dict | None, report: bool):
+        fabric = self.fabric
         future.result()
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=1) as pool:
@@ -488,13 +484,37 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
     # What it writes (the config and tokenizer files that `copy_config_files` finds beside the shards): none replaced.
     copied = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json")
     written = [*MODEL_FILES, "hyperparameters.yaml", CHECKSUMS, *(n for n in copied if (checkpoint_dir / n).exists())]
-    taken = [name for name in written if (out_dir / name).exists()]
-    if taken:
-        raise PathTaken(
-            f"--out_dir {out_dir} holds {', '.join(taken)}, which the export would replace: choose another --out_dir,"
-            " or delete them first."
-        )
-    verify_checkpoint(checkpoint_dir)  # complete, every file matching its checksum
+    with hold_folder(out_dir, "vocagnolm export"):
+        taken = [name for name in written if (out_dir / name).exists()]
+        if taken:
+            raise PathTaken(
+                f"--out_dir {out_dir} holds {', '.join(taken)}, which the export would replace: choose another"
+                " --out_dir, or delete them first."
+            )
+        verify_checkpoint(checkpoint_dir)  # complete, every file matching its checksum
+        try:
+            with disk_full(out_dir, model_bytes(checkpoint_dir), "run the same command again"):
+                step = write_export(checkpoint_dir, out_dir)
+        except DiskFull:
+            for name in written:  # none was there before: a rerun finds the folder as this one did
+                (out_dir / name).unlink(missing_ok=True)
+            raise
+    print(f"Wrote {out_dir / 'lit_model.pth'} (step {step}): `litgpt generate {out_dir}` reads it.")
+
+
+def model_bytes(checkpoint_dir: Path) -> int:
+    """The bytes of the student's weights in a sharded checkpoint, by its index."""
+    metadata = SafeReader(checkpoint_dir).read_metadata().state_dict_metadata
+    return sum(
+        meta.size.numel() * meta.properties.dtype.itemsize
+        for key, meta in metadata.items()
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    )
+
+
+def write_export(checkpoint_dir: Path, out_dir: Path) -> int:
+    """`export`'s files: lit_model.pth, the config and tokenizer files, hyperparameters.yaml, checksums.json. Returns
+    the checkpoint's step."""
     train_state = json.loads((checkpoint_dir / TRAIN_STATE).read_text())
     counters = {name: train_state[name] for name in ("iter_num", "step_count")}
     sums = {"lit_model.pth": export_lit_model(checkpoint_dir, out_dir / "lit_model.pth", extra=counters)}
@@ -503,7 +523,7 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
     # What `vocagnolm evaluate` checks the weights against before it uses them, as a training checkpoint's final/.
     sums |= {name: file_sha256(out_dir / name) for name in MODEL_FILES if name not in sums}
     (out_dir / CHECKSUMS).write_text(json.dumps(sums, indent=1))
-    print(f"Wrote {out_dir / 'lit_model.pth'} (step {counters['step_count']}): `litgpt generate {out_dir}` reads it.")
+    return counters["step_count"]
 
 
 def import_path(cls: type) -> str:

@@ -3,14 +3,18 @@ precision and activation checkpointing. The training loop sees none of it (cf. t
 model), but for the one reduction of its logged metrics over the ranks (`mean_over_ranks`)."""
 
 import functools
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Iterator, Literal
 
 import lightning as L
 import torch
 import torch.nn as nn
 from lightning.fabric.strategies import ModelParallelStrategy
 
+from litgpt_vocagnolm.errors import FolderInUse, UserError
+from litgpt_vocagnolm.files import hold_folder
 from litgpt_vocagnolm.models.gpt import GPT
 
 COMPILE_BACKEND = "inductor"  # what `compile_blocks` compiles with (a test picks the lighter "aot_eager")
@@ -127,3 +131,21 @@ def mean_over_ranks(fabric: L.Fabric, metrics: dict[str, torch.Tensor]) -> dict[
         return {}
     sums = fabric.all_reduce(torch.stack(list(metrics.values())).float(), reduce_op="sum").tolist()
     return {name: total / count for name, (total, count) in zip(metrics, sums) if count > 0}
+
+
+@contextmanager
+def hold_run_folder(fabric: L.Fabric, folder: Path, command: str) -> Iterator[None]:
+    """`files.hold_folder` for a run of one or many processes: rank 0 holds `folder` for the run (its process lives as
+    long as the run: when any rank dies, the launcher ends them all), and its refusal reaches every rank in one
+    broadcast, so that no rank waits for ever on a rank 0 that stopped."""
+    with ExitStack() as stack:
+        refusal = None
+        if fabric.global_rank == 0:
+            try:
+                stack.enter_context(hold_folder(folder, command))
+            except UserError as error:
+                refusal = str(error)
+        refusal = fabric.broadcast(refusal)
+        if refusal is not None:
+            raise FolderInUse(refusal)
+        yield

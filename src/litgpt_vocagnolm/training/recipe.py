@@ -76,6 +76,7 @@ from litgpt_vocagnolm.training.distributed import (
     compile_blocks,
     fabric_strategy,
     fused_optimizer,
+    hold_run_folder,
 )
 from litgpt_vocagnolm.training.micro_batch import Guide
 from litgpt_vocagnolm.training.slurm import StopRequest, exit_after_stop, keep_workers, stop_signal
@@ -208,7 +209,11 @@ def setup(
         fabric.logger.log_hyperparams(hparams)
 
     # Slurm's warning before the time limit, Ctrl-C, scancel or preemption: end the step, save it, exit.
-    with stop_signal(out_dir, announce=fabric.global_rank == 0) as stop:
+    # One run per --out_dir: a second one into it is refused (a rank 0 that died holds nothing).
+    with (
+        hold_run_folder(fabric, out_dir, "litgpt pretrain --recipe vocagnolm"),
+        stop_signal(out_dir, announce=fabric.global_rank == 0) as stop,
+    ):
         run = Run(
             out_dir=out_dir,
             tokenizer_dir=tokenizer_dir,
@@ -406,6 +411,7 @@ def build_state(
     if stateful:  # the checkpoint keeps every rank's loader state
         state["train_dataloader"] = train_dataloader
     run.checkpointer = Checkpointer(fabric, state, run.out_dir, run.tokenizer_dir, run.hparams, run.history)
+    run.checkpointer.check_room()  # before the first step, not at the first save
     if resume:
         fabric.print(f"Resuming training from {resume} after {position:,} blocks")
         run.checkpointer.load(resume)  # resharded for this run's number of processes

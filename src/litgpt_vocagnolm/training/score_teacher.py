@@ -28,11 +28,19 @@ from litgpt_vocagnolm.data.teacher_cache import (
     shard_files,
     weights_sha256,
 )
-from litgpt_vocagnolm.errors import InvalidArgument, NotFinite, UserError, at_least, check_devices, check_writable
-from litgpt_vocagnolm.files import file_sha256, write_json
+from litgpt_vocagnolm.errors import (
+    InvalidArgument,
+    NotFinite,
+    UserError,
+    at_least,
+    check_devices,
+    check_writable,
+    disk_full,
+)
+from litgpt_vocagnolm.files import LOCK, file_sha256, write_json
 from litgpt_vocagnolm.models.weights import check_checkpoint_dir
 from litgpt_vocagnolm.training.checks import check_teacher_config
-from litgpt_vocagnolm.training.distributed import compile_blocks
+from litgpt_vocagnolm.training.distributed import compile_blocks, hold_run_folder
 from litgpt_vocagnolm.training.teacher import Teacher, check_precision, default_precision, teacher_token_loss
 
 
@@ -92,13 +100,19 @@ def score_teacher(
     job = Scoring.checked(Path(data), Path(teacher), output, precision, batch_size, blocks_per_shard)
     if job is None:
         return
-    with stop_on_sigterm(job.output):
-        fabric, model = launch(job, devices, num_nodes, compile)
+    fabric = launch(devices, num_nodes)
+    # One run per --output (rank 0 holds it); a full disk in one line, the shards written so far kept.
+    with (
+        stop_on_sigterm(job.output),
+        disk_full(job.output, job.bytes_needed(), "run the same command again: it scores only the missing shards"),
+        hold_run_folder(fabric, job.output, "vocagnolm score-teacher"),
+    ):
+        model = load_teacher(fabric, job, compile)
         for split in ("train", "val"):
             score_split(fabric, model, job, split, num_workers)
         fabric.barrier()
-    if fabric.global_rank == 0:
-        report(job)
+        if fabric.global_rank == 0:
+            report(job)
 
 
 @dataclass
@@ -153,7 +167,7 @@ class Scoring:
             check_cache(output, data / MANIFEST, None)  # every shard file there, at its recorded size
             print(f"{output} already holds this teacher's losses on this data: nothing to do.")
             return None
-        if output.exists() and any(p.name not in ("train", "val", ".settings.json") for p in output.iterdir()):
+        if output.exists() and any(p.name not in ("train", "val", ".settings.json", LOCK) for p in output.iterdir()):
             raise InvalidArgument(f"--output {output} holds something else. Choose a new or empty directory.")
         if (output / ".settings.json").is_file():  # a killed run's: resume it only with the same settings
             check_same_settings(json.loads((output / ".settings.json").read_text()), settings, output)
@@ -162,6 +176,10 @@ class Scoring:
     def shards(self, split: str) -> int:
         """The number of shards of a split."""
         return -(-self.manifest["splits"][split]["blocks"] // self.blocks_per_shard)
+
+    def bytes_needed(self) -> int:
+        """The cache's size on disk: a float16 loss per teacher token of both splits."""
+        return 2 * sum(split["teacher_tokens"] for split in self.manifest["splits"].values())
 
 
 class ScoringStopped(UserError):
@@ -190,12 +208,17 @@ def stop_on_sigterm(output: Path) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def launch(job: Scoring, devices: int | str, num_nodes: int, compile: bool | None) -> tuple[L.Fabric, torch.nn.Module]:
-    """The processes (one per device, data-parallel), the output's settings (a killed run's kept: the same, checked)
-    and the teacher, loaded on every rank and compiled where asked (`compiles_by_default`)."""
+def launch(devices: int | str, num_nodes: int) -> L.Fabric:
+    """The processes: one per device, data-parallel."""
     world_size = parse_devices(devices) * num_nodes
     fabric = L.Fabric(devices=devices, num_nodes=num_nodes, strategy="ddp" if world_size > 1 else "auto")
     fabric.launch()
+    return fabric
+
+
+def load_teacher(fabric: L.Fabric, job: Scoring, compile: bool | None) -> torch.nn.Module:
+    """The output's settings written (a killed run's kept: the same, checked), then the teacher, loaded on every rank
+    and compiled where asked (`compiles_by_default`)."""
     if fabric.global_rank == 0:
         job.output.mkdir(parents=True, exist_ok=True)
         write_json(job.output / ".settings.json", job.settings)
@@ -203,7 +226,7 @@ def launch(job: Scoring, devices: int | str, num_nodes: int, compile: bool | Non
     model = Teacher(job.teacher, mode="online", precision=job.precision).load(fabric)
     if compiles_by_default(fabric.device) if compile is None else compile:
         compile_blocks(model)
-    return fabric, model
+    return model
 
 
 def score_split(fabric: L.Fabric, model: torch.nn.Module, job: Scoring, split: str, num_workers: int) -> None:

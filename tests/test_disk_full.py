@@ -1,0 +1,125 @@
+"""A full disk in one line (`errors.disk_full`): each command that writes stops on ENOSPC naming the folder, what it
+needed and what a rerun continues from, with what it wrote earlier intact. The disk is real: a small tmpfs."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import lightning as L
+import pytest
+import torch
+from conftest import MISTRAL, TINYLLAMA, tiny_config
+
+from litgpt_vocagnolm.data.prepare import prepare
+from litgpt_vocagnolm.errors import DiskFull
+from litgpt_vocagnolm.models import gpt
+from litgpt_vocagnolm.training.checkpoints import Checkpointer, export, tensor_bytes, verify_checkpoint
+from litgpt_vocagnolm.training.score_teacher import score_teacher
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[Path]:
+    """A folder on a file system of its own, of 64 kB (`resize` it). Mounting needs root: skipped where it is refused,
+    but not under CI=true."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"mount -t tmpfs failed: {mounted.stderr.decode()}")
+        pytest.skip("this user may not mount a tmpfs")
+    yield folder
+    subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+def resize(disk: Path, size: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(disk)], check=True)
+
+
+def leave_free(disk: Path, free: int) -> None:
+    """Fills `disk` until `free` bytes are left."""
+    (disk / "filler").unlink(missing_ok=True)
+    (disk / "filler").write_bytes(bytes(shutil.disk_usage(disk).free - free))
+
+
+def full_disk(folder: Path, then: str, needed: str = "") -> str:
+    """The one line, its figures as patterns; `needed`: what it says the writing needed, where known."""
+    need = rf" needs {re.escape(needed)} and" if needed else ""
+    free = r" its file system has [\d.]+ [MG]B free\. Make room there \(or choose another folder\), then "
+    return rf"^No space left on device: writing into {re.escape(str(folder))}{need}{free}{then}\.$"
+
+
+def test_prepare_and_score_teacher_on_a_full_disk_say_so_and_the_next_run_finishes(
+    small_disk, gsm8k_sample, tinyllama_mistral_data, mistral_teacher
+):
+    output = small_disk / "data"
+    args = dict(student=TINYLLAMA, teacher=MISTRAL, input=[gsm8k_sample], output=output, text_key="question,answer")
+    with pytest.raises(
+        DiskFull, match=full_disk(output, "run the same command again: it keeps what .* holds of the finished splits")
+    ):
+        prepare(**args)
+    resize(small_disk, "32m")
+    prepare(**args)
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert sum(split["documents"] for split in manifest["splits"].values()) == 240  # every record of the sample
+
+    cache = small_disk / "cache"
+    leave_free(small_disk, 16 * 1024)
+    rerun = "run the same command again: it scores only the missing shards"
+    manifest = json.loads((tinyllama_mistral_data / "manifest.json").read_text())
+    needed = 2 * sum(split["teacher_tokens"] for split in manifest["splits"].values()) / 1e6  # float16 losses
+    with pytest.raises(DiskFull, match=full_disk(cache, rerun, f"{needed:.1f} MB")):
+        score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=cache)
+    (small_disk / "filler").unlink()
+    score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=cache)
+    assert (cache / "manifest.json").is_file()
+
+
+def test_a_full_disk_at_each_save_and_at_export_says_so_and_damages_nothing(small_disk):
+    resize(small_disk, "64m")
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    model = gpt.GPT(tiny_config("student", 32000, n_embd=8, block_size=64))
+    weights = tensor_bytes(model.state_dict())
+    out_dir = small_disk / "out"
+
+    leave_free(small_disk, 3 * weights)  # before the first step, AdamW's moments are counted too
+    state = {"model": model, "optimizer": torch.optim.AdamW(model.parameters()), "iter_num": 0, "step_count": 0}
+    with pytest.raises(DiskFull, match=r"^Saving .*final needs .*: make room there .*, then run again with --resume"):
+        Checkpointer(fabric, state | {"position": 0}, out_dir, TINYLLAMA, hparams={}).check_room()
+
+    (small_disk / "filler").unlink()
+    tokens = torch.randint(0, 32000, (1, 8))
+    model(tokens, targets=tokens).sum().backward()
+    state["optimizer"].step()
+    state |= {"iter_num": 1, "step_count": 1, "position": 2}
+    checkpointer = Checkpointer(fabric, state, out_dir, TINYLLAMA, hparams={})
+    first = checkpointer.save(1)
+    continues = "run again with --resume auto: it continues from step-00000001"
+
+    # Room for the tensors the check before a save counts, not for them and the tokenizer's files beside them.
+    leave_free(small_disk, 3 * weights + 64 * 1024)
+    shards = f"{3 * weights / 1e6:.1f} MB"  # the weights and AdamW's two moments
+    with pytest.raises(DiskFull, match=full_disk(out_dir, continues, shards)):
+        checkpointer.save(2)  # the shards' writer fails: torch.distributed.checkpoint's CheckpointException
+    checkpointer.save(3, blocking=False)
+    with pytest.raises(DiskFull, match=full_disk(out_dir, continues, shards)):
+        checkpointer.finish()  # the background save fails
+    leave_free(small_disk, 4 * weights + 64 * 1024)  # the shards fit, not lit_model.pth
+    with pytest.raises(DiskFull, match=full_disk(out_dir, continues, f"{4 * weights / 1e6:.1f} MB")):
+        checkpointer.save_final()
+    assert sorted(p.name for p in out_dir.iterdir()) == ["step-00000001"]
+    verify_checkpoint(first)
+
+    exported = small_disk / "exported"
+    leave_free(small_disk, weights // 2)
+    with pytest.raises(DiskFull, match=full_disk(exported, "run the same command again", f"{weights / 1e6:.1f} MB")):
+        export(first, exported)
+    assert list(exported.iterdir()) == []  # the rerun finds the folder as this one did
+    (small_disk / "filler").unlink()
+    export(first, exported)
+    saved = torch.load(exported / "lit_model.pth", weights_only=True)["model"]
+    assert all(torch.equal(saved[name], tensor) for name, tensor in model.state_dict().items())

@@ -1,0 +1,154 @@
+"""One command per folder (`files.hold_folder`): two commands started into one folder at once, the second refused in
+one line naming the first, which finishes; a holder killed with kill -9 blocks nothing."""
+
+import errno
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import BIN, MISTRAL, ROOT, TINYLLAMA
+from test_recipe import litgpt_pretrain, recipe_config
+from test_user_errors import assert_one_line
+
+from litgpt_vocagnolm.data.prepare import prepare
+from litgpt_vocagnolm.data.teacher_cache import check_cache
+from litgpt_vocagnolm.errors import FolderInUse
+from litgpt_vocagnolm.files import LOCK, hold_folder, read_holder
+from litgpt_vocagnolm.training.checkpoints import export, verify_checkpoint
+from litgpt_vocagnolm.training.score_teacher import score_teacher
+
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def start_holding(command: list[str], folder: Path, log: Path) -> subprocess.Popen:
+    """Starts `command` (in a session of its own, with whatever it forks) and pauses it (SIGSTOP) as soon as it holds
+    `folder`: a second command started now meets it there, however fast the first would have finished."""
+    with open(log, "w") as f:
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=ONE_THREAD, start_new_session=True
+        )
+    deadline = time.monotonic() + 600  # a bound on a wait, not a timing that is asserted
+    while read_holder(folder / LOCK).get("pid") != process.pid:
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.001)
+    process.send_signal(signal.SIGSTOP)
+    assert read_holder(folder / LOCK).get("pid") == process.pid, "it finished before it could be paused"
+    return process
+
+
+def resume(process: subprocess.Popen, log: Path) -> None:
+    process.send_signal(signal.SIGCONT)
+    assert process.wait(timeout=600) == 0, log.read_text()[-3000:]
+
+
+def refusal(folder: Path, command: str, pid: int) -> str:
+    return f"{folder} is in use by `{command}` (pid {pid} on "
+
+
+def test_a_second_prepare_is_refused_and_a_killed_ones_folder_is_finished_by_the_next(tmp_path, gsm8k_sample):
+    output = tmp_path / "data"
+    command = [str(BIN / "vocagnolm"), "prepare", "--student", str(TINYLLAMA), "--teacher", str(MISTRAL)]
+    command += ["--input", str(gsm8k_sample), "--output", str(output), "--text_key", "question,answer"]
+    first = start_holding(command, output, tmp_path / "first.log")
+    try:
+        second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=ONE_THREAD, timeout=600)
+        assert_one_line(second, "vocagnolm prepare", refusal(output.absolute(), "vocagnolm prepare", first.pid))
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # kill -9, its LitData workers with it
+        first.wait()
+    assert not (output / "manifest.json").exists()
+
+    prepare(student=TINYLLAMA, teacher=MISTRAL, input=[gsm8k_sample], output=output, text_key="question,answer")
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert sum(split["documents"] for split in manifest["splits"].values()) == 240  # every record of the sample
+    assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "train", "val"]
+
+
+def test_a_second_score_teacher_is_refused_and_the_first_finishes(tmp_path, tinyllama_mistral_data, mistral_teacher):
+    output, log = tmp_path / "cache", tmp_path / "first.log"
+    command = [str(BIN / "vocagnolm"), "score-teacher", "--data", str(tinyllama_mistral_data)]
+    command += ["--teacher", str(mistral_teacher), "--output", str(output)]
+    first = start_holding(command, output, log)
+    try:
+        with pytest.raises(
+            FolderInUse, match=re.escape(refusal(output.absolute(), "vocagnolm score-teacher", first.pid))
+        ):
+            score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output)
+    finally:
+        resume(first, log)
+    check_cache(output, tinyllama_mistral_data / "manifest.json", None)  # every shard there, at its recorded size
+    assert not (output / LOCK).exists()
+
+
+def test_a_second_run_and_a_second_export_are_refused_and_a_killed_runs_folder_is_taken_by_the_next(
+    tmp_path, tinyllama_mistral_data
+):
+    out_dir = tmp_path / "out"
+    config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"})
+    command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config)]
+    first = start_holding(command, out_dir, tmp_path / "first.log")
+    try:  # a requeued or resubmitted job's command: --resume auto
+        second = subprocess.run(
+            [*command, "--resume", "auto"], cwd=ROOT, capture_output=True, text=True, env=ONE_THREAD, timeout=600
+        )
+        message = refusal(out_dir.absolute(), "litgpt pretrain --recipe vocagnolm", first.pid)
+        assert_one_line(second, "litgpt pretrain --recipe vocagnolm", message)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    litgpt_pretrain(config, "--resume", "auto")  # not blocked by the killed run
+    verify_checkpoint(out_dir / "final")
+
+    exported, log = tmp_path / "exported", tmp_path / "export.log"
+    command = [str(BIN / "vocagnolm"), "export", str(out_dir / "final"), str(exported)]
+    first = start_holding(command, exported, log)
+    try:
+        with pytest.raises(FolderInUse, match=re.escape(refusal(exported.absolute(), "vocagnolm export", first.pid))):
+            export(out_dir / "final", exported)
+    finally:
+        resume(first, log)
+    weights = torch.load(exported / "lit_model.pth", weights_only=True)["model"]
+    final = torch.load(out_dir / "final" / "lit_model.pth", weights_only=True)["model"]
+    assert weights.keys() == final.keys() and all(torch.equal(weights[k], final[k]) for k in final)
+
+
+def test_a_requeued_slurm_job_takes_back_its_earlier_attempts_folder(tmp_path, monkeypatch):
+    """A node lost keeps its lock on a shared file system until the server notices; the job's next attempt (the same
+    SLURM_JOB_ID, a higher SLURM_RESTART_COUNT) takes the folder back. Any other command is refused."""
+    folder = tmp_path / "out"
+    code = "import sys, time\nfrom litgpt_vocagnolm.files import hold_folder\n"
+    code += "with hold_folder(sys.argv[1], 'attempt 0'):\n    print('held', flush=True)\n    time.sleep(600)"
+    env = {**ONE_THREAD, "SLURM_JOB_ID": "1234"}
+    earlier = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert earlier.stdout.readline() == "held\n"  # its lock outlives it, as a lost node's does
+        monkeypatch.setenv("SLURM_JOB_ID", "1234")
+        with pytest.raises(FolderInUse, match=r"in use by `attempt 0` \(pid \d+ on .*, Slurm job 1234, since "):
+            with hold_folder(folder, "the same attempt"):
+                pass
+        monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+        with hold_folder(folder, "attempt 1"):
+            assert read_holder(folder / LOCK)["command"] == "attempt 1"
+    finally:
+        earlier.kill()
+        earlier.wait()
+
+
+def test_a_file_system_without_locks_is_named_with_the_fix(tmp_path, monkeypatch):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")  # NFSv3 without lockd
+
+    monkeypatch.setattr("fcntl.lockf", no_locks)
+    with pytest.raises(FolderInUse, match="can't lock files \\(No locks available\\).* VOCAGNOLM_NO_LOCK=1"):
+        with hold_folder(tmp_path, "vocagnolm prepare"):
+            pass
+    monkeypatch.setenv("VOCAGNOLM_NO_LOCK", "1")
+    with hold_folder(tmp_path, "vocagnolm prepare"):
+        assert read_holder(tmp_path / LOCK) == {}  # nobody recorded as holding it
