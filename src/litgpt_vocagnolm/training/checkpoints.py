@@ -27,6 +27,7 @@ from litgpt.data import DataModule
 from litgpt.utils import copy_config_files, save_config
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
     get_state_dict,
     set_state_dict,
 )
@@ -245,11 +246,12 @@ class Checkpointer:
 
     def check_room(self) -> None:
         """Refuses, at the start of a run, an `out_dir` without room for its final checkpoint: the shards, AdamW's two
-        moments (twice the weights, before the first step has made them) and lit_model.pth."""
+        moments (twice the weights, before the first step has made them) and lit_model.pth. It reads the optimizer's
+        state as it is (a resumed run's): `get_state_dict` would make it with a step of zero gradients."""
         model, optimizer = _unwrap_objects(self.state["model"]), _unwrap_objects(self.state["optimizer"])
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        weights = tensor_bytes(model_state)
-        self._check_free_space(self.out_dir / "final", 2 * weights + (tensor_bytes(optimizer_state) or 2 * weights))
+        weights = tensor_bytes(get_model_state_dict(model))
+        moments = tensor_bytes(list(optimizer.state.values())) or 2 * weights
+        self._check_free_space(self.out_dir / "final", 2 * weights + moments)
 
     def save(self, step: int, blocking: bool = True) -> Path:
         """Saves the state of step `step` in `out_dir/step-<step>` (returned), in the background unless `blocking`."""
