@@ -10,7 +10,7 @@ import json
 import subprocess
 
 import pytest
-from conftest import BIN, QWEN, ROOT, TINYLLAMA
+from conftest import BIN, QWEN, RECIPES, ROOT, TINYLLAMA
 
 GOLDEN = ROOT / "tests" / "assets" / "losses" / "demo-cpu.json"
 
@@ -41,7 +41,7 @@ def test_demo_cpu_recipe_follows_its_golden_loss_curve(tmp_path):
             "--recipe",
             "vocagnolm",
             "--config",
-            str(ROOT / "recipes" / "demo-cpu.yaml"),
+            str(RECIPES / "demo-cpu.yaml"),
             "--data.path",
             str(data),
             "--out_dir",

@@ -58,7 +58,7 @@ TIMED_STEPS = 2  # optimizer steps timed per kind of work, after the warm-up
 WARMUP_STEPS = 1  # one more when something compiles: its first step compiles, its second may still recompile once
 LARGEST = 1024  # the largest micro-batch looked for (as `vocagnolm plan` looks)
 LITGPT = "LitGPT's step"
-# Slurm's warning before a job's time limit: `#SBATCH --signal=USR1@120` in recipes/slurm/vocagnolm.sbatch. The run
+# Slurm's warning before a job's time limit: `#SBATCH --signal=USR1@120` in the packaged slurm/vocagnolm.sbatch. The run
 # then ends its optimizer step and saves (`slurm.stop_signal`).
 SLURM_WARNING_S = 120
 # The pace the plan expects: the share of the device's dense bf16 peak each step ran at on one H100 at micro-batch 8
@@ -534,7 +534,7 @@ def report(setting: Setting, results: list[Measured], device: torch.device, save
     stop_s = step.seconds + save_s
     verdict = "in time" if stop_s <= SLURM_WARNING_S else "NOT in time: raise the lead of --signal"
     print(
-        f"Slurm's warning comes {SLURM_WARNING_S} s before the time limit (recipes/slurm/vocagnolm.sbatch): the"
+        f"Slurm's warning comes {SLURM_WARNING_S} s before the time limit (slurm/vocagnolm.sbatch): the"
         f" step under way ({step.seconds:.2f} s) and the save take {stop_s:.2f} s of it, {verdict}."
     )
     other = results[1]

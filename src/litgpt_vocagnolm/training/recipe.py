@@ -1,6 +1,7 @@
 """The `vocagnolm` recipe: continual pretraining of a student guided by a frozen teacher with another tokenizer.
 
-`litgpt pretrain --recipe vocagnolm --config recipes/<setting>.yaml` (or `vocagnolm pretrain ...`).
+`litgpt pretrain --recipe vocagnolm --config <setting>` (a packaged recipe by name, or a YAML's path; or
+`vocagnolm pretrain ...`).
 
 It mirrors litgpt/pretrain.py (`setup()` -> `main()` -> `fit()` -> `validate()`, the same `state` keys, checkpoints
 in `step-%08d/` and `final/`) and changes one thing: the loss. Each micro-batch carries the student block, the teacher
