@@ -43,7 +43,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import BIN, QWEN, RECIPES, ROOT, TINYLLAMA, make_checkpoint, model_config_fields, tiny_config
+from conftest import BIN, QWEN, ROOT, TINYLLAMA, make_checkpoint, model_config_fields, tiny_config
 from litgpt import GPT
 from litgpt.args import EvalArgs, TrainArgs
 from litgpt.utils import get_default_supported_precision
@@ -242,7 +242,7 @@ def test_inspect(tmp_path):
 
 def test_plan():
     """`make demo-cpu`'s recipe, as its comment says to run it (from the repository)."""
-    out = run("vocagnolm", "plan", "--config", str(RECIPES / "demo-cpu.yaml"), cwd=ROOT)
+    out = run("vocagnolm", "plan", "--config", "demo-cpu", cwd=ROOT)
     largest = re.search(r"Largest micro-batch that fits 80 GB: (\d+)", out.stdout)
     assert largest and int(largest[1]) >= 8  # the recipe's own micro-batch fits
 

@@ -9,7 +9,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import BIN, ROOT
+import yaml
+from conftest import BIN, RECIPES, ROOT
 from test_recipe import metrics, recipe_config
 
 # The two ways LitGPT's command line starts: its console script, and `python -m litgpt`, which runpy runs as __main__.
@@ -162,6 +163,29 @@ def test_regular_wheel_install_dispatches(tmp_path):
     where = run(str(python), "-c", "import litgpt_vocagnolm; print(litgpt_vocagnolm.__file__)", cwd=tmp_path, env=env)
     assert str(site) in where.stdout  # the installed copy, not this checkout
 
+    # The recipes come with the wheel: listed, run by name and copied, in a folder that holds no clone.
+    names = {path.name for path in RECIPES.glob("*.yaml")} | {f"slurm/{p.name}" for p in RECIPES.glob("slurm/*")}
+    assert {f"litgpt_vocagnolm/recipes/{name}" for name in names} <= set(zipfile.ZipFile(wheel).namelist())
+    listed = run(str(env_dir / "bin" / "vocagnolm"), "recipes", cwd=tmp_path, env=env)
+    assert listed.returncode == 0, listed.stderr
+    row = next(line.split() for line in listed.stdout.splitlines() if line.startswith("tinyllama-qwen2.5-math-7b "))
+    assert row[1:4] == ["Qwen2.5-Math-7B", "vocagnolm", "15_000_000_000"]
+    assert row[4] == str(site / "litgpt_vocagnolm" / "recipes" / "tinyllama-qwen2.5-math-7b.yaml")
+    recipe = "tinyllama-qwen2.5-math-7b-instruct"
+    out = run(
+        str(litgpt), "pretrain", "--recipe", "vocagnolm", "--config", recipe, "--print_config", cwd=tmp_path, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    printed = yaml.safe_load(out.stdout)
+    assert printed["teacher"]["checkpoint_dir"] == ["checkpoints/Qwen/Qwen2.5-Math-7B-Instruct"]  # one teacher
+    assert printed["optimizer"]["init_args"]["lr"] == 8e-5 and printed["train"]["max_tokens"] == 15_000_000_000
+    copied = run(str(env_dir / "bin" / "vocagnolm"), "recipes", "--copy", recipe, "--dest", ".", cwd=tmp_path, env=env)
+    assert copied.returncode == 0, copied.stderr
+    assert (tmp_path / f"{recipe}.yaml").read_text() == (RECIPES / f"{recipe}.yaml").read_text()
+    copied = run(str(env_dir / "bin" / "vocagnolm"), "recipes", "--copy", "slurm", "--dest", ".", cwd=tmp_path, env=env)
+    assert copied.returncode == 0, copied.stderr
+    assert sorted(p.name for p in (tmp_path / "slurm").iterdir()) == ["score-teacher.sbatch", "vocagnolm.sbatch"]
+
 
 def test_a_value_outside_a_literal_names_the_choices(tmp_path):
     """jsonargparse <= 4.42 says only "Cannot take a Union of no types." for these."""
@@ -174,3 +198,36 @@ def test_a_value_outside_a_literal_names_the_choices(tmp_path):
     out = run(str(BIN / "vocagnolm"), "pretrain", "--config", str(config))
     assert out.returncode == 2 and "Expected one of: batch, sequence, global" in out.stderr
     assert "Union of no types" not in out.stderr
+
+
+def test_packaged_recipes_are_listed_copied_and_run_by_name_where_a_path_wins(tmp_path):
+    vocagnolm = str(BIN / "vocagnolm")
+    listed = run(vocagnolm, "recipes", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    header, *rows = [line.split() for line in listed.stdout.splitlines()]
+    assert header == ["name", "teacher", "method", "budget", "(tokens)", "file"]
+    assert {row[0]: row[1:] for row in rows}["demo-cpu"] == ["none", "ce", "40_960", str(RECIPES / "demo-cpu.yaml")]
+    assert sorted(row[0] for row in rows) == sorted(path.stem for path in RECIPES.glob("*.yaml"))
+
+    def max_tokens(config: str) -> int:
+        out = run(
+            str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", config, "--print_config", cwd=tmp_path
+        )
+        assert out.returncode == 0, out.stderr
+        return yaml.safe_load(out.stdout)["train"]["max_tokens"]
+
+    assert max_tokens("demo-cpu") == max_tokens("demo-cpu.yaml") == 40_960  # by name, with or without .yaml
+    assert run(vocagnolm, "recipes", "--copy", "demo-cpu", "--dest", ".", cwd=tmp_path).returncode == 0
+    copy = tmp_path / "demo-cpu.yaml"
+    copy.write_text(copy.read_text().replace("max_tokens: 40960", "max_tokens: 8192"))
+    assert max_tokens("demo-cpu.yaml") == 8192  # the edited copy here, not the packaged recipe
+    again = run(vocagnolm, "recipes", "--copy", "demo-cpu", "--dest", ".", cwd=tmp_path)
+    assert again.returncode == 1 and again.stderr.count("\n") == 1, again.stderr
+    assert "demo-cpu.yaml exists" in again.stderr and "8192" in copy.read_text()  # never replaced
+
+    unknown = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", "tinyllama-qwen", cwd=tmp_path)
+    assert unknown.returncode == 1 and unknown.stderr.count("\n") == 1, unknown.stderr
+    assert (
+        "--config tinyllama-qwen: no such file" in unknown.stderr
+        and "tinyllama-qwen2.5-math-7b-instruct" in unknown.stderr
+    )

@@ -157,11 +157,11 @@ def measured_rows(printed: str) -> dict[tuple[str, int], list[str]]:
 
 
 def test_plan_measure_on_the_tiny_recipe_prints_measured_beside_planned():
-    """`vocagnolm plan --config recipes/demo-cpu.yaml --measure true` as typed, on this CPU: the recipe's step (`ce`:
+    """`vocagnolm plan --config demo-cpu --measure true` as typed, on this CPU: the recipe's step (`ce`:
     the student only) at its micro-batch and at half of it, LitGPT's step, a checkpoint's save and load, each beside
     the plan, then the budget's projection and the ratio to LitGPT's step."""
     out = subprocess.run(
-        [str(BIN / "vocagnolm"), "plan", "--config", str(RECIPES / "demo-cpu.yaml"), "--measure", "true"],
+        [str(BIN / "vocagnolm"), "plan", "--config", "demo-cpu", "--measure", "true"],
         capture_output=True,
         text=True,
         timeout=900,

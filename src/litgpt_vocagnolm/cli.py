@@ -48,6 +48,10 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
         "litgpt_vocagnolm.demo:demo",
         "The whole method in miniature on a CPU: teacher, students per method, table, plot",
     ),
+    "recipes": (
+        "litgpt_vocagnolm.training.recipes:recipes",
+        "The recipes that come with the package (name, teacher, method, budget); --copy one, or the sbatch scripts",
+    ),
     "convert_to_litgpt": (
         "litgpt_vocagnolm.models.model_configs:convert_to_litgpt",
         "litgpt convert_to_litgpt, also for llemma_7b, deepseek-math-7b-* and Mistral-7B-ProXMath",
@@ -119,7 +123,12 @@ def run_recipe(name: str, args: list[str]) -> None:
     debug, args = _split_debug(args)
     prog = f"litgpt pretrain --recipe {name}"
     with plain_user_errors(prog, debug):
-        _run(recipes[name].load(), args, prog=prog)
+        _run(recipes[name].load(), _packaged_configs(args), prog=prog)
+
+
+def _packaged_configs(args: list[str]) -> list[str]:
+    """`--config NAME` of a recipe that comes with the package, as its path (`recipes.with_packaged_configs`)."""
+    return import_module("litgpt_vocagnolm.training.recipes").with_packaged_configs(args)
 
 
 def _run(function: Callable, args: list[str], prog: str) -> None:
@@ -196,5 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     prog = f"vocagnolm {command}"
     with plain_user_errors(prog, debug):
         if command == "plan":
-            return getattr(import_module(module), function)(rest, prog=prog, parser_class=_configure())
+            return getattr(import_module(module), function)(
+                _packaged_configs(rest), prog=prog, parser_class=_configure()
+            )
         _run(getattr(import_module(module), function), rest, prog=prog)
