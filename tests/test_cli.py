@@ -187,17 +187,52 @@ def test_regular_wheel_install_dispatches(tmp_path):
     assert sorted(p.name for p in (tmp_path / "slurm").iterdir()) == ["score-teacher.sbatch", "vocagnolm.sbatch"]
 
 
-def test_a_value_outside_a_literal_names_the_choices(tmp_path):
-    """jsonargparse <= 4.42 says only "Cannot take a Union of no types." for these."""
-    out = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--guidance.method", "nonsense")
-    assert out.returncode == 2
-    expected = 'Parser key "guidance.method":\n  Expected one of: vocagnolm, ce, rho1, kld, uld, chunk, random'
-    assert expected in out.stderr
+RECIPE = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm"]
+ONE_LINE = "litgpt pretrain --recipe vocagnolm: error: "
+
+
+@pytest.mark.parametrize(
+    "args, refusal",
+    [
+        (["--train.max_tokens", "1.5"], "--train.max_tokens: 1.5 is not a whole number"),
+        (["--train.max_tokens=1e-3"], "--train.max_tokens: 1e-3 is not a whole number"),
+        # jsonargparse <= 4.42 says only "Cannot take a Union of no types." for a value outside a Literal
+        (["--guidance.method", "nonsense"], "--guidance.method: nonsense is not one of: vocagnolm, ce, rho1, kld,"),
+        (["--train.max_tokenz", "5"], "--train.max_tokenz is not an option: did you mean --train.max_tokens?"),
+        (["--guidance.top_k", "abc"], "--guidance.top_k: abc is not valid here (it takes float)."),
+    ],
+)
+def test_a_refused_option_is_one_line_naming_option_value_and_what_it_takes(args, refusal):
+    out = run(*RECIPE, *args)
+    assert (out.returncode, out.stderr.count("\n")) == (2, 1), out.stderr
+    assert out.stderr.startswith(ONE_LINE + refusal) and out.stderr.endswith(" See --help.\n"), out.stderr
+    if "whole" in refusal:
+        assert "(it takes an integer such as 15e9 or 15_000_000_000)" in out.stderr
+    debug = run(*RECIPE, *args, "--debug")  # jsonargparse's usage and whole message
+    assert debug.returncode == 2 and debug.stderr.startswith("usage: litgpt pretrain --recipe vocagnolm")
+
+
+def test_a_refused_value_in_a_config_file_is_one_line(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text("guidance:\n  scope: everywhere\n")
     out = run(str(BIN / "vocagnolm"), "pretrain", "--config", str(config))
-    assert out.returncode == 2 and "Expected one of: batch, sequence, global" in out.stderr
-    assert "Union of no types" not in out.stderr
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "error: --guidance.scope: everywhere is not one of: batch, sequence, global." in out.stderr
+    config.write_text("train:\n  max_tokens: 1.5\n")
+    out = run(str(BIN / "vocagnolm"), "pretrain", "--config", str(config))
+    assert out.returncode == 2 and "error: --train.max_tokens: 1.5 is not a whole number" in out.stderr
+
+
+@pytest.mark.parametrize("written", ["1e9", "1E9", "1_000_000_000", "1000000000", "1.0e9"])
+def test_whole_numbers_as_people_write_them(tmp_path, written):
+    """As the paper and LitGPT's tutorials write budgets, on the command line and in a YAML file."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"train:\n  max_tokens: {written}\n  max_seq_length: 2e3\n")
+    for args in (["--train.max_tokens", written], ["--config", str(config)]):
+        out = run(*RECIPE, "--config", "demo-cpu", *args, "--print_config")
+        assert out.returncode == 0, out.stderr
+        printed = yaml.safe_load(out.stdout)["train"]
+        assert printed["max_tokens"] == 1_000_000_000 and type(printed["max_tokens"]) is int
 
 
 def test_packaged_recipes_are_listed_copied_and_run_by_name_where_a_path_wins(tmp_path):
