@@ -266,3 +266,56 @@ def test_packaged_recipes_are_listed_copied_and_run_by_name_where_a_path_wins(tm
         "--config tinyllama-qwen: no such file" in unknown.stderr
         and "tinyllama-qwen2.5-math-7b-instruct" in unknown.stderr
     )
+
+
+@pytest.mark.parametrize(
+    "args, built",
+    [
+        (["--config", "demo-cpu", "--optimizer.lr", "1e6"], ("AdamW", 1e6, 0.1)),
+        (["--config", "demo-cpu", "--optimizer.init_args.lr", "1e6"], ("AdamW", 1e6, 0.1)),
+        (["--config", "demo-cpu", "--optimizer.weight_decay", "0.3"], ("AdamW", 1e-3, 0.3)),
+        (["--optimizer.class_path", "SGD", "--optimizer.init_args.lr", "0.5"], ("SGD", 0.5, 0)),
+        (["--optimizer", '{"class_path": "torch.optim.SGD", "init_args": {"lr": 0.5}}'], ("SGD", 0.5, 0)),
+        ([], ("AdamW", 1e-3, 0.01)),  # the recipe's default: torch's AdamW as it comes
+    ],
+)
+def test_optimizer_overrides_reach_the_optimizer_the_run_builds(args, built):
+    """The recipe's parser, then what `setup` does with --optimizer: `check_optimizer` (whose result the run builds
+    and hyperparameters.yaml records), then LitGPT's `instantiate_torch_optimizer`, as `main` calls it."""
+    import torch
+    from jsonargparse import CLI, capture_parser
+    from litgpt.utils import instantiate_torch_optimizer
+
+    from litgpt_vocagnolm.cli import _configure
+    from litgpt_vocagnolm.training.checks import check_optimizer
+    from litgpt_vocagnolm.training.recipe import setup
+    from litgpt_vocagnolm.training.recipes import with_packaged_configs
+
+    parser = capture_parser(lambda: CLI(setup, args=[], parser_class=_configure()))
+    optimizer = check_optimizer(parser.parse_args(with_packaged_configs(args)).optimizer)
+    built_optimizer = instantiate_torch_optimizer(optimizer, [torch.nn.Parameter(torch.zeros(1))])
+    defaults = built_optimizer.defaults
+    assert (type(built_optimizer).__name__, defaults["lr"], defaults["weight_decay"]) == built
+
+
+@pytest.mark.parametrize(
+    "args, refusal",
+    [
+        (
+            ["--optimizer.init_args.lrr", "1"],
+            "--optimizer.init_args.lrr: torch.optim.AdamW takes no 'lrr'. It takes: amsgrad, betas,",
+        ),
+        (
+            ["--optimizer", "AdamW", "--optimizer.weight_decay", "0.1"],
+            "--optimizer.weight_decay needs the optimizer's class beside it: give --optimizer.class_path",
+        ),
+        (
+            ["--optimizer", '{"class_path": "torch.optim.SGD", "init_args": {"lr": 0.5}}'],
+            "--optimizer: a whole optimizer can't follow a --config that names one. Change its arguments one by one",
+        ),
+    ],
+)
+def test_an_optimizer_override_that_cannot_apply_is_refused_in_one_line(args, refusal):
+    out = run(*RECIPE, "--config", "demo-cpu", "--data.path", "nowhere", *args)  # refused before the data is read
+    assert (out.returncode, out.stderr.count("\n")) == (1, 1), out.stderr
+    assert out.stderr.startswith(ONE_LINE + refusal), out.stderr

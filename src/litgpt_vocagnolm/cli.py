@@ -137,7 +137,20 @@ def _packaged_configs(args: list[str]) -> list[str]:
 def _run(function: Callable, args: list[str], prog: str, debug: bool) -> None:
     from jsonargparse import CLI
 
-    CLI(function, args=args, prog=prog, parser_class=_configure(debug))
+    from litgpt_vocagnolm.errors import InvalidArgument
+
+    try:
+        CLI(function, args=args, prog=prog, parser_class=_configure(debug))
+    except AttributeError as error:
+        # jsonargparse 4.41 fails so on a whole {"class_path", "init_args"} object for an option that a --config
+        # before it already gave as one (`--optimizer '{...}'` after a recipe's YAML).
+        if str(error) != "'dict' object has no attribute 'init_args'":
+            raise
+        raise InvalidArgument(
+            "--optimizer: a whole optimizer can't follow a --config that names one. Change its arguments one by one"
+            " (--optimizer.init_args.lr 1e-4), or give the whole optimizer in a copy of the YAML (`vocagnolm"
+            " recipes --copy NAME --dest .`)."
+        ) from error
 
 
 def _configure(debug: bool = False) -> type:

@@ -47,6 +47,7 @@ from litgpt_vocagnolm.models.gpt import frozen_model, initialize_weights, load_m
 from litgpt_vocagnolm.models.weights import load_weights
 from litgpt_vocagnolm.planning.flops import forward_flops, training_flops
 from litgpt_vocagnolm.training.checkpoints import Checkpointer
+from litgpt_vocagnolm.training.checks import optimizer_spec
 from litgpt_vocagnolm.training.distributed import checkpoint_activations, compile_blocks, fused_optimizer
 from litgpt_vocagnolm.training.micro_batch import Guide
 from litgpt_vocagnolm.training.recipe import Run, fit
@@ -270,7 +271,9 @@ def student_model(fabric: L.Fabric, setting: Setting) -> tuple[nn.Module, torch.
     if args.compile:
         compile_blocks(model)
     model = fabric.setup(model)
-    optimizer = instantiate_torch_optimizer(args.optimizer, model.parameters(), fused=fused_optimizer(fabric.device))
+    optimizer = instantiate_torch_optimizer(
+        optimizer_spec(args.optimizer), model.parameters(), fused=fused_optimizer(fabric.device)
+    )
     initial = args.initial_checkpoint_dir
     if initial is not None and (Path(initial) / "lit_model.pth").is_file():
         load_weights(model, Path(initial) / "lit_model.pth")
@@ -402,7 +405,9 @@ def litgpt_step(fabric: L.Fabric, setting: Setting, micro_batch: int) -> Measure
     # LitGPT's whole-model compile holds the head's product, not the loss (`chunked_cross_entropy` runs on the
     # logits outside), so no gather over rows x vocabulary is fused into one kernel (`distributed.compile_blocks`).
     model = fabric.setup(torch.compile(model) if compiled else model)
-    optimizer = instantiate_torch_optimizer(args.optimizer, model.parameters(), fused=fused_optimizer(device))
+    optimizer = instantiate_torch_optimizer(
+        optimizer_spec(args.optimizer), model.parameters(), fused=fused_optimizer(device)
+    )
     optimizer = fabric.setup_optimizers(optimizer)
     A, warmup = setting.accumulation, warmup_steps(compiled)
     stamped = Stamped(batches(fabric, setting, "cached", micro_batch), at=warmup * A, memory=memory, device=device)
