@@ -88,7 +88,7 @@ demo-cpu: install
 	test -f out/demo-cpu/data/manifest.json || $(VENV)/bin/vocagnolm prepare \
 		--student tests/fixtures/tokenizers/tinyllama-1.1b --teacher tests/fixtures/tokenizers/qwen2.5 \
 		--input data/gsm8k/train.jsonl --text_key question,answer --output out/demo-cpu/data --max_seq_length 128
-	$(VENV)/bin/litgpt pretrain --recipe vocagnolm --config recipes/demo-cpu.yaml
+	$(VENV)/bin/litgpt pretrain --recipe vocagnolm --config demo-cpu
 
 # Each benchmark at its defaults; `make bench ARGS=--smoke` runs each at its smallest sizes, as `make test` does.
 bench: install

@@ -18,6 +18,7 @@ from litgpt_vocagnolm.training.score_teacher import score_teacher
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the console scripts of this environment
 TOKENIZERS = ROOT / "tests" / "fixtures" / "tokenizers"
+RECIPES = ROOT / "src" / "litgpt_vocagnolm" / "recipes"  # the packaged recipes (YAMLs; sbatch scripts in slurm/)
 TINYLLAMA, QWEN, MISTRAL = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5", TOKENIZERS / "mistral-7b-v0.1"
 LLEMMA = TOKENIZERS / "llemma-7b"  # TinyLlama's 32,000 tokens with the same ids, then 16 infill tokens
 

@@ -242,7 +242,7 @@ def test_inspect(tmp_path):
 
 def test_plan():
     """`make demo-cpu`'s recipe, as its comment says to run it (from the repository)."""
-    out = run("vocagnolm", "plan", "--config", "recipes/demo-cpu.yaml", cwd=ROOT)
+    out = run("vocagnolm", "plan", "--config", "demo-cpu", cwd=ROOT)
     largest = re.search(r"Largest micro-batch that fits 80 GB: (\d+)", out.stdout)
     assert largest and int(largest[1]) >= 8  # the recipe's own micro-batch fits
 

@@ -9,7 +9,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import BIN, ROOT
+import yaml
+from conftest import BIN, RECIPES, ROOT
 from test_recipe import metrics, recipe_config
 
 # The two ways LitGPT's command line starts: its console script, and `python -m litgpt`, which runpy runs as __main__.
@@ -162,15 +163,159 @@ def test_regular_wheel_install_dispatches(tmp_path):
     where = run(str(python), "-c", "import litgpt_vocagnolm; print(litgpt_vocagnolm.__file__)", cwd=tmp_path, env=env)
     assert str(site) in where.stdout  # the installed copy, not this checkout
 
+    # The recipes come with the wheel: listed, run by name and copied, in a folder that holds no clone.
+    names = {path.name for path in RECIPES.glob("*.yaml")} | {f"slurm/{p.name}" for p in RECIPES.glob("slurm/*")}
+    assert {f"litgpt_vocagnolm/recipes/{name}" for name in names} <= set(zipfile.ZipFile(wheel).namelist())
+    listed = run(str(env_dir / "bin" / "vocagnolm"), "recipes", cwd=tmp_path, env=env)
+    assert listed.returncode == 0, listed.stderr
+    row = next(line.split() for line in listed.stdout.splitlines() if line.startswith("tinyllama-qwen2.5-math-7b "))
+    assert row[1:4] == ["Qwen2.5-Math-7B", "vocagnolm", "15_000_000_000"]
+    assert row[4] == str(site / "litgpt_vocagnolm" / "recipes" / "tinyllama-qwen2.5-math-7b.yaml")
+    recipe = "tinyllama-qwen2.5-math-7b-instruct"
+    out = run(
+        str(litgpt), "pretrain", "--recipe", "vocagnolm", "--config", recipe, "--print_config", cwd=tmp_path, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    printed = yaml.safe_load(out.stdout)
+    assert printed["teacher"]["checkpoint_dir"] == ["checkpoints/Qwen/Qwen2.5-Math-7B-Instruct"]  # one teacher
+    assert printed["optimizer"]["init_args"]["lr"] == 8e-5 and printed["train"]["max_tokens"] == 15_000_000_000
+    copied = run(str(env_dir / "bin" / "vocagnolm"), "recipes", "--copy", recipe, "--dest", ".", cwd=tmp_path, env=env)
+    assert copied.returncode == 0, copied.stderr
+    assert (tmp_path / f"{recipe}.yaml").read_text() == (RECIPES / f"{recipe}.yaml").read_text()
+    copied = run(str(env_dir / "bin" / "vocagnolm"), "recipes", "--copy", "slurm", "--dest", ".", cwd=tmp_path, env=env)
+    assert copied.returncode == 0, copied.stderr
+    assert sorted(p.name for p in (tmp_path / "slurm").iterdir()) == ["score-teacher.sbatch", "vocagnolm.sbatch"]
 
-def test_a_value_outside_a_literal_names_the_choices(tmp_path):
-    """jsonargparse <= 4.42 says only "Cannot take a Union of no types." for these."""
-    out = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--guidance.method", "nonsense")
-    assert out.returncode == 2
-    expected = 'Parser key "guidance.method":\n  Expected one of: vocagnolm, ce, rho1, kld, uld, chunk, random'
-    assert expected in out.stderr
+
+RECIPE = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm"]
+ONE_LINE = "litgpt pretrain --recipe vocagnolm: error: "
+
+
+@pytest.mark.parametrize(
+    "args, refusal",
+    [
+        (["--train.max_tokens", "1.5"], "--train.max_tokens: 1.5 is not a whole number"),
+        (["--train.max_tokens=1e-3"], "--train.max_tokens: 1e-3 is not a whole number"),
+        # jsonargparse <= 4.42 says only "Cannot take a Union of no types." for a value outside a Literal
+        (["--guidance.method", "nonsense"], "--guidance.method: nonsense is not one of: vocagnolm, ce, rho1, kld,"),
+        (["--train.max_tokenz", "5"], "--train.max_tokenz is not an option: did you mean --train.max_tokens?"),
+        (["--guidance.top_k", "abc"], "--guidance.top_k: abc is not valid here (it takes float)."),
+    ],
+)
+def test_a_refused_option_is_one_line_naming_option_value_and_what_it_takes(args, refusal):
+    out = run(*RECIPE, *args)
+    assert (out.returncode, out.stderr.count("\n")) == (2, 1), out.stderr
+    assert out.stderr.startswith(ONE_LINE + refusal) and out.stderr.endswith(" See --help.\n"), out.stderr
+    if "whole" in refusal:
+        assert "(it takes an integer such as 15e9 or 15_000_000_000)" in out.stderr
+    debug = run(*RECIPE, *args, "--debug")  # jsonargparse's usage and whole message
+    assert debug.returncode == 2 and debug.stderr.startswith("usage: litgpt pretrain --recipe vocagnolm")
+
+
+def test_a_refused_value_in_a_config_file_is_one_line(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text("guidance:\n  scope: everywhere\n")
     out = run(str(BIN / "vocagnolm"), "pretrain", "--config", str(config))
-    assert out.returncode == 2 and "Expected one of: batch, sequence, global" in out.stderr
-    assert "Union of no types" not in out.stderr
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "error: --guidance.scope: everywhere is not one of: batch, sequence, global." in out.stderr
+    config.write_text("train:\n  max_tokens: 1.5\n")
+    out = run(str(BIN / "vocagnolm"), "pretrain", "--config", str(config))
+    assert out.returncode == 2 and "error: --train.max_tokens: 1.5 is not a whole number" in out.stderr
+
+
+@pytest.mark.parametrize("written", ["1e9", "1E9", "1_000_000_000", "1000000000", "1.0e9"])
+def test_whole_numbers_as_people_write_them(tmp_path, written):
+    """As the paper and LitGPT's tutorials write budgets, on the command line and in a YAML file."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"train:\n  max_tokens: {written}\n  max_seq_length: 2e3\n")
+    for args in (["--train.max_tokens", written], ["--config", str(config)]):
+        out = run(*RECIPE, "--config", "demo-cpu", *args, "--print_config")
+        assert out.returncode == 0, out.stderr
+        printed = yaml.safe_load(out.stdout)["train"]
+        assert printed["max_tokens"] == 1_000_000_000 and type(printed["max_tokens"]) is int
+
+
+def test_packaged_recipes_are_listed_copied_and_run_by_name_where_a_path_wins(tmp_path):
+    vocagnolm = str(BIN / "vocagnolm")
+    listed = run(vocagnolm, "recipes", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    header, *rows = [line.split() for line in listed.stdout.splitlines()]
+    assert header == ["name", "teacher", "method", "budget", "(tokens)", "file"]
+    assert {row[0]: row[1:] for row in rows}["demo-cpu"] == ["none", "ce", "40_960", str(RECIPES / "demo-cpu.yaml")]
+    assert sorted(row[0] for row in rows) == sorted(path.stem for path in RECIPES.glob("*.yaml"))
+
+    def max_tokens(config: str) -> int:
+        out = run(
+            str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", config, "--print_config", cwd=tmp_path
+        )
+        assert out.returncode == 0, out.stderr
+        return yaml.safe_load(out.stdout)["train"]["max_tokens"]
+
+    assert max_tokens("demo-cpu") == max_tokens("demo-cpu.yaml") == 40_960  # by name, with or without .yaml
+    assert run(vocagnolm, "recipes", "--copy", "demo-cpu", "--dest", ".", cwd=tmp_path).returncode == 0
+    copy = tmp_path / "demo-cpu.yaml"
+    copy.write_text(copy.read_text().replace("max_tokens: 40960", "max_tokens: 8192"))
+    assert max_tokens("demo-cpu.yaml") == 8192  # the edited copy here, not the packaged recipe
+    again = run(vocagnolm, "recipes", "--copy", "demo-cpu", "--dest", ".", cwd=tmp_path)
+    assert again.returncode == 1 and again.stderr.count("\n") == 1, again.stderr
+    assert "demo-cpu.yaml exists" in again.stderr and "8192" in copy.read_text()  # never replaced
+
+    unknown = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", "tinyllama-qwen", cwd=tmp_path)
+    assert unknown.returncode == 1 and unknown.stderr.count("\n") == 1, unknown.stderr
+    assert (
+        "--config tinyllama-qwen: no such file" in unknown.stderr
+        and "tinyllama-qwen2.5-math-7b-instruct" in unknown.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    "args, built",
+    [
+        (["--config", "demo-cpu", "--optimizer.lr", "1e6"], ("AdamW", 1e6, 0.1)),
+        (["--config", "demo-cpu", "--optimizer.init_args.lr", "1e6"], ("AdamW", 1e6, 0.1)),
+        (["--config", "demo-cpu", "--optimizer.weight_decay", "0.3"], ("AdamW", 1e-3, 0.3)),
+        (["--optimizer.class_path", "SGD", "--optimizer.init_args.lr", "0.5"], ("SGD", 0.5, 0)),
+        (["--optimizer", '{"class_path": "torch.optim.SGD", "init_args": {"lr": 0.5}}'], ("SGD", 0.5, 0)),
+        ([], ("AdamW", 1e-3, 0.01)),  # the recipe's default: torch's AdamW as it comes
+    ],
+)
+def test_optimizer_overrides_reach_the_optimizer_the_run_builds(args, built):
+    """The recipe's parser, then what `setup` does with --optimizer: `check_optimizer` (whose result the run builds
+    and hyperparameters.yaml records), then LitGPT's `instantiate_torch_optimizer`, as `main` calls it."""
+    import torch
+    from jsonargparse import CLI, capture_parser
+    from litgpt.utils import instantiate_torch_optimizer
+
+    from litgpt_vocagnolm.cli import _configure
+    from litgpt_vocagnolm.training.checks import check_optimizer
+    from litgpt_vocagnolm.training.recipe import setup
+    from litgpt_vocagnolm.training.recipes import with_packaged_configs
+
+    parser = capture_parser(lambda: CLI(setup, args=[], parser_class=_configure()))
+    optimizer = check_optimizer(parser.parse_args(with_packaged_configs(args)).optimizer)
+    built_optimizer = instantiate_torch_optimizer(optimizer, [torch.nn.Parameter(torch.zeros(1))])
+    defaults = built_optimizer.defaults
+    assert (type(built_optimizer).__name__, defaults["lr"], defaults["weight_decay"]) == built
+
+
+@pytest.mark.parametrize(
+    "args, refusal",
+    [
+        (
+            ["--optimizer.init_args.lrr", "1"],
+            "--optimizer.init_args.lrr: torch.optim.AdamW takes no 'lrr'. It takes: amsgrad, betas,",
+        ),
+        (
+            ["--optimizer", "AdamW", "--optimizer.weight_decay", "0.1"],
+            "--optimizer.weight_decay needs the optimizer's class beside it: give --optimizer.class_path",
+        ),
+        (
+            ["--optimizer", '{"class_path": "torch.optim.SGD", "init_args": {"lr": 0.5}}'],
+            "--optimizer: a whole optimizer can't follow a --config that names one. Change its arguments one by one",
+        ),
+    ],
+)
+def test_an_optimizer_override_that_cannot_apply_is_refused_in_one_line(args, refusal):
+    out = run(*RECIPE, "--config", "demo-cpu", "--data.path", "nowhere", *args)  # refused before the data is read
+    assert (out.returncode, out.stderr.count("\n")) == (1, 1), out.stderr
+    assert out.stderr.startswith(ONE_LINE + refusal), out.stderr

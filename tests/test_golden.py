@@ -1,4 +1,5 @@
-"""A golden loss curve: `recipes/demo-cpu.yaml` as `make demo-cpu` runs it must train to the recorded losses.
+"""A golden loss curve: the packaged recipe `demo-cpu`, run by its name as `make demo-cpu` runs it, must train to the
+recorded losses.
 
 A refactor that changes what the recipe computes (data order, loss, schedule, initialisation) shows here. The curve in
 tests/assets/losses/demo-cpu.json was recorded with the command below; record it again, and say why in the commit,
@@ -41,7 +42,7 @@ def test_demo_cpu_recipe_follows_its_golden_loss_curve(tmp_path):
             "--recipe",
             "vocagnolm",
             "--config",
-            str(ROOT / "recipes" / "demo-cpu.yaml"),
+            "demo-cpu",
             "--data.path",
             str(data),
             "--out_dir",

@@ -48,7 +48,7 @@ from typing import Callable
 
 import pytest
 import torch
-from conftest import QWEN, ROOT, TINYLLAMA, make_checkpoint, model_config_fields, tiny_config
+from conftest import QWEN, RECIPES, ROOT, TINYLLAMA, make_checkpoint, model_config_fields, tiny_config
 from litgpt.config import Config
 from test_plan import measured_rows
 from test_recipe import metrics
@@ -56,7 +56,7 @@ from test_recipe import metrics
 from litgpt_vocagnolm.demo.tokenizer_training import train_student_tokenizer, train_teacher_tokenizer
 
 CHAIN_LOG = "VOCAGNOLM_CHAIN_LOG"  # the log's path; `make test-gpu` sets it and prints it
-RECIPE = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b-instruct.yaml"
+RECIPE = RECIPES / "tinyllama-qwen2.5-math-7b-instruct.yaml"
 STEPS, SAVED_STEP = 3, 2  # optimizer steps of each run; the one step the cached run saves, where the resumed starts
 GLOBAL_BATCH = 8  # the recipe's micro-batch: one micro-batch per optimizer step on one device
 CACHE = "data/teacher_loss/teacher"  # where score-teacher writes by default for a teacher folder named "teacher"

@@ -6,14 +6,14 @@ import subprocess
 
 import lightning as L
 import pytest
-from conftest import BIN, ROOT, TINYLLAMA
+from conftest import BIN, RECIPES, ROOT, TINYLLAMA
 from litgpt.config import Config
 
 from litgpt_vocagnolm.models.model_configs import llama_config
 from litgpt_vocagnolm.planning.memory import StepShape, estimate_memory, matmul_parameters, parameters
 from litgpt_vocagnolm.training.distributed import FSDPArgs
 
-PAPER_RECIPE = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b-instruct.yaml"
+PAPER_RECIPE = RECIPES / "tinyllama-qwen2.5-math-7b-instruct.yaml"
 WORKS = "online|cached|student only|scoring|LitGPT's step"
 ROW = re.compile(rf"^  ({WORKS}) +(\d+) +(\S+) +(\S+) +(\S+) +(\S+) +(\S+) +(\S+)$")  # work, micro-batch, 3 x 2
 
@@ -68,7 +68,7 @@ def test_estimate_is_within_15_percent_of_the_measured_peak(activation_checkpoin
 
 @pytest.mark.slow
 def test_plan_command_on_the_paper_recipe():
-    recipe = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b-instruct.yaml"
+    recipe = RECIPES / "tinyllama-qwen2.5-math-7b-instruct.yaml"
     out = subprocess.run(
         [str(BIN / "vocagnolm"), "plan", "--config", str(recipe), "--window", "1900"],
         capture_output=True,
@@ -109,7 +109,7 @@ def test_plan_counts_no_teacher_for_a_method_that_loads_none(capsys):
     so); `vocagnolm` with the same recipe runs its teacher online."""
     from litgpt_vocagnolm.planning.plan import plan
 
-    recipe = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b-instruct.yaml"
+    recipe = RECIPES / "tinyllama-qwen2.5-math-7b-instruct.yaml"
     printed = {}
     for method in ("random", "vocagnolm"):
         plan(["--config", str(recipe), "--window", "1900", "--guidance.method", method])
@@ -157,11 +157,11 @@ def measured_rows(printed: str) -> dict[tuple[str, int], list[str]]:
 
 
 def test_plan_measure_on_the_tiny_recipe_prints_measured_beside_planned():
-    """`vocagnolm plan --config recipes/demo-cpu.yaml --measure true` as typed, on this CPU: the recipe's step (`ce`:
+    """`vocagnolm plan --config demo-cpu --measure true` as typed, on this CPU: the recipe's step (`ce`:
     the student only) at its micro-batch and at half of it, LitGPT's step, a checkpoint's save and load, each beside
     the plan, then the budget's projection and the ratio to LitGPT's step."""
     out = subprocess.run(
-        [str(BIN / "vocagnolm"), "plan", "--config", "recipes/demo-cpu.yaml", "--measure", "true"],
+        [str(BIN / "vocagnolm"), "plan", "--config", "demo-cpu", "--measure", "true"],
         capture_output=True,
         text=True,
         timeout=900,
@@ -205,7 +205,7 @@ def test_plan_measure_with_a_teacher_runs_online_cached_and_scoring(
     plan(
         [
             "--config",
-            str(ROOT / "recipes" / "demo-cpu.yaml"),
+            str(RECIPES / "demo-cpu.yaml"),
             "--measure",
             "true",
             "--guidance.method",

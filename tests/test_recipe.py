@@ -14,7 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import BIN, LLEMMA, MISTRAL, QWEN, ROOT, TINYLLAMA, make_checkpoint, student_config_yaml, tiny_config
+from conftest import (
+    BIN,
+    LLEMMA,
+    MISTRAL,
+    QWEN,
+    RECIPES,
+    ROOT,
+    TINYLLAMA,
+    make_checkpoint,
+    student_config_yaml,
+    tiny_config,
+)
 from jsonargparse import CLI, capture_parser
 from test_loss_distributed import free_port
 from test_user_errors import assert_one_line
@@ -86,7 +97,7 @@ def metrics(out_dir: Path) -> list[dict[str, float]]:
     return [row for row in metric_rows(out_dir) if "loss" in row]
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((RECIPES).glob("*.yaml")), ids=lambda p: p.name)
 def test_recipe_yamls_parse_against_setup(path):
     parser = capture_parser(lambda: CLI(setup, args=[]))
     config = parser.instantiate_classes(parser.parse_args(["--config", str(path)]))
@@ -690,7 +701,7 @@ def test_slurm_environment_is_detected(monkeypatch):
     )
     assert environment.main_address == "gpu07"
 
-    sbatch = (ROOT / "recipes" / "slurm" / "vocagnolm.sbatch").read_text()
+    sbatch = (RECIPES / "slurm" / "vocagnolm.sbatch").read_text()
     assert "#SBATCH --nodes=4" in sbatch and "#SBATCH --ntasks-per-node=8" in sbatch
     # The shape comes from the allocation: these 8 tasks per node on 4 nodes, whatever the header asked for.
     assert "srun litgpt pretrain --recipe vocagnolm" in sbatch
@@ -716,7 +727,7 @@ def test_slurm_environment_is_detected(monkeypatch):
 def test_sbatch_scripts_make_their_log_directory_then_submit_themselves(tmp_path, script, args, srun):
     """Slurm opens `--output=logs/...` before the script runs: run with bash, a script makes logs/ and submits itself;
     as the job (here 4 nodes x 8 tasks), it runs srun with the allocation's shape. Requeued runs append to the log."""
-    path = ROOT / "recipes" / "slurm" / script
+    path = RECIPES / "slurm" / script
     text = path.read_text()
     assert "#SBATCH --output=logs/%x-%j.out" in text and "#SBATCH --open-mode=append" in text
     assert "#SBATCH --requeue" in text

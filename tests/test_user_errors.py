@@ -8,14 +8,14 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import BIN, MISTRAL, ROOT, TINYLLAMA, make_checkpoint, tiny_config
+from conftest import BIN, MISTRAL, RECIPES, ROOT, TINYLLAMA, make_checkpoint, tiny_config
 from litgpt.args import EvalArgs, TrainArgs
 
 from litgpt_vocagnolm.cli import plain_user_errors
 from litgpt_vocagnolm.demo.settings import DemoSizes
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken
 
-PAPER_RECIPE = ROOT / "recipes" / "tinyllama-qwen2.5-math-7b.yaml"  # TinyLlama (block 2048), Qwen2.5-Math-7B (4096)
+PAPER_RECIPE = RECIPES / "tinyllama-qwen2.5-math-7b.yaml"  # TinyLlama (block 2048), Qwen2.5-Math-7B (4096)
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

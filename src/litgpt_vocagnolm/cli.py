@@ -4,13 +4,16 @@ Each command is a typed function; jsonargparse builds its parser (with `--help`,
 dotted overrides) only for the command that runs, so `vocagnolm --help` stays fast.
 """
 
+import difflib
 import os
 import re
 import sys
 from contextlib import contextmanager
+from decimal import Decimal, InvalidOperation
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import Callable, Iterator, Literal, NoReturn, get_args, get_origin
+from types import UnionType
+from typing import Callable, Iterator, Literal, NoReturn, Union, get_args, get_origin
 
 RECIPE_GROUP = "litgpt.recipes"
 DEBUG_FLAG, DEBUG_ENV = "--debug", "VOCAGNOLM_DEBUG"  # either shows a user error's traceback
@@ -47,6 +50,10 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "demo": (
         "litgpt_vocagnolm.demo.pipeline:demo",
         "The whole method in miniature on a CPU: teacher, students per method, table, plot",
+    ),
+    "recipes": (
+        "litgpt_vocagnolm.training.recipes:recipes",
+        "The recipes that come with the package (name, teacher, method, budget); --copy one, or the sbatch scripts",
     ),
     "convert_to_litgpt": (
         "litgpt_vocagnolm.models.model_configs:convert_to_litgpt",
@@ -119,36 +126,72 @@ def run_recipe(name: str, args: list[str]) -> None:
     debug, args = _split_debug(args)
     prog = f"litgpt pretrain --recipe {name}"
     with plain_user_errors(prog, debug):
-        _run(recipes[name].load(), args, prog=prog)
+        _run(recipes[name].load(), _packaged_configs(args), prog=prog, debug=debug)
 
 
-def _run(function: Callable, args: list[str], prog: str) -> None:
+def _packaged_configs(args: list[str]) -> list[str]:
+    """`--config NAME` of a recipe that comes with the package, as its path (`recipes.with_packaged_configs`)."""
+    return import_module("litgpt_vocagnolm.training.recipes").with_packaged_configs(args)
+
+
+def _run(function: Callable, args: list[str], prog: str, debug: bool) -> None:
     from jsonargparse import CLI
 
-    CLI(function, args=args, prog=prog, parser_class=_configure())
+    from litgpt_vocagnolm.errors import InvalidArgument
+
+    try:
+        CLI(function, args=args, prog=prog, parser_class=_configure(debug))
+    except AttributeError as error:
+        # jsonargparse 4.41 fails so on a whole {"class_path", "init_args"} object for an option that a --config
+        # before it already gave as one (`--optimizer '{...}'` after a recipe's YAML).
+        if str(error) != "'dict' object has no attribute 'init_args'":
+            raise
+        raise InvalidArgument(
+            "--optimizer: a whole optimizer can't follow a --config that names one. Change its arguments one by one"
+            " (--optimizer.init_args.lr 1e-4), or give the whole optimizer in a copy of the YAML (`vocagnolm"
+            " recipes --copy NAME --dest .`)."
+        ) from error
 
 
-def _configure() -> type:
-    """What `litgpt.__main__.main` sets up before its CLI call; returns the parser class to build parsers with."""
+def _configure(debug: bool = False) -> type:
+    """What `litgpt.__main__.main` sets up before its CLI call; returns the parser class to build parsers with, which
+    prints a refused option in one line (jsonargparse's usage and full message with `debug`)."""
     import warnings
 
     import torch
     from jsonargparse import ArgumentParser, set_config_read_mode, set_docstring_parse_options
 
     class Parser(ArgumentParser):
-        """Names the choices of a Literal of strings that a value is not among: jsonargparse before 4.43 (litgpt pins
-        <= 4.41) reports only "Cannot take a Union of no types." there (its pull request #790)."""
+        """Whole numbers as people write them, and a refused option as one line.
+
+        jsonargparse 4.41 reads `1e9` as the float 1000000000.0, which an `int` option refuses (LitGPT's
+        `TrainArgs.max_tokens`); its `int` is a leaf type, checked before any registered type, so no type can be
+        registered for it. Each value for an option that takes only integers is read here as the integer it writes
+        (`1e9`, `15e9`, `1_000_000_000`, `15e9` in a YAML file), exactly, before jsonargparse checks it; `1.5` and
+        `1e-3` stay as they are, and jsonargparse refuses them."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.given: dict[str, str] = {}  # each option's value as typed (or in a config), for the error line
+
+        def _get_values(self, action, arg_strings):  # argparse: the values of an option on the command line
+            if _whole_numbers_only(getattr(action, "_typehint", None)):
+                arg_strings = [_as_whole_number(value) for value in arg_strings]
+            self.given[action.dest] = " ".join(map(str, arg_strings))
+            return super()._get_values(action, arg_strings)
+
+        def _check_value_key(self, action, value, key, cfg, append=False):  # jsonargparse: every value, configs' too
+            self.given[key] = str(value)  # the last value checked is the one refused
+            if _whole_numbers_only(getattr(action, "_typehint", None)):
+                value = _as_whole_number(value)
+            return super()._check_value_key(action, value, key, cfg, append)
 
         def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-            def choices(match: re.Match) -> str:
-                action = next((a for a in self._actions if a.dest == match[1]), None)
-                typehint = getattr(action, "_typehint", None)  # jsonargparse's ActionTypeHint keeps the Literal here
-                if get_origin(typehint) is not Literal:
-                    return match[0]
-                key = match[0][: -len(UNION_OF_NO_TYPES)]
-                return f"{key}Expected one of: {', '.join(map(str, get_args(typehint)))}"
-
-            super().error(re.sub(r'Parser key "([^"]+)":\s+' + re.escape(UNION_OF_NO_TYPES), choices, message), ex)
+            message = _name_the_choices(self, message)
+            if debug or not self.exit_on_error:  # a nested parser's error is caught by the parser that holds it
+                super().error(message, ex)
+            print(f"{self.prog}: error: {_one_line(self, message)} See --help.", file=sys.stderr)
+            self.exit(2)
 
     set_docstring_parse_options(attribute_docstrings=True)
     set_config_read_mode(urls_enabled=True)
@@ -157,6 +200,80 @@ def _configure() -> type:
     )
     torch.set_float32_matmul_precision("high")
     return Parser
+
+
+def _whole_numbers_only(typehint: object) -> bool:
+    """Whether an option's type takes integers and neither floats nor strings (`int`, `Optional[int]`)."""
+    options = get_args(typehint) if get_origin(typehint) in (Union, UnionType) else (typehint,)
+    return int in options and not {float, str} & set(options)
+
+
+def _as_whole_number(value: object) -> object:
+    """`value` as the integer it writes when it writes one exactly: the text `1e9`, `15e9` or `1_000_000_000` as
+    "1000000000"..., the float 15e9 (from a YAML file) as 15000000000. Anything else unchanged."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            number = Decimal(value.strip())
+        except InvalidOperation:
+            return value
+        if number.is_finite() and number == number.to_integral_value():
+            return str(int(number))
+    return value
+
+
+def _name_the_choices(parser, message: str) -> str:
+    """Names the choices of a Literal of strings that a value is not among: jsonargparse before 4.43 (litgpt pins
+    <= 4.41) reports only "Cannot take a Union of no types." there (its pull request #790)."""
+
+    def choices(match: re.Match) -> str:
+        typehint = getattr(_action(parser, match[1]), "_typehint", None)
+        if get_origin(typehint) is not Literal:
+            return match[0]
+        key = match[0][: -len(UNION_OF_NO_TYPES)]
+        return f"{key}Expected one of: {', '.join(map(str, get_args(typehint)))}"
+
+    return re.sub(r'Parser key "([^"]+)":\s+' + re.escape(UNION_OF_NO_TYPES), choices, message)
+
+
+def _action(parser, dest: str) -> object | None:
+    return next((action for action in parser._actions if action.dest == dest), None)
+
+
+def _one_line(parser, message: str) -> str:
+    """jsonargparse's message for a refused option (a value, a misspelt option) as one line: the option, the value
+    and what the option takes."""
+    key = re.match(r'Parser key "([^"]+)":', message)
+    nested = re.search(r"^\s*Given value: NestedArg\(key='([^']*)', val='?(.*?)'?\)$", message, re.MULTILINE)
+    if key and nested:  # `--data.init_args.num_workers 1.5`: an argument of a class, the innermost error says why
+        reasons = [line.strip(" -") for line in message.split("Given value type:")[0].splitlines()]
+        reason = next(r for r in reversed(reasons) if r and not r.endswith(("<class 'NoneType'>", ":")))
+        return f"--{key[1]}.{nested[1]}: {nested[2]} is refused: {_readable(reason)}."
+    if key and _action(parser, key[1]) is not None:
+        given = re.search(r"(?:Given|Got) value: (.*)$", message, re.MULTILINE)
+        value = parser.given.get(key[1]) or (given[1] if given else "the value")
+        return f"--{key[1]}: {value} is not {_what_it_takes(getattr(_action(parser, key[1]), '_typehint', None))}."
+    unknown = re.match(r"Unrecognized arguments: (\S+)", message)
+    if unknown and unknown[1].startswith("-"):
+        option = unknown[1].split("=", 1)[0]
+        options = [name for action in parser._actions for name in action.option_strings]
+        closest = difflib.get_close_matches(option, options, n=1)
+        return f"{option} is not an option" + (f": did you mean {closest[0]}?" if closest else ".")
+    return " ".join(message.split()).rstrip(".") + "."
+
+
+def _readable(text: str) -> str:
+    """`<class 'pathlib.Path'>` as `Path`, `typing.Optional` as `Optional`."""
+    return re.sub(r"<class '(?:\w+\.)*(\w+)'>", r"\1", text).replace("typing.", "")
+
+
+def _what_it_takes(typehint: object) -> str:
+    if _whole_numbers_only(typehint):
+        return "a whole number (it takes an integer such as 15e9 or 15_000_000_000)"
+    if get_origin(typehint) is Literal:
+        return f"one of: {', '.join(map(str, get_args(typehint)))}"
+    return f"valid here (it takes {_readable(str(typehint))})"
 
 
 def litgpt_main(upstream_main: Callable[[], None]) -> None:
@@ -196,5 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     prog = f"vocagnolm {command}"
     with plain_user_errors(prog, debug):
         if command == "plan":
-            return getattr(import_module(module), function)(rest, prog=prog, parser_class=_configure())
-        _run(getattr(import_module(module), function), rest, prog=prog)
+            return getattr(import_module(module), function)(
+                _packaged_configs(rest), prog=prog, parser_class=_configure(debug)
+            )
+        _run(getattr(import_module(module), function), rest, prog=prog, debug=debug)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BIN, QWEN, ROOT, TINYLLAMA, prepare_pair
+from conftest import BIN, QWEN, RECIPES, ROOT, TINYLLAMA, prepare_pair
 
 from litgpt_vocagnolm.data.teacher_cache import CACHE_MANIFEST
 
@@ -31,7 +31,7 @@ STEPS = 160
 # after the start, past the ~10 s before the first step (the handler must be in place), well before the limit.
 TIME_LIMIT, SIGNAL_LEAD = "2", 40
 TRAIN = [
-    "recipes/demo-cpu.yaml",
+    str(RECIPES / "demo-cpu.yaml"),
     "--train.max_tokens",
     str(STEPS * 16 * 128),
     "--train.log_interval",
@@ -64,11 +64,12 @@ def cluster() -> None:
 
 
 def sbatch(script: str, *args: str, nodes: int = 2, output: Path, options: tuple[str, ...] = ()) -> str:
-    """Submit recipes/slurm/SCRIPT from the repository root with this environment's console scripts; the job's id."""
+    """Submit the packaged slurm/SCRIPT from the repository root with this environment's console scripts; the job's
+    id."""
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
     command = ["sbatch", "--parsable", "--nodes", str(nodes), *SHAPE, "--output", str(output), *options]
     result = subprocess.run(
-        [*command, f"recipes/slurm/{script}", *args],
+        [*command, str(RECIPES / "slurm" / script), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

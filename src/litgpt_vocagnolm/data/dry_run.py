@@ -28,7 +28,7 @@ from litgpt_vocagnolm.data.packing import BlockDtypes, aligned_streams, pack_blo
 from litgpt_vocagnolm.errors import InvalidArgument
 
 SAMPLE_CHARS = 2 << 20  # characters of the input that the dry run prepares and times
-PAPER_TOKENS = 15e9  # the paper's training budget (train.max_tokens in recipes/), in student tokens
+PAPER_TOKENS = 15e9  # the paper's training budget (train.max_tokens in the paper recipes), in student tokens
 LOSS_BYTES = 2  # float16 per teacher window position but the first (teacher_cache.py)
 OFFSET_BYTES = 4  # uint32 per block (teacher_cache.py)
 # score-teacher's GPU-hours at its measured pace: 60.7% of an H100's dense bf16 peak, Qwen2.5-Math-7B's forward

@@ -47,6 +47,7 @@ from litgpt_vocagnolm.models.gpt import frozen_model, initialize_weights, load_m
 from litgpt_vocagnolm.models.weights import load_weights
 from litgpt_vocagnolm.planning.flops import forward_flops, training_flops
 from litgpt_vocagnolm.training.checkpoints import Checkpointer
+from litgpt_vocagnolm.training.checks import optimizer_spec
 from litgpt_vocagnolm.training.distributed import checkpoint_activations, compile_blocks, fused_optimizer
 from litgpt_vocagnolm.training.micro_batch import Guide
 from litgpt_vocagnolm.training.recipe import Run, fit
@@ -58,7 +59,7 @@ TIMED_STEPS = 2  # optimizer steps timed per kind of work, after the warm-up
 WARMUP_STEPS = 1  # one more when something compiles: its first step compiles, its second may still recompile once
 LARGEST = 1024  # the largest micro-batch looked for (as `vocagnolm plan` looks)
 LITGPT = "LitGPT's step"
-# Slurm's warning before a job's time limit: `#SBATCH --signal=USR1@120` in recipes/slurm/vocagnolm.sbatch. The run
+# Slurm's warning before a job's time limit: `#SBATCH --signal=USR1@120` in the packaged slurm/vocagnolm.sbatch. The run
 # then ends its optimizer step and saves (`slurm.stop_signal`).
 SLURM_WARNING_S = 120
 # The pace the plan expects: the share of the device's dense bf16 peak each step ran at on one H100 at micro-batch 8
@@ -270,7 +271,9 @@ def student_model(fabric: L.Fabric, setting: Setting) -> tuple[nn.Module, torch.
     if args.compile:
         compile_blocks(model)
     model = fabric.setup(model)
-    optimizer = instantiate_torch_optimizer(args.optimizer, model.parameters(), fused=fused_optimizer(fabric.device))
+    optimizer = instantiate_torch_optimizer(
+        optimizer_spec(args.optimizer), model.parameters(), fused=fused_optimizer(fabric.device)
+    )
     initial = args.initial_checkpoint_dir
     if initial is not None and (Path(initial) / "lit_model.pth").is_file():
         load_weights(model, Path(initial) / "lit_model.pth")
@@ -402,7 +405,9 @@ def litgpt_step(fabric: L.Fabric, setting: Setting, micro_batch: int) -> Measure
     # LitGPT's whole-model compile holds the head's product, not the loss (`chunked_cross_entropy` runs on the
     # logits outside), so no gather over rows x vocabulary is fused into one kernel (`distributed.compile_blocks`).
     model = fabric.setup(torch.compile(model) if compiled else model)
-    optimizer = instantiate_torch_optimizer(args.optimizer, model.parameters(), fused=fused_optimizer(device))
+    optimizer = instantiate_torch_optimizer(
+        optimizer_spec(args.optimizer), model.parameters(), fused=fused_optimizer(device)
+    )
     optimizer = fabric.setup_optimizers(optimizer)
     A, warmup = setting.accumulation, warmup_steps(compiled)
     stamped = Stamped(batches(fabric, setting, "cached", micro_batch), at=warmup * A, memory=memory, device=device)
@@ -513,7 +518,7 @@ def report(setting: Setting, results: list[Measured], device: torch.device, save
     stop_s = step.seconds + save_s
     verdict = "in time" if stop_s <= SLURM_WARNING_S else "NOT in time: raise the lead of --signal"
     print(
-        f"Slurm's warning comes {SLURM_WARNING_S} s before the time limit (recipes/slurm/vocagnolm.sbatch): the"
+        f"Slurm's warning comes {SLURM_WARNING_S} s before the time limit (slurm/vocagnolm.sbatch): the"
         f" step under way ({step.seconds:.2f} s) and the save take {stop_s:.2f} s of it, {verdict}."
     )
     other = results[1]

@@ -29,11 +29,12 @@ from litgpt_vocagnolm.planning.memory import (
 def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | None = None) -> None:
     """Per-GPU memory of a recipe's step and the largest micro-batch that fits, before submitting it.
 
-    Takes the recipe's own command line (`--config recipes/X.yaml`, any override such as `--devices 8 --num_nodes 4`
-    or `--train.micro_batch_size 16`) and three options of its own, `--gpu_memory`, `--window` and `--measure`. The
-    teacher's config comes from its checkpoint dir (or, before downloading, from the directory name, as LitGPT names
-    configs); the teacher window from the prepared data's manifest when it exists. With `--measure true` the recipe's
-    steps then run here for a few steps, and what they measure is printed beside the plan (`measure`).
+    Takes the recipe's own command line (`--config` with a packaged recipe's name or a YAML's path, any override such
+    as `--devices 8 --num_nodes 4` or `--train.micro_batch_size 16`) and three options of its own, `--gpu_memory`,
+    `--window` and `--measure`. The teacher's config comes from its checkpoint dir (or, before downloading, from the
+    directory name, as LitGPT names configs); the teacher window from the prepared data's manifest when it exists.
+    With `--measure true` the recipe's steps then run here for a few steps, and what they measure is printed beside
+    the plan (`measure`).
     """
     from litgpt_vocagnolm.models.model_configs import register
     from litgpt_vocagnolm.training.checks import resolve_model_config

@@ -1,6 +1,9 @@
 """The recipe's input checks: every configuration error visible before a model is built, each with what to change,
 and the line that makes a wrong tokenizer pairing visible at the start of a run."""
 
+import contextlib
+import importlib
+import inspect
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -92,12 +95,53 @@ def check_teacher_config(manifest: dict, teacher_dir: Path, flag: str, data: Pat
         )
 
 
-def check_optimizer(optimizer: str | dict) -> None:
-    """Builds the optimizer once over a stand-in parameter, so that an unknown name or a bad argument (a negative
-    learning rate) fails now, naming --optimizer, not in LitGPT's `instantiate_torch_optimizer` once the model is
-    built."""
+def check_optimizer(optimizer: str | dict) -> str | dict:
+    """--optimizer as the run builds it (`optimizer_spec`), built once over a stand-in parameter, so that an unknown
+    name or a bad argument (a negative learning rate) fails now, naming --optimizer, not in LitGPT's
+    `instantiate_torch_optimizer` once the model is built."""
     with given_by("--optimizer", "Name a torch.optim class (e.g. AdamW) or give its class_path and init_args."):
+        optimizer = optimizer_spec(optimizer)
         instantiate_torch_optimizer(optimizer, [torch.nn.Parameter(torch.zeros(1))])
+    return optimizer
+
+
+def optimizer_spec(optimizer: str | dict) -> str | dict:
+    """--optimizer with every override in its `init_args`, whichever form gave it.
+
+    jsonargparse keeps `--optimizer.lr 1e6` and `--optimizer.init_args.lr 1e6` (after a YAML that names a class) as a
+    key `lr` beside `init_args`, as text, which LitGPT's `instantiate_torch_optimizer` ignores: each such key joins
+    `init_args`, read as YAML and numbers. After `--optimizer AdamW` (or its default) a dotted key replaces the name,
+    so the class is lost: refused, naming the form that works. A key the class does not take is refused, naming those
+    it takes."""
+    if isinstance(optimizer, str):
+        return optimizer
+    spec = dict(optimizer)
+    class_path = spec.pop("class_path", None)
+    init_args = {**(spec.pop("init_args", None) or {}), **{key: _value(value) for key, value in spec.items()}}
+    if class_path is None:
+        raise InvalidArgument(
+            f"--optimizer.{next(iter(init_args), 'init_args')} needs the optimizer's class beside it: give"
+            " --optimizer.class_path torch.optim.AdamW --optimizer.init_args.lr 1e-4 (any class and arguments)."
+        )
+    module, name = class_path.rsplit(".", 1) if "." in class_path else ("torch.optim", class_path)
+    class_path = f"{module}.{name}"  # `SGD` as LitGPT takes a class_path: torch.optim.SGD
+    takes = sorted(set(inspect.signature(getattr(importlib.import_module(module), name)).parameters) - {"params"})
+    unknown = sorted(set(init_args) - set(takes))
+    if unknown:
+        raise InvalidArgument(
+            f"--optimizer.init_args.{unknown[0]}: {class_path} takes no {unknown[0]!r}. It takes: {', '.join(takes)}."
+        )
+    return {"class_path": class_path, "init_args": init_args}
+
+
+def _value(value: object) -> object:
+    """A dotted override's text as its value: `1e6` and `0.1` as numbers, `true` as True, `[0.9, 0.95]` as a list."""
+    if isinstance(value, str):
+        value = yaml.safe_load(value)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return float(value)
+    return value
 
 
 def check_start(config: Config, initial_checkpoint_dir: Path | None, resume: bool | Literal["auto"] | Path) -> None:

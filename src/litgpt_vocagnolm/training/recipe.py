@@ -1,6 +1,7 @@
 """The `vocagnolm` recipe: continual pretraining of a student guided by a frozen teacher with another tokenizer.
 
-`litgpt pretrain --recipe vocagnolm --config recipes/<setting>.yaml` (or `vocagnolm pretrain ...`).
+`litgpt pretrain --recipe vocagnolm --config <setting>` (a packaged recipe by name, or a YAML's path; or
+`vocagnolm pretrain ...`).
 
 It mirrors litgpt/pretrain.py (`setup()` -> `main()` -> `fit()` -> `validate()`, the same `state` keys, checkpoints
 in `step-%08d/` and `final/`) and changes one thing: the loss. Each micro-batch carries the student block, the teacher
@@ -181,6 +182,7 @@ def setup(
         overwrite: Start afresh in an ``out_dir`` that holds a previous run's checkpoints (``step-*``, ``final``),
             deleting them. Without it (and without ``resume``) such an ``out_dir`` is refused.
     """
+    optimizer = check_optimizer(optimizer)  # as the run builds it, which hyperparameters.yaml records
     hparams = hyperparameters(locals())
     register()  # the paper's teachers that LitGPT lacks (llemma_7b, deepseek-math-7b-*, Mistral-7B-ProXMath)
     if model_name == "list":
@@ -189,7 +191,6 @@ def setup(
         print("Available values:\n" + "\n".join(sorted(name_to_config)))
         return
     check_run_args(train, eval, devices, num_nodes)
-    check_optimizer(optimizer)
     check_writable(init_out_dir(out_dir), "--out_dir")  # a read-only one fails now, not at the first checkpoint
     config = resolve_model_config(model_name, model_config)
     devices = parse_devices(devices)
