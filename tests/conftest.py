@@ -15,6 +15,20 @@ from litgpt.utils import save_config
 from litgpt_vocagnolm.models.model_configs import llama_config
 from litgpt_vocagnolm.training.score_teacher import score_teacher
 
+
+@pytest.fixture(autouse=True)
+def rank_zero_restored():
+    """Lightning keeps the process's rank in one global (`rank_zero_only.rank`), which a Fabric built in a test for
+    another rank (task 11 of a Slurm job, say) sets and nothing resets: a later run in the same process would then log
+    nothing, its loggers' calls being rank zero's only. Each test ends with the rank it started with."""
+    from lightning.fabric.utilities import rank_zero as fabric_rank_zero
+    from lightning_utilities.core import rank_zero as utilities_rank_zero
+
+    ranks = fabric_rank_zero.rank_zero_only.rank, utilities_rank_zero.rank_zero_only.rank
+    yield
+    fabric_rank_zero.rank_zero_only.rank, utilities_rank_zero.rank_zero_only.rank = ranks
+
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the console scripts of this environment
 TOKENIZERS = ROOT / "tests" / "fixtures" / "tokenizers"
