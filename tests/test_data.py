@@ -603,9 +603,8 @@ def test_ctrl_c_exits_130_stops_the_workers_and_the_next_run_finishes(tmp_path):
     assert sum(manifest["splits"][split]["documents"] for split in SPLITS) == 7473  # every GSM8K train record
 
 
-def test_run_interrupted_while_publishing_is_finished_by_the_next(prepared, corpus, tmp_path, monkeypatch):
-    output = tmp_path / "out"
-    kwargs = prepare_args(corpus[0], output)
+def interrupted_while_publishing(kwargs: dict, monkeypatch) -> None:
+    """`prepare(**kwargs)` stopped by Ctrl-C once both splits are written, before the manifest is."""
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -614,6 +613,12 @@ def test_run_interrupted_while_publishing_is_finished_by_the_next(prepared, corp
         patch.setattr(prepare_module, "build_manifest", interrupted)
         with pytest.raises(KeyboardInterrupt):
             prepare(**kwargs)
+
+
+def test_run_interrupted_while_publishing_is_finished_by_the_next(prepared, corpus, tmp_path, monkeypatch):
+    output = tmp_path / "out"
+    kwargs = prepare_args(corpus[0], output)
+    interrupted_while_publishing(kwargs, monkeypatch)
     assert sorted(p.name for p in output.iterdir()) == [".partial", "train", "val"]
     prepare(**kwargs)
     assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "train", "val"]
@@ -626,14 +631,7 @@ def test_a_split_whose_shards_another_run_replaced_is_written_again(prepared, co
     recorded."""
     output = tmp_path / "out"
     kwargs = prepare_args(corpus[0], output)
-
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as patch:
-        patch.setattr(prepare_module, "build_manifest", interrupted)
-        with pytest.raises(KeyboardInterrupt):
-            prepare(**kwargs)
+    interrupted_while_publishing(kwargs, monkeypatch)
     (output / "val" / "index.json").unlink()  # what the other run's start left of the published val split
     prepare(**kwargs)
     assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "train", "val"]
