@@ -11,9 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
-from conftest import BIN, MISTRAL, ROOT, TINYLLAMA
+from conftest import BIN, MISTRAL, ROOT, TINYLLAMA, tiny_config
 from test_recipe import litgpt_pretrain, recipe_config
 from test_user_errors import assert_one_line
 
@@ -21,7 +22,8 @@ from litgpt_vocagnolm.data.prepare import prepare
 from litgpt_vocagnolm.data.teacher_cache import check_cache
 from litgpt_vocagnolm.errors import FolderInUse
 from litgpt_vocagnolm.files import LOCK, hold_folder, read_holder
-from litgpt_vocagnolm.training.checkpoints import export, verify_checkpoint
+from litgpt_vocagnolm.models import gpt
+from litgpt_vocagnolm.training.checkpoints import Checkpointer, export, verify_checkpoint
 from litgpt_vocagnolm.training.score_teacher import score_teacher
 
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -119,16 +121,24 @@ def test_a_second_run_and_a_second_export_are_refused_and_a_killed_runs_folder_i
     assert weights.keys() == final.keys() and all(torch.equal(weights[k], final[k]) for k in final)
 
 
+def holding(folder: Path, command: str, env: dict[str, str] = ONE_THREAD) -> subprocess.Popen:
+    """A process that holds `folder` for `command` (`hold_folder`) until it is killed."""
+    code = "import sys, time\nfrom litgpt_vocagnolm.files import hold_folder\n"
+    code += "with hold_folder(sys.argv[1], sys.argv[2]):\n    print('held', flush=True)\n    time.sleep(600)"
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(folder), command], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert process.stdout.readline() == "held\n"
+    return process
+
+
 def test_a_requeued_slurm_job_takes_back_its_earlier_attempts_folder(tmp_path, monkeypatch):
     """A node lost keeps its lock on a shared file system until the server notices; the job's next attempt (the same
     SLURM_JOB_ID, a higher SLURM_RESTART_COUNT) takes the folder back. Any other command is refused."""
     folder = tmp_path / "out"
-    code = "import sys, time\nfrom litgpt_vocagnolm.files import hold_folder\n"
-    code += "with hold_folder(sys.argv[1], 'attempt 0'):\n    print('held', flush=True)\n    time.sleep(600)"
-    env = {**ONE_THREAD, "SLURM_JOB_ID": "1234"}
-    earlier = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True, env=env)
+    # Its lock outlives it, as a lost node's does.
+    earlier = holding(folder, "attempt 0", {**ONE_THREAD, "SLURM_JOB_ID": "1234"})
     try:
-        assert earlier.stdout.readline() == "held\n"  # its lock outlives it, as a lost node's does
         monkeypatch.setenv("SLURM_JOB_ID", "1234")
         with pytest.raises(FolderInUse, match=r"in use by `attempt 0` \(pid \d+ on .*, Slurm job 1234, since "):
             with hold_folder(folder, "the same attempt"):
@@ -152,3 +162,63 @@ def test_a_file_system_without_locks_is_named_with_the_fix(tmp_path, monkeypatch
     monkeypatch.setenv("VOCAGNOLM_NO_LOCK", "1")
     with hold_folder(tmp_path, "vocagnolm prepare"):
         assert read_holder(tmp_path / LOCK) == {}  # nobody recorded as holding it
+
+
+def test_a_holder_killed_with_a_longer_record_leaves_no_tail_in_the_next_ones(tmp_path):
+    """kill -9 leaves the lock file and its record; the next holder's shorter record replaces it whole, so that a
+    command refused then names that holder, not "another command (pid ?)"."""
+    folder = tmp_path / "out"
+    killed = holding(folder, "vocagnolm score-teacher --data " + "d" * 200)
+    killed.kill()
+    killed.wait()
+    holder = holding(folder, "vocagnolm prepare")
+    try:
+        assert read_holder(folder / LOCK)["command"] == "vocagnolm prepare"
+        with pytest.raises(FolderInUse, match=re.escape(refusal(folder, "vocagnolm prepare", holder.pid))):
+            with hold_folder(folder, "vocagnolm export"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def sharded_checkpoint(out_dir: Path, n_embd: int = 8) -> Path:
+    """A step checkpoint of a tiny student (TinyLlama's vocabulary, 2 layers of width `n_embd`), as a run saves it."""
+    model = gpt.GPT(tiny_config("student", 32000, n_layer=2, n_embd=n_embd, block_size=64))
+    state = {"model": model, "optimizer": torch.optim.AdamW(model.parameters()), "iter_num": 2, "step_count": 1}
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    return Checkpointer(fabric, state | {"position": 4}, out_dir, TINYLLAMA, hparams={}).save(1)
+
+
+@pytest.mark.parametrize(
+    "command, lock",
+    [("prepare", "link"), ("export", "link"), ("pretrain", "link"), ("prepare", "folder"), ("export", "dangling")],
+)
+def test_a_lock_that_is_a_link_or_a_folder_is_refused_naming_it_and_nothing_is_written_through_it(
+    tmp_path, gsm8k_sample, tinyllama_mistral_data, command, lock
+):
+    """A user's own file that the lock links to is left as it was (the commands once wrote their record over its
+    first bytes); the refusal names the lock and says to remove it."""
+    outside = tmp_path / "notes.txt"
+    outside.write_text("a user's file outside the folder\n" * 10)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    if lock == "folder":
+        (folder / LOCK).mkdir()
+    else:
+        (folder / LOCK).symlink_to(outside if lock == "link" else tmp_path / "nowhere")
+    vocagnolm, prog = [str(BIN / "vocagnolm"), command], f"vocagnolm {command}"
+    if command == "prepare":
+        args = [*vocagnolm, "--student", str(TINYLLAMA), "--teacher", str(MISTRAL), "--input", str(gsm8k_sample)]
+        args += ["--output", str(folder), "--text_key", "question,answer"]
+    elif command == "export":
+        args = [*vocagnolm, str(sharded_checkpoint(tmp_path / "run")), str(folder)]
+    else:
+        config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"})
+        args = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config)]
+        args, prog = [*args, "--out_dir", str(folder)], "litgpt pretrain --recipe vocagnolm"
+    refused = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=ONE_THREAD, timeout=600)
+    assert_one_line(refused, prog, f"{folder / LOCK} is not a regular file (a link, a folder...)")
+    assert f"Remove it (rm -r {folder / LOCK}), then run again." in refused.stderr
+    assert outside.read_text() == "a user's file outside the folder\n" * 10
+    assert not (tmp_path / "nowhere").exists()

@@ -7,13 +7,14 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
-from litgpt_vocagnolm.errors import FolderInUse, disk_full
+from litgpt_vocagnolm.errors import FolderInUse, PathTaken, disk_full
 
 LOCK = ".vocagnolm.lock"  # in a folder a command writes into: who holds it, under an OS lock
 NO_LOCK_ENV = (
@@ -148,12 +149,32 @@ def earlier_attempt(holder: dict[str, Any]) -> bool:
     return bool(job) and holder.get("slurm_job_id") == job and holder.get("slurm_restart_count", 0) < restarts
 
 
+def open_lock(lock: Path) -> int:
+    """`lock` opened (created) for reading and writing, never through a link: a lock that is not a regular file (a
+    link, whose target may be anything anywhere, a folder) is refused in one line, and nothing is written through it."""
+    refusal = PathTaken(
+        f"{lock} is not a regular file (a link, a folder...): it is where a command records that it writes into"
+        f" {lock.parent}, and nothing is written through it. Remove it (rm -r {lock}), then run again."
+    )
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):  # a link, a folder, a socket
+            raise refusal from error
+        raise
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)  # a named pipe, a device
+    raise refusal
+
+
 def lock_file(lock: Path) -> int | None:
     """An open descriptor of `lock` that this process holds an exclusive POSIX lock on, or None if another process
     holds it. POSIX (fcntl) locks are what NFS (lockd for v3, leases for v4) and Lustre (mounted with `flock`) keep
-    across nodes; the kernel drops them when their process dies, even by kill -9."""
+    across nodes; the kernel drops them when their process dies, even by kill -9. A `lock` that is not a regular file
+    (a link, which would be followed out of the folder, a folder) is refused, naming it."""
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock(lock)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -167,7 +188,7 @@ def lock_file(lock: Path) -> int | None:
                 " a time writes there."
             ) from error
         try:
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+            if os.lstat(lock).st_ino == os.fstat(fd).st_ino:
                 return fd
         except FileNotFoundError:
             pass
@@ -204,6 +225,7 @@ def hold_folder(folder: Path, command: str) -> Iterator[None]:
     HELD.add(folder)
     try:
         with disk_full(folder, None, "run the command again"):
+            os.ftruncate(fd, 0)  # a record left by a holder killed with kill -9 may be longer than this one
             os.write(fd, json.dumps(holder_record(command)).encode())
             os.fsync(fd)
         yield
