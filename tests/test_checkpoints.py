@@ -295,3 +295,47 @@ def test_the_final_save_says_each_phase_and_a_disk_without_room_is_refused_befor
     with pytest.raises(OSError, match=refused):
         checkpoints.Checkpointer(fabric, state, tmp_path / "full", TINYLLAMA, hparams={}).save_final()
     assert not (tmp_path / "full").exists() or not any((tmp_path / "full").iterdir())
+
+
+@pytest.mark.parametrize("option", ["overwrite", "resume"])
+def test_a_checkpoint_that_links_out_of_out_dir_is_refused_and_nothing_is_deleted_through_it(
+    tmp_path, tinyllama_mistral_data, option
+):
+    """`final` (for `--overwrite true`) or a `step-*` (for `--resume auto`) in `--out_dir` that links to another run's
+    checkpoint: refused before any work, naming the link, and the checkpoint it links to is left whole."""
+    elsewhere = write_step(tmp_path / "elsewhere", 2)
+    kept = {p.name: p.read_bytes() for p in elsewhere.iterdir()}
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    write_step(out_dir, 1)
+    link = out_dir / ("final" if option == "overwrite" else elsewhere.name)
+    link.symlink_to(elsewhere)
+    args = {"overwrite": True} if option == "overwrite" else {"resume": "auto"}
+    with pytest.raises(
+        FileExistsError,
+        match=re.escape(f"--out_dir {out_dir}: {link.name} is a link to {elsewhere}, where the run keeps a checkpoint")
+        + r".* Remove it \(rm "
+        + re.escape(f"{link}) or put a copy"),
+    ):
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, **args))
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == kept
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(["step-00000001", link.name])
+
+
+def test_resume_auto_refuses_a_finished_run_on_the_budget_it_trained(tmp_path, tinyllama_mistral_data):
+    """A run that saved a step checkpoint at its last step, beside final/ (the same state): `--resume auto` with the
+    same budget is refused in one line naming final/, which is kept; nothing is trained or saved again."""
+    train = TrainArgs(
+        global_batch_size=2, micro_batch_size=2, max_tokens=2 * 2 * 64, max_norm=1.0, max_seq_length=64, save_interval=1
+    )
+    setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train))
+    out_dir = tmp_path / "out"
+    saved = {p: p.stat().st_mtime_ns for p in out_dir.glob("*/checksums.json")}
+    assert sorted(p.parent.name for p in saved) == ["final", "step-00000001", "step-00000002"]
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"{out_dir / 'final'} holds a finished run, trained to step 2, and this run's budget")
+        + r".* is 2 steps of 128 tokens: nothing is left to train\.",
+    ):
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train, resume="auto"))
+    assert {p: p.stat().st_mtime_ns for p in out_dir.glob("*/checksums.json")} == saved

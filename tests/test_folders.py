@@ -222,3 +222,27 @@ def test_a_lock_that_is_a_link_or_a_folder_is_refused_naming_it_and_nothing_is_w
     assert f"Remove it (rm -r {folder / LOCK}), then run again." in refused.stderr
     assert outside.read_text() == "a user's file outside the folder\n" * 10
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_an_export_killed_while_it_writes_lit_model_is_finished_by_the_same_command(tmp_path):
+    """kill -9 while lit_model.pth is half written (its student is 38M parameters: 152 MB to write); the same command
+    run again finishes, and what it writes is byte for byte what an export never interrupted writes."""
+    checkpoint = sharded_checkpoint(tmp_path / "run", n_embd=512)
+    exported = tmp_path / "exported"
+    command = [str(BIN / "vocagnolm"), "export", str(checkpoint), str(exported)]
+    killed = subprocess.Popen(command, cwd=ROOT, env=ONE_THREAD, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    partial = exported / ".partial-export" / "lit_model.pth"
+    deadline = time.monotonic() + 600  # a bound on a wait, not a timing that is asserted
+    while not partial.exists():
+        assert killed.poll() is None and time.monotonic() < deadline, killed.stderr.read()
+        time.sleep(0.001)
+    killed.kill()
+    killed.wait()
+    assert not (exported / "lit_model.pth").exists(), "it finished before it could be killed"
+
+    rerun = subprocess.run(command, cwd=ROOT, env=ONE_THREAD, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    export(checkpoint, tmp_path / "uninterrupted")
+    files = sorted(p.name for p in (tmp_path / "uninterrupted").iterdir())
+    assert sorted(p.name for p in exported.iterdir()) == files  # nothing left of the killed one
+    assert all((exported / name).read_bytes() == (tmp_path / "uninterrupted" / name).read_bytes() for name in files)

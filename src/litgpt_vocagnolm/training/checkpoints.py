@@ -50,11 +50,12 @@ WRITE_THREADS = min(4, os.cpu_count() or 1)
 
 
 def previous_checkpoints(out_dir: Path) -> list[Path]:
-    """The checkpoint directories (`step-*`, `final`, and their unfinished `.partial-*`) a run left in `out_dir`."""
+    """The checkpoint directories (`step-*`, `final`, and their unfinished `.partial-*`) a run left in `out_dir`, and
+    whatever else is there by those names (a link, a file: `check_out_dir` refuses them)."""
     if not out_dir.is_dir():
         return []
     pattern = r"(\.partial-)?(step-\d+|final)"
-    return sorted(p for p in out_dir.iterdir() if p.is_dir() and re.fullmatch(pattern, p.name))
+    return sorted(p for p in out_dir.iterdir() if re.fullmatch(pattern, p.name))
 
 
 def resume_note(out_dir: Path) -> str:
@@ -66,8 +67,20 @@ def resume_note(out_dir: Path) -> str:
 def check_out_dir(out_dir: Path, resume: bool | Literal["auto"] | Path, overwrite: bool) -> None:
     """Refuses a fresh run (no `--resume`) into an `out_dir` that holds a previous run's checkpoints: its `final/` and
     the `step-*` it saves would be overwritten, the old run's later steps kept, and a later `--resume auto` would
-    continue the *old* run from them. With `overwrite` the run goes on, and deletes them (`previous_checkpoints`)."""
-    previous = [] if resume or overwrite else previous_checkpoints(out_dir)
+    continue the *old* run from them. With `overwrite` the run goes on, and deletes them (`previous_checkpoints`).
+
+    Whatever the options, a link (or a file) where a checkpoint folder goes is refused, naming it: a run replaces and
+    deletes its checkpoints, never through a link into a folder elsewhere."""
+    previous = previous_checkpoints(out_dir)
+    for path in previous:
+        if path.is_symlink() or not path.is_dir():
+            what = f"a link to {os.readlink(path)}" if path.is_symlink() else "a file"
+            raise PathTaken(
+                f"--out_dir {out_dir}: {path.name} is {what}, where the run keeps a checkpoint folder of its own (it"
+                f" replaces and deletes them, never through a link). Remove it (rm {path}) or put a copy of the folder"
+                " in its place; to resume from a checkpoint elsewhere, give --resume its folder and another --out_dir."
+            )
+    previous = [] if resume or overwrite else previous
     if previous:
         more = f" and {len(previous) - 5} more" if len(previous) > 5 else ""
         names = ", ".join(p.name for p in previous[:5]) + more
@@ -137,12 +150,7 @@ def saved_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
     can't be read comes last."""
 
     def step(path: Path) -> int:
-        if path.name != "final":
-            return int(path.name.removeprefix("step-"))
-        try:
-            return json.loads((path / TRAIN_STATE).read_text())["step_count"]
-        except (OSError, ValueError, KeyError):
-            return -1
+        return int(path.name.removeprefix("step-")) if path.name != "final" else final_step(path)
 
     found = [(step(p), p) for p in previous_checkpoints(out_dir) if not p.name.startswith(".partial-")]
     return sorted(found, key=lambda pair: (pair[0], pair[1].name != "final"), reverse=True)
@@ -195,15 +203,24 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
     return None
 
 
+def final_step(final: Path) -> int:
+    """The step a `final` checkpoint holds, by its train state; -1 where there is none or it can't be read."""
+    try:
+        return json.loads((final / TRAIN_STATE).read_text())["step_count"]
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
 def check_left_to_train(checkpoint_dir: Path, max_steps: int, tokens_per_step: int) -> None:
-    """Refuses to resume a finished run (`checkpoint_dir` is its `final`) on a budget of `max_steps` optimizer steps of
-    `tokens_per_step` tokens that it has trained already: nothing would be trained, and its `final` saved again."""
-    if checkpoint_dir.name != "final":
-        return
+    """Refuses to resume a finished run on a budget of `max_steps` optimizer steps of `tokens_per_step` tokens that it
+    has trained already: nothing would be trained, and its `final` saved again. The run is finished where the
+    `final` beside `checkpoint_dir` (or `checkpoint_dir` itself) holds the step resumed from: `--resume auto` takes the
+    `step-*` of that step, the same state, where a run saved one at its last step."""
     step = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["step_count"]
-    if step >= max_steps:
+    final = checkpoint_dir.parent / "final"
+    if step >= max_steps and final_step(final) == step:
         raise InvalidArgument(
-            f"{checkpoint_dir} holds a finished run, trained to step {step}, and this run's budget"
+            f"{final} holds a finished run, trained to step {step}, and this run's budget"
             f" (--train.max_tokens, --train.max_steps) is {max_steps} steps of {tokens_per_step:,} tokens: nothing is"
             f" left to train. To train on, give it more steps (--train.max_tokens {(step + 1) * tokens_per_step} is one"
             f" more; --train.max_steps, if given, above {step}); to start afresh, choose another --out_dir."
@@ -479,7 +496,8 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
     Arguments:
         checkpoint_dir: The sharded checkpoint: a ``step-*`` (or ``final``) directory the recipe saved.
         out_dir: Where to write the LitGPT checkpoint directory (created; a file it would write that is there already
-            is refused, naming it).
+            is refused, naming it). The files are written in its `.partial-export/` and moved out of it once all are
+            whole: an export killed while it writes leaves nothing that the same command, run again, would refuse.
     """
     check_resume_path(checkpoint_dir, "checkpoint_dir")  # a sharded checkpoint, its index safe to read
     check_writable(out_dir, "--out_dir")
@@ -487,21 +505,34 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
     copied = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json")
     written = [*MODEL_FILES, "hyperparameters.yaml", CHECKSUMS, *(n for n in copied if (checkpoint_dir / n).exists())]
     with hold_folder(out_dir, "vocagnolm export"):
-        taken = [name for name in written if (out_dir / name).exists()]
+        taken = [name for name in written if (out_dir / name).exists() or (out_dir / name).is_symlink()]
         if taken:
             raise PathTaken(
                 f"--out_dir {out_dir} holds {', '.join(taken)}, which the export would replace: choose another"
                 " --out_dir, or delete them first."
             )
         verify_checkpoint(checkpoint_dir)  # complete, every file matching its checksum
+        partial = out_dir / ".partial-export"
+        remove(partial)  # what an export killed while writing left
+        partial.mkdir()
         try:
             with disk_full(out_dir, model_bytes(checkpoint_dir), "run the same command again"):
-                step = write_export(checkpoint_dir, out_dir)
+                step = write_export(checkpoint_dir, partial)
         except DiskFull:
-            for name in written:  # none was there before: a rerun finds the folder as this one did
-                (out_dir / name).unlink(missing_ok=True)
+            remove(partial)  # a rerun finds the folder as this one did
             raise
+        for name in written:
+            os.replace(partial / name, out_dir / name)
+        partial.rmdir()
     print(f"Wrote {out_dir / 'lit_model.pth'} (step {step}): `litgpt generate {out_dir}` reads it.")
+
+
+def remove(path: Path) -> None:
+    """Whatever is at `path`, removed: a folder and what it holds, a file, a link (never what it links to)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def model_bytes(checkpoint_dir: Path) -> int:
