@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -12,7 +13,8 @@ from typing import Iterator
 import lightning as L
 import pytest
 import torch
-from conftest import MISTRAL, TINYLLAMA, tiny_config
+from conftest import BIN, MISTRAL, ROOT, TINYLLAMA, tiny_config
+from test_recipe import recipe_config
 
 from litgpt_vocagnolm.data.prepare import prepare
 from litgpt_vocagnolm.errors import DiskFull
@@ -79,7 +81,7 @@ def test_prepare_and_score_teacher_on_a_full_disk_say_so_and_the_next_run_finish
     assert (cache / "manifest.json").is_file()
 
 
-def test_a_full_disk_at_each_save_and_at_export_says_so_and_damages_nothing(small_disk):
+def test_a_full_disk_at_each_save_and_at_export_says_so_and_damages_nothing(small_disk, capfd):
     resize(small_disk, "64m")
     fabric = L.Fabric(accelerator="cpu", devices=1)
     model = gpt.GPT(tiny_config("student", 32000, n_embd=8, block_size=64))
@@ -105,9 +107,11 @@ def test_a_full_disk_at_each_save_and_at_export_says_so_and_damages_nothing(smal
     shards = f"{3 * weights / 1e6:.1f} MB"  # the weights and AdamW's two moments
     with pytest.raises(DiskFull, match=full_disk(out_dir, continues, shards)):
         checkpointer.save(2)  # the shards' writer fails: torch.distributed.checkpoint's CheckpointException
+    capfd.readouterr()
     checkpointer.save(3, blocking=False)
     with pytest.raises(DiskFull, match=full_disk(out_dir, continues, shards)):
         checkpointer.finish()  # the background save fails
+    assert "Traceback" not in capfd.readouterr().err  # nor do its writer threads print theirs
     leave_free(small_disk, 4 * weights + 64 * 1024)  # the shards fit, not lit_model.pth
     with pytest.raises(DiskFull, match=full_disk(out_dir, continues, f"{4 * weights / 1e6:.1f} MB")):
         checkpointer.save_final()
@@ -123,3 +127,34 @@ def test_a_full_disk_at_each_save_and_at_export_says_so_and_damages_nothing(smal
     export(first, exported)
     saved = torch.load(exported / "lit_model.pth", weights_only=True)["model"]
     assert all(torch.equal(saved[name], tensor) for name, tensor in model.state_dict().items())
+
+
+def test_a_full_disk_that_only_rank_0_meets_in_the_final_save_ends_every_rank_in_one_line(
+    small_disk, tmp_path, tinyllama_mistral_data
+):
+    """Two processes (gloo); the disk has room for what the final save counts, not for the tokenizer files beside it:
+    rank 0, which alone writes lit_model.pth, meets the full disk, and rank 1, waiting for its checksums, stops too
+    with the same line at once, not at the process group's timeout (30 minutes)."""
+    resize(small_disk, "64m")
+    weights = tensor_bytes(gpt.GPT(tiny_config("student", 32000, block_size=64)).state_dict())  # as student.json
+    leave_free(small_disk, 4 * weights + 256 * 1024)  # the weights, AdamW's two moments and lit_model.pth: 4x
+    out_dir = small_disk / "out"
+    config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"}, devices=2)
+    command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config)]
+    command += ["--out_dir", str(out_dir), "--train.micro_batch_size", "1", "--train.global_batch_size", "2"]
+    command += ["--train.max_tokens", str(2 * 2 * 64), "--train.save_interval", "1000"]
+    run = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = run.communicate(timeout=600)  # far below the process group's timeout
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)  # whatever rank is left, if one waits still
+    assert run.returncode == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    prog = "litgpt pretrain --recipe vocagnolm: error: "
+    errors = [line.removeprefix(prog) for line in err.splitlines() if line.startswith(prog)]
+    assert len(errors) == 2 and errors[0] == errors[1], err[-3000:]  # one line from each rank, the same
+    needed = f"{4 * weights / 1e6:.1f} MB"
+    assert re.match(full_disk(out_dir, "run again with --resume auto: it starts afresh", needed), errors[0])
+    assert not (out_dir / "final").exists() and not (out_dir / ".partial-final").exists()

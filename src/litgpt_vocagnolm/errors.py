@@ -133,19 +133,30 @@ def size_text(num_bytes: float) -> str:
 
 
 @contextmanager
-def disk_full(folder: Path, needed: int | None, then: str) -> Iterator[None]:
-    """A full file system (`no_space_left`) while writing into `folder` as one `DiskFull` naming the folder, the bytes
-    it needed (where known) and what to do once there is room (`then`: "run again with --resume auto: it continues
-    from step-00000100")."""
+def quiet_full_disk_threads() -> Iterator[None]:
+    """While inside, a thread that dies of a full disk (a writer thread of torch.distributed.checkpoint) prints no
+    traceback: the thread that waits for it says it in one line (`disk_full`)."""
     thread_hook = threading.excepthook
 
-    def quiet(args: threading.ExceptHookArgs) -> None:  # a writer thread's full disk: the one line below says it
+    def quiet(args: threading.ExceptHookArgs) -> None:
         if not no_space_left(args.exc_value, disk_is_full=True):
             thread_hook(args)
 
     threading.excepthook = quiet
     try:
         yield
+    finally:
+        threading.excepthook = thread_hook
+
+
+@contextmanager
+def disk_full(folder: Path, needed: int | None, then: str) -> Iterator[None]:
+    """A full file system (`no_space_left`) while writing into `folder` as one `DiskFull` naming the folder, the bytes
+    it needed (where known) and what to do once there is room (`then`: "run again with --resume auto: it continues
+    from step-00000100"); a writer thread's full disk prints nothing (`quiet_full_disk_threads`)."""
+    try:
+        with quiet_full_disk_threads():
+            yield
     except UserError:
         raise
     except BaseException as error:  # torch.distributed.checkpoint's CheckpointException is a BaseException
@@ -159,5 +170,3 @@ def disk_full(folder: Path, needed: int | None, then: str) -> Iterator[None]:
             f"No space left on device: writing into {folder}{need} its file system has {size_text(free)} free. Make"
             f" room there (or choose another folder), then {then}."
         ) from error
-    finally:
-        threading.excepthook = thread_hook

@@ -13,10 +13,10 @@ import shutil
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import lightning as L
 import torch
@@ -32,7 +32,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from litgpt_vocagnolm.errors import DiskFull, InvalidArgument, PathMissing, PathTaken, check_writable, disk_full
+from litgpt_vocagnolm.errors import (
+    DiskFull,
+    InvalidArgument,
+    PathMissing,
+    PathTaken,
+    check_writable,
+    disk_full,
+    quiet_full_disk_threads,
+)
 from litgpt_vocagnolm.files import HashingWriter, file_sha256, files_sha256, hold_folder
 from litgpt_vocagnolm.models.weights import (
     CHECKSUMS,
@@ -260,6 +268,7 @@ class Checkpointer:
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.group = torch.distributed.new_group(backend="gloo") if distributed else None
         self.pending: tuple[Future, Path, Path, dict | None, int] | None = None  # and .partial- dir, dir, export, bytes
+        self.background = ExitStack()  # while a save is written in the background: its threads' full disk is quiet
 
     def check_room(self) -> None:
         """Refuses, at the start of a run, an `out_dir` without room for its final checkpoint: the shards, AdamW's two
@@ -305,8 +314,7 @@ class Checkpointer:
         writer = dcp.FileSystemWriter(partial_dir, thread_count=WRITE_THREADS)
         t0 = time.perf_counter()
         with self._writing(partial_dir, needed):
-            if fabric.global_rank == 0:
-                self._write_state(partial_dir, counters, loaders, model.config)
+            self._on_rank_0(lambda: self._write_state(partial_dir, counters, loaders, model.config), needed)
             if blocking:
                 dcp.save(shards, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
                 future: Future = Future()
@@ -314,6 +322,7 @@ class Checkpointer:
                 fabric.print(f"  shards written in {time.perf_counter() - t0:.2f} s")
             else:
                 group, no_dist = self.group, self.group is None
+                self.background.enter_context(quiet_full_disk_threads())
                 future = dcp.async_save(shards, storage_writer=writer, process_group=group, no_dist=no_dist)
         self.pending = (future, partial_dir, checkpoint_dir, counters if export else None, needed)
         if blocking:
@@ -379,29 +388,50 @@ class Checkpointer:
         future, partial_dir, checkpoint_dir, export, needed = self.pending
         self.pending = None
         with self._writing(partial_dir, needed):
-            self._complete(future, partial_dir, checkpoint_dir, export, report)
+            with self.background:  # a writer thread's full disk: one line, `_writing`'s
+                future.result()
+            self._complete(partial_dir, checkpoint_dir, export, needed, report)
 
-    def _complete(self, future: Future, partial_dir: Path, checkpoint_dir: Path, export: dict | None, report: bool):
+    def _complete(self, partial_dir: Path, checkpoint_dir: Path, export: dict | None, needed: int, report: bool):
         fabric = self.fabric
-        future.result()
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=1) as pool:
             # Each rank hashes the shards it wrote (a checkpoint is read once, over all ranks), rank 0 the rest.
             hashed = pool.submit(file_checksums, partial_dir, shards_of=fabric.global_rank)
             known = {}
-            if fabric.global_rank == 0 and export is not None:
-                known["lit_model.pth"] = export_lit_model(partial_dir, partial_dir / "lit_model.pth", extra=export)
+            if export is not None:  # written by rank 0 alone
+                lit_model = partial_dir / "lit_model.pth"
+                sha256 = self._on_rank_0(lambda: export_lit_model(partial_dir, lit_model, extra=export), needed)
+                known = {lit_model.name: sha256}
             shard_sums = self._gather(hashed.result())
-        if fabric.global_rank == 0:
+
+        def rename() -> None:
             sums = {k: v for rank in shard_sums for k, v in rank.items()} | known
             sums |= file_checksums(partial_dir, skip=known)
             (partial_dir / CHECKSUMS).write_text(json.dumps(dict(sorted(sums.items())), indent=1))
             shutil.rmtree(checkpoint_dir, ignore_errors=True)
             partial_dir.rename(checkpoint_dir)
-        fabric.barrier()
+
+        self._on_rank_0(rename, needed)  # and every rank waits for it
         if report:
             what = "checksums and lit_model.pth" if export is not None else "checksums"
             fabric.print(f"  {what} in {time.perf_counter() - t0:.2f} s")
+
+    def _on_rank_0(self, write: Callable[[], Any], needed: int) -> Any:
+        """`write()` on rank 0 alone, its result returned there (None elsewhere); a full disk it meets raised on every
+        rank as the same one line (a broadcast, which every rank waits on: none is left waiting for a rank 0 that
+        stopped, until the process group's timeout)."""
+        result, failure = None, None
+        if self.fabric.global_rank == 0:
+            try:
+                with disk_full(self.out_dir, needed, resume_note(self.out_dir)):
+                    result = write()
+            except DiskFull as error:
+                failure = str(error)
+        failure = self.fabric.broadcast(failure)
+        if failure is not None:
+            raise DiskFull(failure)
+        return result
 
     def load(self, checkpoint_dir: Path) -> dict:
         """Restores model, optimizer and counters of the state from `checkpoint_dir` in place, resharded for this
