@@ -19,7 +19,8 @@ from test_recipe import recipe_config
 from litgpt_vocagnolm.data.prepare import prepare
 from litgpt_vocagnolm.errors import DiskFull
 from litgpt_vocagnolm.models import gpt
-from litgpt_vocagnolm.training.checkpoints import Checkpointer, export, tensor_bytes, verify_checkpoint
+from litgpt_vocagnolm.training.checkpoints import Checkpointer, tensor_bytes, verify_checkpoint
+from litgpt_vocagnolm.training.export import export
 from litgpt_vocagnolm.training.score_teacher import score_teacher
 
 

@@ -23,7 +23,8 @@ from litgpt_vocagnolm.data.teacher_cache import check_cache
 from litgpt_vocagnolm.errors import FolderInUse
 from litgpt_vocagnolm.files import LOCK, hold_folder, read_holder
 from litgpt_vocagnolm.models import gpt
-from litgpt_vocagnolm.training.checkpoints import Checkpointer, export, verify_checkpoint
+from litgpt_vocagnolm.training.checkpoints import Checkpointer, verify_checkpoint
+from litgpt_vocagnolm.training.export import export
 from litgpt_vocagnolm.training.score_teacher import score_teacher
 
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -18,8 +18,8 @@ from test_checkpoints import setup_args
 from litgpt_vocagnolm.data.prepared import VocAgnoData
 from litgpt_vocagnolm.errors import InvalidArgument, NotFinite, PathTaken, Unguided, UserError
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
-from litgpt_vocagnolm.training.checkpoints import export
 from litgpt_vocagnolm.training.checks import resume_history
+from litgpt_vocagnolm.training.export import export
 from litgpt_vocagnolm.training.recipe import setup
 
 

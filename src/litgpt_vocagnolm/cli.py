@@ -44,7 +44,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
         "Accuracy on the paper's 9 math benchmarks (few-shot CoT) and bits per byte",
     ),
     "export": (
-        "litgpt_vocagnolm.training.checkpoints:export",
+        "litgpt_vocagnolm.training.export:export",
         "A sharded training checkpoint (step-*) as one lit_model.pth for litgpt generate / convert_from_litgpt",
     ),
     "demo": (
