@@ -16,6 +16,7 @@ from litgpt.args import TrainArgs
 
 from litgpt_vocagnolm.data.prepared import VocAgnoData
 from litgpt_vocagnolm.evaluation.evaluate import evaluate, load_model
+from litgpt_vocagnolm.files import file_sha256
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
 from litgpt_vocagnolm.models import gpt
 from litgpt_vocagnolm.models.weights import CHECKSUMS, UnreadableCheckpoint, read_weights
@@ -283,7 +284,7 @@ def test_the_final_save_says_each_phase_and_a_disk_without_room_is_refused_befor
     assert 3 * weights < shards < 3.01 * weights  # weights, exp_avg, exp_avg_sq, a step count each, their headers
     assert weights < (final / "lit_model.pth").stat().st_size < 1.01 * weights
     sums = json.loads((final / CHECKSUMS).read_text())
-    assert sums["lit_model.pth"] == checkpoints.file_sha256(final / "lit_model.pth")
+    assert sums["lit_model.pth"] == file_sha256(final / "lit_model.pth")
     saved = torch.load(final / "lit_model.pth", weights_only=True)
     assert (saved["iter_num"], saved["step_count"]) == (2, 1)
     assert all(torch.equal(saved["model"][name], tensor) for name, tensor in model.state_dict().items())
