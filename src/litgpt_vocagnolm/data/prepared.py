@@ -489,13 +489,35 @@ class VocAgnoData(DataModule):
         # Both checked where they enter: `num_chunks` by `GuidanceArgs`, one cache per teacher by `checks.check_setup`.
         self.batch_size, self.num_chunks, self.teacher_caches = batch_size, num_chunks, teacher_caches
         self.teacher_block_size = teacher_block_size
+        if max_seq_length is not None:
+            self.check_max_seq_length(max_seq_length)
+
+    def check_max_seq_length(
+        self, max_seq_length: int, block_size: Optional[int] = None, block_size_flag: Optional[str] = None
+    ) -> None:
+        """Fails, naming both fixes, unless the data holds blocks of `max_seq_length` student tokens and they fit the
+        student's `block_size` (where given): train at the prepared length (with the block size, where shorter,
+        raised by `block_size_flag`; no such fix without that flag), or prepare the data again at the length training
+        asks for (at most `block_size`)."""
         prepared = self.manifest["max_seq_length"]
-        if max_seq_length is not None and max_seq_length != prepared:
-            raise InvalidArgument(
-                f"{self.path} holds blocks for max_seq_length {prepared}, but training asks for {max_seq_length}."
-                f" Prepare it again with `vocagnolm prepare --max_seq_length {max_seq_length}`, or train with"
-                f" --train.max_seq_length {prepared}."
-            )
+        fits = block_size is None or prepared <= block_size
+        if max_seq_length == prepared and fits:
+            return
+        student = f" and the student's block size is {block_size}" if block_size else ""
+        block_size = block_size or max(max_seq_length, prepared)
+        fixes = []
+        if fits:
+            fixes.append(f"train with --train.max_seq_length {prepared}")
+        elif block_size_flag:
+            fixes.append(f"train with --train.max_seq_length {prepared} {block_size_flag} {prepared}")
+        length = min(max_seq_length, block_size)
+        if length != prepared:
+            train_too = f" and train with --train.max_seq_length {length}" if length != max_seq_length else ""
+            fixes.append(f"prepare it again with --max_seq_length {length} (into a new --output){train_too}")
+        raise InvalidArgument(
+            f"{self.path} holds blocks of {prepared} tokens (prepared with --max_seq_length {prepared}); training asks"
+            f" for {max_seq_length}{student}: {', or '.join(fixes)}."
+        )
 
     def check_files(self) -> None:
         """Fails, naming the file and the fix, unless the manifests and both splits' files are as prepared, and every
@@ -541,10 +563,10 @@ class VocAgnoData(DataModule):
             sha256 = tokenizer_sha256(file)
             if sha256 != recorded["sha256"]:
                 raise InvalidArgument(
-                    f"The {side} tokenizer is not the one {path} was prepared with:\n"
-                    f"  prepared with {recorded['path']} (sha256 {recorded['sha256']})\n"
-                    f"  given         {file} (sha256 {sha256})\n"
-                    f"Prepare the data again with this {side}, or train with the {side} it was prepared for."
+                    f"The {side} tokenizer is not the one {path} was prepared with: {str(given)!r} has {file} (sha256"
+                    f" {sha256}), its manifest records {recorded['path']} (sha256 {recorded['sha256']}). Pass the"
+                    f" {side} the data was prepared with, or prepare the data with this one (`vocagnolm prepare"
+                    f" --{side} {given}` and the data's other arguments, into a new --output)."
                 )
 
     def same_vocabulary(self, student_dir: Path, teacher_dir: Optional[Path], teacher: int = 0) -> bool:

@@ -58,6 +58,23 @@ def check_run_args(train: TrainArgs, eval: EvalArgs, devices: int | str, num_nod
     at_least("--eval.max_iters", eval.max_iters, 0)
 
 
+def check_seq_len(config: Config, data: DataModule | None, train: TrainArgs, block_size_flag: str | None) -> int:
+    """The student tokens per sequence (--train.max_seq_length, else the student's block size), refused before any
+    model is built where the model would refuse it once built (LitGPT's "Cannot attend to ...": longer than its block
+    size) or the prepared data holds blocks of another length. `block_size_flag` raises the student's block size
+    (--model_config.block_size, for a student given as a config), else None: the fixes name it where it helps."""
+    length, block_size = train.max_seq_length or config.block_size, config.block_size
+    if isinstance(data, VocAgnoData):
+        data.check_max_seq_length(length, block_size, block_size_flag)
+    elif length > block_size:
+        raise_it = f", or raise the block size: {block_size_flag} {length}" if block_size_flag else ""
+        raise InvalidArgument(
+            f"--train.max_seq_length {length} is longer than the student's block size {block_size} ({config.name}):"
+            f" the model can't attend that far. Give --train.max_seq_length {block_size} or less{raise_it}."
+        )
+    return length
+
+
 def check_weights_fit(config: Config, checkpoint_dir: Path, flag: str) -> None:
     """Fails unless the checkpoint's weights have the tensors, by name and shape, of the model `config` builds (built
     on the meta device: no memory), naming the first that differ; else `load_state_dict` refuses them after the model
