@@ -489,35 +489,13 @@ class VocAgnoData(DataModule):
         # Both checked where they enter: `num_chunks` by `GuidanceArgs`, one cache per teacher by `checks.check_setup`.
         self.batch_size, self.num_chunks, self.teacher_caches = batch_size, num_chunks, teacher_caches
         self.teacher_block_size = teacher_block_size
-        if max_seq_length is not None:
-            self.check_max_seq_length(max_seq_length)
-
-    def check_max_seq_length(
-        self, max_seq_length: int, block_size: Optional[int] = None, block_size_flag: Optional[str] = None
-    ) -> None:
-        """Fails, naming both fixes, unless the data holds blocks of `max_seq_length` student tokens and they fit the
-        student's `block_size` (where given): train at the prepared length (with the block size, where shorter,
-        raised by `block_size_flag`; no such fix without that flag), or prepare the data again at the length training
-        asks for (at most `block_size`)."""
         prepared = self.manifest["max_seq_length"]
-        fits = block_size is None or prepared <= block_size
-        if max_seq_length == prepared and fits:
-            return
-        student = f" and the student's block size is {block_size}" if block_size else ""
-        block_size = block_size or max(max_seq_length, prepared)
-        fixes = []
-        if fits:
-            fixes.append(f"train with --train.max_seq_length {prepared}")
-        elif block_size_flag:
-            fixes.append(f"train with --train.max_seq_length {prepared} {block_size_flag} {prepared}")
-        length = min(max_seq_length, block_size)
-        if length != prepared:
-            train_too = f" and train with --train.max_seq_length {length}" if length != max_seq_length else ""
-            fixes.append(f"prepare it again with --max_seq_length {length} (into a new --output){train_too}")
-        raise InvalidArgument(
-            f"{self.path} holds blocks of {prepared} tokens (prepared with --max_seq_length {prepared}); training asks"
-            f" for {max_seq_length}{student}: {', or '.join(fixes)}."
-        )
+        if max_seq_length is not None and max_seq_length != prepared:
+            raise InvalidArgument(
+                f"{self.path} holds blocks for max_seq_length {prepared}, but training asks for {max_seq_length}."
+                f" Prepare it again with `vocagnolm prepare --max_seq_length {max_seq_length}`, or train with"
+                f" --train.max_seq_length {prepared} (a student whose block size is {prepared} or more)."
+            )
 
     def check_files(self) -> None:
         """Fails, naming the file and the fix, unless the manifests and both splits' files are as prepared, and every
