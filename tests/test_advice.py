@@ -211,8 +211,9 @@ def test_a_same_vocabulary_method_with_another_vocabulary_names_the_method_that_
 
 @pytest.fixture
 def one_step(tmp_path, tinyllama_mistral_data, mistral_teacher) -> list[str | Path]:
-    """A one-step run into tmp_path / "out", as typed."""
-    return pretrain(tinyllama_mistral_data, tmp_path / "out", "--teacher.checkpoint_dir", mistral_teacher)
+    """A one-step run into tmp_path / "out", as typed: it saves step-00000001 and final."""
+    train = pretrain(tinyllama_mistral_data, tmp_path / "out", "--teacher.checkpoint_dir", mistral_teacher)
+    return [*train, "--train.save_interval", "1"]
 
 
 def test_an_out_dir_with_checkpoints_continues_or_starts_afresh_as_advised(tmp_path, one_step, capsys):
@@ -230,7 +231,7 @@ def test_an_out_dir_with_checkpoints_continues_or_starts_afresh_as_advised(tmp_p
 
 
 def test_a_training_checkpoint_where_weights_are_due_is_exported_as_advised(tmp_path, one_step, capsys):
-    runs(capsys, *one_step, "--train.save_interval", "1")
+    runs(capsys, *one_step)
     step = tmp_path / "out" / "step-00000001"
     message = refusal(capsys, *one_step, "--out_dir", tmp_path / "b", "--initial_checkpoint_dir", step)
     assert "is a training checkpoint" in message

@@ -196,9 +196,10 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
 
 
 def check_left_to_train(checkpoint_dir: Path, max_steps: int, tokens_per_step: int) -> None:
-    """Refuses to resume a finished run (`checkpoint_dir` is its `final`) on a budget of `max_steps` optimizer steps of
-    `tokens_per_step` tokens that it has trained already: nothing would be trained, and its `final` saved again."""
-    if checkpoint_dir.name != "final":
+    """Refuses to resume a finished run (`checkpoint_dir` is its `final`, or a `step-*` beside one) on a budget of
+    `max_steps` optimizer steps of `tokens_per_step` tokens that it has trained already: nothing would be trained, and
+    its `final` saved again."""
+    if not (checkpoint_dir.parent / "final").is_dir():
         return
     step = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["step_count"]
     if step >= max_steps:
