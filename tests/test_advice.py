@@ -206,6 +206,21 @@ def test_a_same_vocabulary_method_with_another_vocabulary_names_the_method_that_
     assert trained_steps(tmp_path / "a") == 1
 
 
+def test_a_teacher_cache_not_yet_scored_is_scored_as_advised_and_its_precision_named(
+    tmp_path, corpus, mistral_teacher, capsys
+):
+    (tmp_path / "20.jsonl").write_text("".join(corpus.read_text().splitlines(keepends=True)[:20]))
+    data, cache = prepare_pair(tmp_path / "data", tmp_path / "20.jsonl", TINYLLAMA, MISTRAL), tmp_path / "cache"
+    train = pretrain(data, tmp_path / "a", "--teacher.cache", cache)
+    message = refusal(capsys, *train)
+    assert "is not a teacher loss cache" in message
+    runs(capsys, *command(message, DIR=data, CHECKPOINT_DIR=mistral_teacher, CACHE=cache))
+    message = refusal(capsys, *train, "--teacher.precision", "bf16-true")
+    assert "was scored in 32-true, --teacher.precision is bf16-true" in message
+    runs(capsys, *train, "--teacher.precision", "bf16-true", *options(fix(message, "Train with")))
+    assert trained_steps(tmp_path / "a") == 1
+
+
 # A run's out_dir and checkpoints
 
 
