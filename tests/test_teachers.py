@@ -226,7 +226,7 @@ def test_setup_wants_one_cache_or_model_per_teacher(
             GuidanceArgs(method="uld"),
             tokenizer_dir=TINYLLAMA,
         )
-    with pytest.raises(ValueError, match="The teacher tokenizer is not the one"):  # Mistral's for the Qwen data
+    with pytest.raises(ValueError, match="The teacher tokenizer is not the one") as error:  # Mistral's, Qwen data
         check_setup(
             config,
             data,
@@ -235,6 +235,11 @@ def test_setup_wants_one_cache_or_model_per_teacher(
             GuidanceArgs(),
             tokenizer_dir=TINYLLAMA,
         )
+    recorded = data.manifests[0]["teacher"]  # one line: the teacher, what the data's manifest records, the fix
+    message = str(error.value)
+    assert "\n" not in message and str(mistral_teacher) in message and str(tinyllama_qwen_data) in message
+    assert recorded["path"] in message and recorded["sha256"] in message
+    assert f"`vocagnolm prepare --teacher {mistral_teacher}`" in message
 
 
 def test_online_teachers_score_their_own_windows(

@@ -494,7 +494,7 @@ class VocAgnoData(DataModule):
             raise InvalidArgument(
                 f"{self.path} holds blocks for max_seq_length {prepared}, but training asks for {max_seq_length}."
                 f" Prepare it again with `vocagnolm prepare --max_seq_length {max_seq_length}`, or train with"
-                f" --train.max_seq_length {prepared}."
+                f" --train.max_seq_length {prepared} (a student whose block size is {prepared} or more)."
             )
 
     def check_files(self) -> None:
@@ -541,10 +541,10 @@ class VocAgnoData(DataModule):
             sha256 = tokenizer_sha256(file)
             if sha256 != recorded["sha256"]:
                 raise InvalidArgument(
-                    f"The {side} tokenizer is not the one {path} was prepared with:\n"
-                    f"  prepared with {recorded['path']} (sha256 {recorded['sha256']})\n"
-                    f"  given         {file} (sha256 {sha256})\n"
-                    f"Prepare the data again with this {side}, or train with the {side} it was prepared for."
+                    f"The {side} tokenizer is not the one {path} was prepared with: {str(given)!r} has {file} (sha256"
+                    f" {sha256}), its manifest records {recorded['path']} (sha256 {recorded['sha256']}). Pass the"
+                    f" {side} the data was prepared with, or prepare the data with this one (`vocagnolm prepare"
+                    f" --{side} {given}` and the data's other arguments, into a new --output)."
                 )
 
     def same_vocabulary(self, student_dir: Path, teacher_dir: Optional[Path], teacher: int = 0) -> bool:

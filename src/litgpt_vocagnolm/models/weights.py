@@ -103,11 +103,17 @@ def check_checkpoint_dir(checkpoint_dir: Path, what: str, tokenizer: bool = Fals
         )
     if missing:
         present = sorted(p.name for p in checkpoint_dir.iterdir())
+        if any(Path(name).suffix in (".safetensors", ".bin") for name in present):  # Hugging Face weights, unconverted
+            fix = f"convert its Hugging Face weights first, `vocagnolm convert_to_litgpt {checkpoint_dir}`"
+        else:
+            fix = (
+                "run `litgpt download <repo>` (it converts), or `vocagnolm convert_to_litgpt DIR` on a Hugging Face"
+                " checkpoint; for a trained model, copy the tokenizer files of the model it started from next to"
+                " lit_model.pth"
+            )
         raise PathMissing(
             f"{what} {str(checkpoint_dir)!r} lacks {missing} (it holds {present}). A LitGPT checkpoint has"
-            " lit_model.pth and model_config.yaml next to the tokenizer files: run `litgpt download <repo>` (it"
-            " converts), or `litgpt convert_to_litgpt` on a Hugging Face checkpoint; for a trained model, copy the"
-            " tokenizer files of the model it started from next to lit_model.pth."
+            f" lit_model.pth and model_config.yaml next to the tokenizer files: {fix}."
         )
     config = read_config(checkpoint_dir, what)
     read_weights(checkpoint_dir / "lit_model.pth")
@@ -130,8 +136,8 @@ def read_config(checkpoint_dir: Path, what: str) -> Config:
         reason = " ".join(str(error).split())[:200]
         raise UnreadableCheckpoint(
             f"{what} {str(checkpoint_dir)!r}: {path} is not a LitGPT model config ({type(error).__name__}: {reason})."
-            " Use the model_config.yaml that came with the checkpoint (`litgpt download` or `litgpt convert_to_litgpt`"
-            " writes it)."
+            " Use the model_config.yaml that came with the checkpoint (`litgpt download` or `vocagnolm"
+            " convert_to_litgpt` writes it)."
         ) from error
     return config
 

@@ -65,20 +65,14 @@ def checked_seq_len(args: Any, student: Config, gpu_memory: float) -> int:
     """The student tokens per sequence of the recipe's run (`recipe.setup`'s arguments, instantiated), after refusing
     what the plan cannot count: `--devices auto`, run arguments the recipe refuses, no GPU memory, sequences longer
     than the student's block."""
-    from litgpt_vocagnolm.training.checks import check_run_args
+    from litgpt_vocagnolm.training.checks import check_run_args, check_seq_len
 
     if args.devices == "auto":
         raise InvalidArgument("--devices auto: say how many GPUs per node the job will have, e.g. --devices 8.")
     check_run_args(args.train, args.eval, args.devices, args.num_nodes)
     if not gpu_memory > 0:
         raise InvalidArgument(f"--gpu_memory must be above 0 GB, got {gpu_memory}.")
-    T = args.train.max_seq_length or student.block_size
-    if T > student.block_size:
-        raise InvalidArgument(
-            f"--train.max_seq_length {T} is longer than the student's block size {student.block_size}"
-            f" ({student.name}): it can't run. Give at most {student.block_size}."
-        )
-    return T
+    return check_seq_len(student, None, args.train, "--model_config.block_size" if args.model_config else None)
 
 
 def measure_plan(

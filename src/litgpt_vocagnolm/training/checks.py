@@ -58,6 +58,45 @@ def check_run_args(train: TrainArgs, eval: EvalArgs, devices: int | str, num_nod
     at_least("--eval.max_iters", eval.max_iters, 0)
 
 
+def check_seq_len(config: Config, data: DataModule | None, train: TrainArgs, block_size_flag: str | None) -> int:
+    """The student tokens per sequence (--train.max_seq_length, else the student's block size), refused before any
+    model is built where the model would refuse it once built (LitGPT's "Cannot attend to ...": longer than its block
+    size) or the prepared data holds blocks of another length (`check_prepared_length`). `block_size_flag` raises the
+    student's block size (--model_config.block_size, for a student given as a config), else None."""
+    length, block_size = train.max_seq_length or config.block_size, config.block_size
+    if isinstance(data, VocAgnoData):
+        check_prepared_length(data, length, block_size, block_size_flag)
+    elif length > block_size:
+        raise_it = f", or raise the block size: {block_size_flag} {length}" if block_size_flag else ""
+        raise InvalidArgument(
+            f"--train.max_seq_length {length} is longer than the student's block size {block_size} ({config.name}):"
+            f" the model can't attend that far. Give --train.max_seq_length {block_size} or less{raise_it}."
+        )
+    return length
+
+
+def check_prepared_length(data: VocAgnoData, length: int, block_size: int, block_size_flag: str | None) -> None:
+    """Fails, naming both fixes, unless the data holds blocks of `length` student tokens within the student's
+    `block_size`: train at the prepared length (with the block size, where shorter, raised by `block_size_flag`; no
+    such fix without it), or prepare the data again at the length training asks for (at most `block_size`)."""
+    prepared = data.manifest["max_seq_length"]
+    if length == prepared <= block_size:
+        return
+    fixes = []
+    if prepared <= block_size:
+        fixes.append(f"train with --train.max_seq_length {prepared}")
+    elif block_size_flag:
+        fixes.append(f"train with --train.max_seq_length {prepared} {block_size_flag} {prepared}")
+    again = min(length, block_size)
+    if again != prepared:
+        and_train = f" and train with --train.max_seq_length {again}" if again != length else ""
+        fixes.append(f"prepare it again with --max_seq_length {again} (into a new --output){and_train}")
+    raise InvalidArgument(
+        f"{data.path} holds blocks of {prepared} tokens (prepared with --max_seq_length {prepared}); training asks for"
+        f" {length} and the student's block size is {block_size}: {', or '.join(fixes)}."
+    )
+
+
 def check_weights_fit(config: Config, checkpoint_dir: Path, flag: str) -> None:
     """Fails unless the checkpoint's weights have the tensors, by name and shape, of the model `config` builds (built
     on the meta device: no memory), naming the first that differ; else `load_state_dict` refuses them after the model

@@ -65,6 +65,7 @@ from litgpt_vocagnolm.training.checkpoints import (
 from litgpt_vocagnolm.training.checks import (
     check_optimizer,
     check_run_args,
+    check_seq_len,
     check_setup,
     check_start,
     resolve_model_config,
@@ -196,6 +197,7 @@ def setup(
     devices = parse_devices(devices)
     check_start(config, initial_checkpoint_dir, resume)
     check_setup(config, data, train, teacher, guidance, tokenizer_dir=tokenizer_dir, world_size=devices * num_nodes)
+    check_seq_len(config, data, train, "--model_config.block_size" if model_config is not None else None)
 
     precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
     out_dir = init_out_dir(out_dir)
