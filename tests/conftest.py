@@ -3,11 +3,14 @@
 import json
 import os
 import shutil
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from litgpt.config import Config
 from litgpt.model import GPT
 from litgpt.utils import save_config
@@ -162,3 +165,54 @@ def student_config_yaml(path: Path) -> Path:
     """A 1-layer student for TinyLlama's tokenizer, as a --model_config file."""
     path.write_text(json.dumps(model_config_fields(tiny_config("student", 32000, block_size=64))))
     return path
+
+
+def built_once(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `name` that `build` fills, once per test session: pytest-xdist's workers share it (the first one
+    builds it, the others wait on a file lock; pytest-xdist's documented pattern)."""
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent  # the session's folder, above each worker's
+    folder = root / name
+    with FileLock(f"{folder}.lock"):
+        if not (folder / ".built").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
+def checked(*command: str | Path, timeout: int = 900, **kwargs) -> subprocess.CompletedProcess:
+    """`command`, which must succeed (its output's end in the failure's message)."""
+    out = subprocess.run([str(c) for c in command], capture_output=True, text=True, timeout=timeout, **kwargs)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out
+
+
+def build_dist(folder: Path) -> None:
+    """The wheel and the source distribution, built by hatchling as `pip wheel --no-build-isolation` builds them."""
+    checked(
+        sys.executable, "-m", "hatchling", "build", "--target", "wheel", "--target", "sdist", "-d", folder, cwd=ROOT
+    )
+
+
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory, worker_id) -> Path:
+    """This checkout's wheel and source distribution, built once per session."""
+    return built_once(tmp_path_factory, worker_id, "dist", build_dist)
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory, worker_id, dist) -> Path:
+    """A fresh virtual environment (its folder) holding this environment's torch, then `pip install` of the wheel
+    there, as a user installs it: with its dependencies, from the package index. Once per session."""
+
+    def build(folder: Path) -> None:
+        checked(sys.executable, "-m", "venv", "--without-pip", folder)
+        # --no-compile: Python compiles a module when it first imports it, rather than pip the whole of torch.
+        pip = [sys.executable, "-m", "pip", "--python", folder / "bin" / "python", "install", "--quiet", "--no-compile"]
+        checked(*pip, f"torch=={torch.__version__}")
+        checked(*pip, next(dist.glob("*.whl")))
+
+    return built_once(tmp_path_factory, worker_id, "installed", build)
