@@ -1,5 +1,7 @@
 """Shared fixtures: real tokenizers, a small real corpus prepared once per session, tiny LitGPT checkpoints."""
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -86,12 +88,15 @@ def read_only_folder(tmp_path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def gsm8k_sample(tmp_path_factory) -> Path:
-    """The first 240 GSM8K train records (real math text shipped in data/)."""
-    path = tmp_path_factory.mktemp("corpus") / "gsm8k.jsonl"
-    lines = (ROOT / "data" / "gsm8k" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:240]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+def gsm8k_sample(tmp_path_factory, worker_id) -> Path:
+    """The first 240 GSM8K train records (real math text shipped in data/): one file for all of pytest-xdist's workers,
+    so that the data they prepare from it is the same, and so a teacher's cache of it (`mistral_cache`)."""
+
+    def write(folder: Path) -> None:
+        lines = (ROOT / "data" / "gsm8k" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:240]
+        (folder / "gsm8k.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    return built_once(tmp_path_factory, worker_id, "corpus", write) / "gsm8k.jsonl"
 
 
 def prepare_pair(output: Path, corpus: Path, student: Path, teacher: Path, max_seq_length: int = 64) -> Path:
@@ -111,8 +116,14 @@ def prepare_pair(output: Path, corpus: Path, student: Path, teacher: Path, max_s
 
 
 @pytest.fixture(scope="session")
-def tinyllama_mistral_data(tmp_path_factory, gsm8k_sample) -> Path:
-    return prepare_pair(tmp_path_factory.mktemp("data") / "tl-mistral", gsm8k_sample, TINYLLAMA, MISTRAL)
+def tinyllama_mistral_data(tmp_path_factory, worker_id, gsm8k_sample) -> Path:
+    """Prepared once for all of pytest-xdist's workers, as `mistral_cache` is scored on it (LitData's index files of
+    two prepares differ, and with them the data manifest's hash that a cache records)."""
+
+    def prepare(folder: Path) -> None:
+        prepare_pair(folder / "tl-mistral", gsm8k_sample, TINYLLAMA, MISTRAL)
+
+    return built_once(tmp_path_factory, worker_id, "tl-mistral", prepare) / "tl-mistral"
 
 
 @pytest.fixture(scope="session")
@@ -141,6 +152,30 @@ def mistral_teacher(tmp_path_factory) -> Path:
 def qwen_teacher(tmp_path_factory) -> Path:
     config = tiny_config("t", 151665, n_embd=16)
     return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "teacher-qwen", config, QWEN, seed=1)
+
+
+@pytest.fixture(scope="session")
+def mistral_cache(tmp_path_factory, worker_id, tinyllama_mistral_data, mistral_teacher) -> tuple[Path, str]:
+    """The Mistral teacher's loss cache of `tinyllama_mistral_data` (64 blocks a shard), and what `score_teacher`
+    printed: scored once per session, for the tests that only read it (one that changes it copies it first). Its
+    --batch_size is far above the data's blocks, capped at a shard's 64; any batch size writes the same bytes here.
+    Scored on one worker's data and teacher, it fits every worker's: the same bytes (paths aside) by the same hashes."""
+
+    def score(folder: Path) -> None:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            score_teacher(
+                data=tinyllama_mistral_data,
+                teacher=mistral_teacher,
+                output=folder / "cache",
+                num_workers=0,
+                batch_size=100_000,
+                blocks_per_shard=64,
+            )
+        (folder / "printed.txt").write_text(printed.getvalue())
+
+    folder = built_once(tmp_path_factory, worker_id, "mistral-cache", score)
+    return folder / "cache", (folder / "printed.txt").read_text()
 
 
 @pytest.fixture(scope="session")
