@@ -1,7 +1,7 @@
 """`pip install` of the wheel where a torch is installed, as the README installs it: the torch stays, and neither
 torchvision nor a CUDA build's packages (nvidia-*, triton) come with it.
 
-What pip would add is asked of pip itself (`--dry-run --report`) for an environment that holds a given torch (its
+What pip would add is asked of pip itself (`--dry-run --report`) for an environment that holds torch 2.8.0 (its
 metadata alone), from the package index, the machine's pip configuration files aside (a constraint there could hide
 what pip picks elsewhere). Then the real install (the `installed` fixture: this environment's torch, then the wheel)
 keeps that torch. Needs the package index.
@@ -40,20 +40,19 @@ def dry_run(python: Path, *requirements: str | Path) -> subprocess.CompletedProc
     return subprocess.run([str(c) for c in [*command, *requirements]], capture_output=True, text=True, env=env)
 
 
-@pytest.mark.parametrize("torch_version", ["2.8.0", "2.13.0+cpu"])
-def test_an_install_beside_torch_adds_no_torch_torchvision_or_cuda_packages(dist, tmp_path, torch_version):
-    """The oldest torch supported, and a CPU build. litdata after 0.2.44 requires torchvision, whose newest release
-    pins the newest torch: pip replaced the installed torch with the newest, a CUDA build, with triton and 15 nvidia-*
-    packages."""
-    python = environment_with(torch_version, tmp_path / "env")
+def test_an_install_beside_the_oldest_torch_supported_adds_no_torch_torchvision_or_cuda_packages(dist, tmp_path):
+    """Beside torch 2.8.0 (a CPU build: the real install below). litdata after 0.2.44 requires torchvision, whose
+    newest release pins the newest torch: pip replaced the installed torch with the newest, a CUDA build, with triton
+    and 15 nvidia-* packages."""
+    python = environment_with("2.8.0", tmp_path / "env")
     out = dry_run(python, next(dist.glob("*.whl")))
     assert out.returncode == 0, out.stderr[-3000:]
     added = {
         i["metadata"]["name"].lower(): i["metadata"]["version"]
         for i in json.loads((tmp_path / "env" / "report.json").read_text())["install"]
     }
-    assert added["litgpt-vocagnolm"] == "0.1.0" and added["litdata"] == "0.2.44"
     assert [name for name in added if CUDA_BUILD.fullmatch(name)] == []
+    assert added["litgpt-vocagnolm"] == "0.1.0" and added["litdata"] == "0.2.44"
 
 
 def test_pip_refuses_litgpt_extra_beside_it_naming_litdata(dist, tmp_path):
