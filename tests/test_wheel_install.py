@@ -43,7 +43,7 @@ def dry_run(python: Path, *requirements: str | Path) -> subprocess.CompletedProc
 def test_an_install_beside_the_oldest_torch_supported_adds_no_torch_torchvision_or_cuda_packages(dist, tmp_path):
     """Beside torch 2.8.0 (a CPU build: the real install below). litdata after 0.2.44 requires torchvision, whose
     newest release pins the newest torch: pip replaced the installed torch with the newest, a CUDA build, with triton
-    and 15 nvidia-* packages."""
+    and its nvidia-* packages."""
     python = environment_with("2.8.0", tmp_path / "env")
     out = dry_run(python, next(dist.glob("*.whl")))
     assert out.returncode == 0, out.stderr[-3000:]
