@@ -23,7 +23,9 @@ $(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/tran
 			&& break; \
 		test $$attempt -lt 3 || exit 1; echo "resolving again (a registry hiccup fails as a conflict does)"; \
 	done
-	$(PIP) install --quiet --upgrade --no-deps --target $(VENV)/litgpt-extra -r tests/litgpt-extra.txt
+# Emptied first: --target keeps a package the list no longer names.
+	rm -rf $(VENV)/litgpt-extra
+	$(PIP) install --quiet --no-deps --target $(VENV)/litgpt-extra -r tests/litgpt-extra.txt
 	touch $(STAMP)
 
 # The formatter and the linter check first (pyproject.toml, [tool.ruff]); they change nothing. The tests run in two
