@@ -179,14 +179,18 @@ def mistral_cache(tmp_path_factory, worker_id, tinyllama_mistral_data, mistral_t
 
 
 @pytest.fixture(scope="session")
-def cached_split(tmp_path_factory, mistral_teacher) -> tuple[Path, Path]:
-    """20 GSM8K records prepared at 128 tokens (32 train blocks, 2 validation blocks), and the teacher's loss cache."""
-    directory = tmp_path_factory.mktemp("order")
-    corpus = directory / "gsm8k-20.jsonl"
-    corpus.write_text("\n".join((ROOT / "data" / "gsm8k" / "train.jsonl").read_text().splitlines()[:20]) + "\n")
-    data = prepare_pair(directory / "data", corpus, TINYLLAMA, MISTRAL, max_seq_length=128)
-    score_teacher(data=data, teacher=mistral_teacher, output=directory / "cache", num_workers=0)
-    return data, directory / "cache"
+def cached_split(tmp_path_factory, worker_id, mistral_teacher) -> tuple[Path, Path]:
+    """20 GSM8K records prepared at 128 tokens (32 train blocks, 2 validation blocks), and the teacher's loss cache:
+    once for all of pytest-xdist's workers (the tests only read them)."""
+
+    def build(directory: Path) -> None:
+        corpus = directory / "gsm8k-20.jsonl"
+        corpus.write_text("\n".join((ROOT / "data" / "gsm8k" / "train.jsonl").read_text().splitlines()[:20]) + "\n")
+        data = prepare_pair(directory / "data", corpus, TINYLLAMA, MISTRAL, max_seq_length=128)
+        score_teacher(data=data, teacher=mistral_teacher, output=directory / "cache", num_workers=0)
+
+    directory = built_once(tmp_path_factory, worker_id, "order", build)
+    return directory / "data", directory / "cache"
 
 
 def model_config_fields(config: Config) -> dict:
