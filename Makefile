@@ -16,14 +16,16 @@ $(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/tran
 	$(PIP) install --quiet -c constraints.txt torch==2.13.0
 	$(PIP) install --quiet -c constraints.txt -e ".[test]"
 	$(PIP) install --quiet --upgrade --no-deps --target $(VENV)/transformers -r tests/transformers.txt
-# This package beside LitGPT's extras in one `pip install` (resolved, nothing installed; a conflict stops here),
-# then what that install brings which LitGPT and this package import, for tests/test_install.py.
+# This package beside the versions LitGPT's extras pick (resolved, nothing installed; a conflict stops here), then
+# those versions, for tests/test_install.py.
 	for attempt in 1 2 3; do \
-		$(PIP) install --quiet --dry-run --ignore-installed -c tests/litgpt-extra.txt torch==2.13.0 -e ".[test]" \
-			"litgpt[extra]" && break; \
+		$(PIP) install --quiet --dry-run --ignore-installed torch==2.13.0 -e ".[test]" -r tests/litgpt-extra.txt \
+			&& break; \
 		test $$attempt -lt 3 || exit 1; echo "resolving again (a registry hiccup fails as a conflict does)"; \
 	done
-	$(PIP) install --quiet --upgrade --no-deps --target $(VENV)/litgpt-extra -r tests/litgpt-extra.txt
+# Emptied first: --target keeps a package the list no longer names.
+	rm -rf $(VENV)/litgpt-extra
+	$(PIP) install --quiet --no-deps --target $(VENV)/litgpt-extra -r tests/litgpt-extra.txt
 	touch $(STAMP)
 
 # The formatter and the linter check first (pyproject.toml, [tool.ruff]); they change nothing. The tests run in two

@@ -1,13 +1,18 @@
 """Shared fixtures: real tokenizers, a small real corpus prepared once per session, tiny LitGPT checkpoints."""
 
+import contextlib
+import io
 import json
 import os
 import shutil
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from litgpt.config import Config
 from litgpt.model import GPT
 from litgpt.utils import save_config
@@ -83,12 +88,15 @@ def read_only_folder(tmp_path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def gsm8k_sample(tmp_path_factory) -> Path:
-    """The first 240 GSM8K train records (real math text shipped in data/)."""
-    path = tmp_path_factory.mktemp("corpus") / "gsm8k.jsonl"
-    lines = (ROOT / "data" / "gsm8k" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:240]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+def gsm8k_sample(tmp_path_factory, worker_id) -> Path:
+    """The first 240 GSM8K train records (real math text shipped in data/): one file for all of pytest-xdist's workers,
+    so that the data they prepare from it is the same, and so a teacher's cache of it (`mistral_cache`)."""
+
+    def write(folder: Path) -> None:
+        lines = (ROOT / "data" / "gsm8k" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:240]
+        (folder / "gsm8k.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    return built_once(tmp_path_factory, worker_id, "corpus", write) / "gsm8k.jsonl"
 
 
 def prepare_pair(output: Path, corpus: Path, student: Path, teacher: Path, max_seq_length: int = 64) -> Path:
@@ -108,8 +116,14 @@ def prepare_pair(output: Path, corpus: Path, student: Path, teacher: Path, max_s
 
 
 @pytest.fixture(scope="session")
-def tinyllama_mistral_data(tmp_path_factory, gsm8k_sample) -> Path:
-    return prepare_pair(tmp_path_factory.mktemp("data") / "tl-mistral", gsm8k_sample, TINYLLAMA, MISTRAL)
+def tinyllama_mistral_data(tmp_path_factory, worker_id, gsm8k_sample) -> Path:
+    """Prepared once for all of pytest-xdist's workers, as `mistral_cache` is scored on it (LitData's index files of
+    two prepares differ, and with them the data manifest's hash that a cache records)."""
+
+    def prepare(folder: Path) -> None:
+        prepare_pair(folder / "tl-mistral", gsm8k_sample, TINYLLAMA, MISTRAL)
+
+    return built_once(tmp_path_factory, worker_id, "tl-mistral", prepare) / "tl-mistral"
 
 
 @pytest.fixture(scope="session")
@@ -141,14 +155,42 @@ def qwen_teacher(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def cached_split(tmp_path_factory, mistral_teacher) -> tuple[Path, Path]:
-    """20 GSM8K records prepared at 128 tokens (32 train blocks, 2 validation blocks), and the teacher's loss cache."""
-    directory = tmp_path_factory.mktemp("order")
-    corpus = directory / "gsm8k-20.jsonl"
-    corpus.write_text("\n".join((ROOT / "data" / "gsm8k" / "train.jsonl").read_text().splitlines()[:20]) + "\n")
-    data = prepare_pair(directory / "data", corpus, TINYLLAMA, MISTRAL, max_seq_length=128)
-    score_teacher(data=data, teacher=mistral_teacher, output=directory / "cache", num_workers=0)
-    return data, directory / "cache"
+def mistral_cache(tmp_path_factory, worker_id, tinyllama_mistral_data, mistral_teacher) -> tuple[Path, str]:
+    """The Mistral teacher's loss cache of `tinyllama_mistral_data` (64 blocks a shard), and what `score_teacher`
+    printed: scored once per session, for the tests that only read it (one that changes it copies it first). Its
+    --batch_size is far above the data's blocks, capped at a shard's 64; any batch size writes the same bytes here.
+    Scored on one worker's data and teacher, it fits every worker's: the same bytes (paths aside) by the same hashes."""
+
+    def score(folder: Path) -> None:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            score_teacher(
+                data=tinyllama_mistral_data,
+                teacher=mistral_teacher,
+                output=folder / "cache",
+                num_workers=0,
+                batch_size=100_000,
+                blocks_per_shard=64,
+            )
+        (folder / "printed.txt").write_text(printed.getvalue())
+
+    folder = built_once(tmp_path_factory, worker_id, "mistral-cache", score)
+    return folder / "cache", (folder / "printed.txt").read_text()
+
+
+@pytest.fixture(scope="session")
+def cached_split(tmp_path_factory, worker_id, mistral_teacher) -> tuple[Path, Path]:
+    """20 GSM8K records prepared at 128 tokens (32 train blocks, 2 validation blocks), and the teacher's loss cache:
+    once for all of pytest-xdist's workers (the tests only read them)."""
+
+    def build(directory: Path) -> None:
+        corpus = directory / "gsm8k-20.jsonl"
+        corpus.write_text("\n".join((ROOT / "data" / "gsm8k" / "train.jsonl").read_text().splitlines()[:20]) + "\n")
+        data = prepare_pair(directory / "data", corpus, TINYLLAMA, MISTRAL, max_seq_length=128)
+        score_teacher(data=data, teacher=mistral_teacher, output=directory / "cache", num_workers=0)
+
+    directory = built_once(tmp_path_factory, worker_id, "order", build)
+    return directory / "data", directory / "cache"
 
 
 def model_config_fields(config: Config) -> dict:
@@ -162,3 +204,54 @@ def student_config_yaml(path: Path) -> Path:
     """A 1-layer student for TinyLlama's tokenizer, as a --model_config file."""
     path.write_text(json.dumps(model_config_fields(tiny_config("student", 32000, block_size=64))))
     return path
+
+
+def built_once(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `name` that `build` fills, once per test session: pytest-xdist's workers share it (the first one
+    builds it, the others wait on a file lock; pytest-xdist's documented pattern)."""
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent  # the session's folder, above each worker's
+    folder = root / name
+    with FileLock(f"{folder}.lock"):
+        if not (folder / ".built").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
+def checked(*command: str | Path, timeout: int = 900, **kwargs) -> subprocess.CompletedProcess:
+    """`command`, which must succeed (its output's end in the failure's message)."""
+    out = subprocess.run([str(c) for c in command], capture_output=True, text=True, timeout=timeout, **kwargs)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out
+
+
+def build_dist(folder: Path) -> None:
+    """The wheel and the source distribution, built by hatchling as `pip wheel --no-build-isolation` builds them."""
+    checked(
+        sys.executable, "-m", "hatchling", "build", "--target", "wheel", "--target", "sdist", "-d", folder, cwd=ROOT
+    )
+
+
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory, worker_id) -> Path:
+    """This checkout's wheel and source distribution, built once per session."""
+    return built_once(tmp_path_factory, worker_id, "dist", build_dist)
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory, worker_id, dist) -> Path:
+    """A fresh virtual environment (its folder) holding this environment's torch, then `pip install` of the wheel
+    there, as a user installs it: with its dependencies, from the package index. Once per session."""
+
+    def build(folder: Path) -> None:
+        checked(sys.executable, "-m", "venv", "--without-pip", folder)
+        # --no-compile: Python compiles a module when it first imports it, rather than pip the whole of torch.
+        pip = [sys.executable, "-m", "pip", "--python", folder / "bin" / "python", "install", "--quiet", "--no-compile"]
+        checked(*pip, f"torch=={torch.__version__}")
+        checked(*pip, next(dist.glob("*.whl")))
+
+    return built_once(tmp_path_factory, worker_id, "installed", build)

@@ -1,10 +1,8 @@
 """The plugin mechanism, through the real console scripts and the real interpreter in subprocesses."""
 
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -132,29 +130,14 @@ def test_interpreter_start_imports_neither_torch_nor_litgpt(argv):
 
 
 @pytest.mark.slow
-def test_regular_wheel_install_dispatches(tmp_path):
+def test_regular_wheel_install_dispatches(tmp_path, dist, installed):
     """A non-editable install: the .pth file must land at the wheel root and work from a fresh environment."""
-    wheels = tmp_path / "wheels"
-    built = run(
-        sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT)
-    )
-    assert built.returncode == 0, built.stderr
-    (wheel,) = wheels.glob("litgpt_vocagnolm-*.whl")
+    (wheel,) = dist.glob("litgpt_vocagnolm-*.whl")
     assert "litgpt_vocagnolm_recipes.pth" in zipfile.ZipFile(wheel).namelist()
-
-    # A fresh environment that sees the dependencies of this one (a plain path entry: their .pth files don't run,
-    # so the editable install of this checkout is invisible there) and gets the wheel installed for real.
-    env_dir = tmp_path / "env"
-    assert run(sys.executable, "-m", "venv", "--without-pip", str(env_dir)).returncode == 0
-    python = env_dir / "bin" / "python"
+    # `installed`: a fresh environment with the wheel installed for real; the editable install of this checkout is
+    # not on its path.
+    python, litgpt, vocagnolm = (installed / "bin" / name for name in ("python", "litgpt", "vocagnolm"))
     site = Path(run(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
-    deps = sysconfig.get_paths()["purelib"]
-    (site / "deps.pth").write_text(deps + "\n")
-    installed = run(sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel))
-    assert installed.returncode == 0, installed.stderr
-    litgpt = env_dir / "bin" / "litgpt"
-    shutil.copy(BIN / "litgpt", litgpt)
-    litgpt.write_text(f"#!{python}\n" + litgpt.read_text().split("\n", 1)[1])
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = run(str(litgpt), "pretrain", "--recipe", "vocagnolm", "--help", cwd=tmp_path, env=env)
@@ -166,7 +149,7 @@ def test_regular_wheel_install_dispatches(tmp_path):
     # The recipes come with the wheel: listed, run by name and copied, in a folder that holds no clone.
     names = {path.name for path in RECIPES.glob("*.yaml")} | {f"slurm/{p.name}" for p in RECIPES.glob("slurm/*")}
     assert {f"litgpt_vocagnolm/recipes/{name}" for name in names} <= set(zipfile.ZipFile(wheel).namelist())
-    listed = run(str(env_dir / "bin" / "vocagnolm"), "recipes", cwd=tmp_path, env=env)
+    listed = run(str(vocagnolm), "recipes", cwd=tmp_path, env=env)
     assert listed.returncode == 0, listed.stderr
     row = next(line.split() for line in listed.stdout.splitlines() if line.startswith("tinyllama-qwen2.5-math-7b "))
     assert row[1:4] == ["Qwen2.5-Math-7B", "vocagnolm", "15_000_000_000"]
@@ -179,10 +162,10 @@ def test_regular_wheel_install_dispatches(tmp_path):
     printed = yaml.safe_load(out.stdout)
     assert printed["teacher"]["checkpoint_dir"] == ["checkpoints/Qwen/Qwen2.5-Math-7B-Instruct"]  # one teacher
     assert printed["optimizer"]["init_args"]["lr"] == 8e-5 and printed["train"]["max_tokens"] == 15_000_000_000
-    copied = run(str(env_dir / "bin" / "vocagnolm"), "recipes", "--copy", recipe, "--dest", ".", cwd=tmp_path, env=env)
+    copied = run(str(vocagnolm), "recipes", "--copy", recipe, "--dest", ".", cwd=tmp_path, env=env)
     assert copied.returncode == 0, copied.stderr
     assert (tmp_path / f"{recipe}.yaml").read_text() == (RECIPES / f"{recipe}.yaml").read_text()
-    copied = run(str(env_dir / "bin" / "vocagnolm"), "recipes", "--copy", "slurm", "--dest", ".", cwd=tmp_path, env=env)
+    copied = run(str(vocagnolm), "recipes", "--copy", "slurm", "--dest", ".", cwd=tmp_path, env=env)
     assert copied.returncode == 0, copied.stderr
     assert sorted(p.name for p in (tmp_path / "slurm").iterdir()) == ["score-teacher.sbatch", "vocagnolm.sbatch"]
 

@@ -10,6 +10,8 @@
   `make test` its first two commands, the paper's run within its first 150 lines.
 - The wheel and the source distribution build, with the README as their long description, the LICENSE file and
   classifiers that exist.
+- Every program the README's shell blocks call (the system's aside) is installed by `pip install` of the wheel, and
+  starts.
 """
 
 import re
@@ -127,6 +129,31 @@ def test_each_command_the_docs_show_is_parsed_by_its_own_parser(
         assert stop.code in (0, None), f"{where}: {shlex.join(words)}\n{capsys.readouterr().err[-3000:]}"
         return
     pytest.fail(f"{where}: {shlex.join(words)} was never parsed")
+
+
+# What the README's shell blocks call that the install does not bring: the shell's own, the system's, any Python's pip.
+SYSTEM = {"bash", "cd", "make", "pip", "source"}
+
+
+def programs(doc: Path) -> set[str]:
+    """The programs `doc`'s shell blocks call: each command line's first word after its variable assignments."""
+    called = set()
+    for language, start, lines in fenced_blocks(doc.read_text(encoding="utf-8")):
+        for _, line in shell_lines(lines, start, language in SHELL):
+            words = [w for w in shlex.split(line, comments=True) if not re.fullmatch(r"[A-Za-z_]\w*=.*", w)]
+            called |= set(words[:1])
+    return called
+
+
+@pytest.mark.slow
+def test_each_program_the_readme_calls_is_installed_and_starts(installed, tmp_path):
+    """The README's install (`pip install` of the wheel, beside a torch) brings every program its commands call,
+    the system's aside, and each starts: `hf` once failed at start (No module named 'click')."""
+    called = programs(ROOT / "README.md")
+    assert {"hf", "litgpt", "vocagnolm"} <= called - SYSTEM
+    for program in sorted(called - SYSTEM):
+        out = subprocess.run([installed / "bin" / program, "--help"], cwd=tmp_path, capture_output=True, text=True)
+        assert out.returncode == 0, f"{program}: {out.stderr[-2000:]}"
 
 
 def test_every_doc_shows_commands_that_are_checked():
@@ -290,21 +317,11 @@ def test_the_readme_is_a_guide_within_its_limits():
     assert last_command < README_LIMITS["paper's run by line"]
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    """The wheel and the source distribution, built with hatchling as `pip wheel --no-build-isolation` builds them."""
-    out = tmp_path_factory.mktemp("dist")
-    command = [sys.executable, "-m", "hatchling", "build", "--target", "wheel", "--target", "sdist", "-d", str(out)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return out
-
-
-def test_the_wheel_and_sdist_carry_the_readme_license_and_metadata(built):
+def test_the_wheel_and_sdist_carry_the_readme_license_and_metadata(dist):
     import trove_classifiers
 
-    (wheel,) = built.glob("*.whl")
-    (sdist,) = built.glob("*.tar.gz")
+    (wheel,) = dist.glob("*.whl")
+    (sdist,) = dist.glob("*.tar.gz")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()

@@ -1,11 +1,12 @@
-"""This package beside `litgpt[extra]`, as LitGPT's README installs it, and LitGPT still working.
+"""This package beside the versions `pip install 'litgpt[extra]'` picks, as LitGPT's README installs it, and LitGPT
+still working.
 
-`make install` checks that this package, `litgpt[extra]` and tests/litgpt-extra.txt resolve together in one `pip
-install` (dry run), and puts those pins (transformers, tokenizers, huggingface-hub, litdata 0.2.59, ...: what that
-install brings where it differs from this environment) in .venv/litgpt-extra. The commands here run with that folder
-first on their path: LitGPT's own `pretrain` (help, and a few steps of pythia-14m on two text files, which LitData
-0.2.59 tokenizes in forked workers), `vocagnolm prepare` on the shipped GSM8K text with the real tokenizers and its
-default number of workers, and the recipe on that data, stopped and resumed.
+`make install` checks that this package and tests/litgpt-extra.txt resolve together in one `pip install` (dry run),
+and puts those pins (transformers, tokenizers, huggingface-hub, ...: what litgpt[extra] brings where it differs from
+this environment, litdata aside, which this package pins: tests/test_wheel_install.py) in .venv/litgpt-extra. The
+commands here run with that folder first on their path: LitGPT's own `pretrain` (help, and a few steps of pythia-14m
+on two text files, which LitData tokenizes in forked workers), `vocagnolm prepare` on the shipped GSM8K text with the
+real tokenizers and its default number of workers, and the recipe on that data, stopped and resumed.
 """
 
 import json

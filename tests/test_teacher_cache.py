@@ -40,11 +40,10 @@ def score(data: Path, teacher: Path, output: Path, *args: str) -> subprocess.Com
     return out
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory, tinyllama_mistral_data, mistral_teacher) -> Path:
-    output = tmp_path_factory.mktemp("cache") / "mistral"
-    score(tinyllama_mistral_data, mistral_teacher, output, "--blocks_per_shard", "64")
-    return output
+@pytest.fixture
+def cache(mistral_cache) -> Path:
+    """The session's cache of the Mistral teacher (conftest.py), which these tests only read."""
+    return mistral_cache[0]
 
 
 def test_cache_holds_the_teachers_losses_in_16_bit(cache, tinyllama_mistral_data, mistral_teacher):
@@ -72,7 +71,8 @@ def test_cache_holds_the_teachers_losses_in_16_bit(cache, tinyllama_mistral_data
 
 
 def test_rerun_is_a_no_op_and_a_killed_run_resumes(tmp_path, cache, tinyllama_mistral_data, mistral_teacher):
-    again = score(tinyllama_mistral_data, mistral_teacher, cache, "--blocks_per_shard", "64")
+    finished = shutil.copytree(cache, tmp_path / "finished")  # a copy: other tests, on other workers, read `cache`
+    again = score(tinyllama_mistral_data, mistral_teacher, finished, "--blocks_per_shard", "64")
     assert "nothing to do" in again.stdout
 
     output = tmp_path / "killed"

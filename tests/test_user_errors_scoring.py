@@ -1,8 +1,6 @@
 """User errors of `vocagnolm score-teacher`: every argument checked before anything is written, each message naming
 this command's own option, sizes capped to what the data can use, a damaged cache never taken for a finished one."""
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -62,30 +60,17 @@ def test_a_teacher_shorter_than_the_windows_is_refused_before_loading_it(tmp_pat
     assert not (tmp_path / "cache").exists()
 
 
-@pytest.fixture(scope="module")
-def scored(tmp_path_factory, tinyllama_mistral_data, mistral_teacher) -> tuple[Path, str]:
-    """A cache scored with a --batch_size far above the data's 200-odd blocks, and what the command printed."""
-    output, printed = tmp_path_factory.mktemp("scored") / "cache", io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        score_teacher(
-            data=tinyllama_mistral_data,
-            teacher=mistral_teacher,
-            output=output,
-            num_workers=0,
-            batch_size=100_000,
-            blocks_per_shard=64,
-        )
-    return output, printed.getvalue()
-
-
-def test_a_batch_larger_than_the_data_is_capped_with_a_note(scored):
-    assert "--batch_size 100000 capped at 64: the most blocks a forward can take here (a shard holds 64" in scored[1]
+def test_a_batch_larger_than_the_data_is_capped_with_a_note(mistral_cache):
+    assert (
+        "--batch_size 100000 capped at 64: the most blocks a forward can take here (a shard holds 64"
+        in mistral_cache[1]
+    )
 
 
 def test_a_truncated_shard_is_not_taken_for_a_finished_cache(
-    tmp_path, scored, tinyllama_mistral_data, mistral_teacher, capsys
+    tmp_path, mistral_cache, tinyllama_mistral_data, mistral_teacher, capsys
 ):
-    output = shutil.copytree(scored[0], tmp_path / "cache")
+    output = shutil.copytree(mistral_cache[0], tmp_path / "cache")
     score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64)
     assert "nothing to do" in capsys.readouterr().out
     shard = output / "train" / "000000.losses.npy"
@@ -115,10 +100,10 @@ def test_a_teacher_whose_losses_are_nan_stops_scoring_naming_it(tmp_path, tinyll
 
 
 def test_sigterm_stops_scoring_in_one_line_and_a_rerun_continues(
-    tmp_path, scored, tinyllama_mistral_data, mistral_teacher, monkeypatch
+    tmp_path, mistral_cache, tinyllama_mistral_data, mistral_teacher, monkeypatch
 ):
     """SIGTERM during the second forward (a shard of 64 blocks each): the first shard is kept, the rerun scores the
-    rest only, and the cache is the bytes of one uninterrupted run (`scored`, the same shard and batch sizes)."""
+    rest only, and the cache is the bytes of one uninterrupted run (`mistral_cache`, the same shard and batch sizes)."""
     forwards = []
 
     def count_forwards(*args):
@@ -142,14 +127,14 @@ def test_sigterm_stops_scoring_in_one_line_and_a_rerun_continues(
     score_teacher(**arguments, num_workers=0, batch_size=64)
     shards = sum(-(-len(list(iter_blocks(tinyllama_mistral_data, split))) // 64) for split in ("train", "val"))
     assert len(forwards) == shards - 1
-    assert cache_bytes(output) == cache_bytes(scored[0])
+    assert cache_bytes(output) == cache_bytes(mistral_cache[0])
 
 
-def test_a_cache_holding_nan_losses_is_refused_at_first_use(tmp_path, scored):
-    cache = Path(shutil.copytree(scored[0], tmp_path / "cache"))
+def test_a_cache_holding_nan_losses_is_refused_at_first_use(tmp_path, mistral_cache):
+    cache = Path(shutil.copytree(mistral_cache[0], tmp_path / "cache"))
     shard = cache / "train" / "000001.losses.npy"
     losses = np.load(shard)
-    losses[5] = np.nan  # as a teacher whose weights held NaN scored it, before score-teacher refused one
+    losses[5] = np.nan  # as a teacher whose weights held NaN mistral_cache it, before score-teacher refused one
     np.save(shard, losses)
     manifest = json.loads((cache / "manifest.json").read_text())
     manifest["files"]["train/000001.losses.npy"] = file_record(shard)
