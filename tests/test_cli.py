@@ -13,6 +13,8 @@ import yaml
 from conftest import BIN, RECIPES, ROOT
 from test_recipe import metrics, recipe_config
 
+from litgpt_vocagnolm.demo.settings import CORPUS
+
 # The two ways LitGPT's command line starts: its console script, and `python -m litgpt`, which runpy runs as __main__.
 LITGPT = {"console script": [str(BIN / "litgpt")], "python -m": [sys.executable, "-m", "litgpt"]}
 
@@ -163,9 +165,21 @@ def test_regular_wheel_install_dispatches(tmp_path):
     where = run(str(python), "-c", "import litgpt_vocagnolm; print(litgpt_vocagnolm.__file__)", cwd=tmp_path, env=env)
     assert str(site) in where.stdout  # the installed copy, not this checkout
 
-    # The recipes come with the wheel: listed, run by name and copied, in a folder that holds no clone.
+    # The recipes (the repository's recipes/) and the demo's corpus (its data/) come with the wheel, inside the package.
     names = {path.name for path in RECIPES.glob("*.yaml")} | {f"slurm/{p.name}" for p in RECIPES.glob("slurm/*")}
-    assert {f"litgpt_vocagnolm/recipes/{name}" for name in names} <= set(zipfile.ZipFile(wheel).namelist())
+    assert len(names) == 8 and {f"litgpt_vocagnolm/recipes/{name}" for name in names} <= set(
+        zipfile.ZipFile(wheel).namelist()
+    )
+    corpus = {f"litgpt_vocagnolm/demo/data/{file}" for file, _ in CORPUS}
+    assert corpus <= set(zipfile.ZipFile(wheel).namelist())
+    # The demo, as a user types it, in an empty folder: the corpus it reads is the installed copy.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    demo = run(str(env_dir / "bin" / "vocagnolm"), "demo", "--quick", "true", cwd=empty, env=env, timeout=900)
+    assert demo.returncode == 0, demo.stderr
+    assert f"in {site / 'litgpt_vocagnolm' / 'demo' / 'data'} [" in demo.stdout
+    assert (empty / "out" / "demo" / "results.csv").is_file()
+    # Listed, run by name and copied, in a folder that holds no clone.
     listed = run(str(env_dir / "bin" / "vocagnolm"), "recipes", cwd=tmp_path, env=env)
     assert listed.returncode == 0, listed.stderr
     row = next(line.split() for line in listed.stdout.splitlines() if line.startswith("tinyllama-qwen2.5-math-7b "))

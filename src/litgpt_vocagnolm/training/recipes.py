@@ -1,10 +1,11 @@
 """The recipes that come with the package: `vocagnolm recipes` lists them and copies one (or the sbatch scripts) into a
 folder to edit; `--config NAME` runs one by its name.
 
-A wheel installs the package alone, with no clone beside it: the YAMLs live in the package's `recipes/` folder, the
-sbatch scripts in its `recipes/slurm/`, so that `litgpt pretrain --recipe vocagnolm --config
-tinyllama-qwen2.5-math-7b-instruct` works wherever the package is installed. A path that exists always wins over a
-name, so an edited copy in the working folder runs as itself.
+The repository keeps them in its top-level `recipes/` (the sbatch scripts in `recipes/slurm/`), which a clone's
+`--config recipes/X.yaml` reads and an editable install finds by name. A wheel installs the package alone, with no
+clone beside it: it carries that folder inside the package (`litgpt_vocagnolm/recipes/`), so that `litgpt pretrain
+--recipe vocagnolm --config tinyllama-qwen2.5-math-7b-instruct` works wherever the package is installed. A path that
+exists always wins over a name, so an edited copy in the working folder runs as itself.
 """
 
 import re
@@ -14,8 +15,9 @@ from pathlib import Path
 import yaml
 
 from litgpt_vocagnolm.errors import PathMissing, PathTaken, check_writable
+from litgpt_vocagnolm.files import shipped
 
-FOLDER = Path(__file__).resolve().parents[1] / "recipes"
+FOLDER = shipped("recipes", "recipes")
 SLURM = "slurm"  # `--copy slurm`: the sbatch scripts, not a recipe
 # A value of --config that reads as a file name or path (not inline YAML or JSON, not a URL).
 PATH_LIKE = re.compile(r"[\w./~+-]+")
