@@ -50,6 +50,24 @@ def test_upstream_pretrain_is_untouched(litgpt):
 
 
 @pytest.mark.parametrize("litgpt", LITGPT.values(), ids=LITGPT)
+@pytest.mark.parametrize("config", ["demo-cpu", str(RECIPES / "tinyllama-llemma-7b.yaml")])
+def test_a_recipe_given_to_litgpt_pretrain_without_recipe_says_to_add_it(litgpt, config, tmp_path):
+    """Without the hook, LitGPT's parser stops at "does not accept nested key 'teacher.checkpoint_dir'"."""
+    for args in (["--config", config], [f"--config={config}"]):
+        out = run(*litgpt, "pretrain", *args, cwd=tmp_path)
+        assert (out.returncode, out.stdout) == (2, ""), out.stderr
+        assert out.stderr == (
+            f"litgpt pretrain: error: --config {config} is a vocagnolm recipe, which LitGPT's own pretrain does not"
+            f" take: add --recipe vocagnolm (litgpt pretrain --recipe vocagnolm --config {config}).\n"
+        )
+    # LitGPT's own config goes to LitGPT.
+    (tmp_path / "litgpt.yaml").write_text("model_name: pythia-14m\n")
+    out = run(*litgpt, "pretrain", "--config", "litgpt.yaml", "--print_config", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(out.stdout)["model_name"] == "pythia-14m" and "teacher" not in yaml.safe_load(out.stdout)
+
+
+@pytest.mark.parametrize("litgpt", LITGPT.values(), ids=LITGPT)
 @pytest.mark.parametrize("args", [["--recipe", "nope"], ["--recipe=nope"]])
 def test_unknown_recipe_lists_registered_ones(litgpt, args):
     out = run(*litgpt, "pretrain", *args)
@@ -124,9 +142,10 @@ def test_vocagnolm_help_lists_commands():
     assert bad.returncode == 2 and "unknown command 'nope'" in bad.stderr
 
 
-@pytest.mark.parametrize("argv", [[], ["pretrain", "--recipe", "vocagnolm"]])
+@pytest.mark.parametrize("argv", [[], ["pretrain", "--recipe", "vocagnolm"], ["pretrain", "--config", "x.yaml"]])
 def test_interpreter_start_imports_neither_torch_nor_litgpt(argv):
-    # Even with `--recipe` on the command line, only the tiny hook module may load until litgpt.__main__ runs.
+    # Even with `--recipe` or `--config` on the command line, only the tiny hook module may load until
+    # litgpt.__main__ runs.
     code = "import sys; print(sorted(m for m in ('torch', 'litgpt', 'jsonargparse') if m in sys.modules))"
     out = run(sys.executable, "-c", code, *argv)
     assert out.returncode == 0, out.stderr
