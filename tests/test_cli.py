@@ -277,14 +277,15 @@ def test_packaged_recipes_are_listed_copied_and_run_by_name_where_a_path_wins(tm
     assert {row[0]: row[1:] for row in rows}["demo-cpu"] == ["none", "ce", "40_960", str(RECIPES / "demo-cpu.yaml")]
     assert sorted(row[0] for row in rows) == sorted(path.stem for path in RECIPES.glob("*.yaml"))
 
-    def max_tokens(config: str) -> int:
+    def max_tokens(config: str, cwd: Path = tmp_path) -> int:
         out = run(
-            str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", config, "--print_config", cwd=tmp_path
+            str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", config, "--print_config", cwd=cwd
         )
         assert out.returncode == 0, out.stderr
         return yaml.safe_load(out.stdout)["train"]["max_tokens"]
 
     assert max_tokens("demo-cpu") == max_tokens("demo-cpu.yaml") == 40_960  # by name, with or without .yaml
+    assert max_tokens("recipes/demo-cpu.yaml", cwd=ROOT) == 40_960  # in a clone, by its path
     assert run(vocagnolm, "recipes", "--copy", "demo-cpu", "--dest", ".", cwd=tmp_path).returncode == 0
     copy = tmp_path / "demo-cpu.yaml"
     copy.write_text(copy.read_text().replace("max_tokens: 40960", "max_tokens: 8192"))
