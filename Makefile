@@ -86,11 +86,12 @@ demo-variants: install
 	$(VENV)/bin/vocagnolm demo --out_dir out/demo-weak-teacher --sizes.teacher_tokens 20480 --methods '[ce, vocagnolm]'
 
 # The tiny recipe alone (plain cross-entropy, TinyLlama's tokenizer): the path CLI -> data -> Fabric -> checkpoint.
+# Run again, it trains again from the start: --overwrite true deletes the previous run's checkpoints in out/demo-cpu.
 demo-cpu: install
 	test -f out/demo-cpu/data/manifest.json || $(VENV)/bin/vocagnolm prepare \
 		--student tests/fixtures/tokenizers/tinyllama-1.1b --teacher tests/fixtures/tokenizers/qwen2.5 \
 		--input data/gsm8k/train.jsonl --text_key question,answer --output out/demo-cpu/data --max_seq_length 128
-	$(VENV)/bin/litgpt pretrain --recipe vocagnolm --config demo-cpu
+	$(VENV)/bin/litgpt pretrain --recipe vocagnolm --config demo-cpu --overwrite true
 
 # Each benchmark at its defaults; `make bench ARGS=--smoke` runs each at its smallest sizes, as `make test` does.
 bench: install

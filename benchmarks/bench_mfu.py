@@ -19,7 +19,7 @@ from pathlib import Path
 from litgpt_vocagnolm.planning.plan import plan
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ROOT / "src" / "litgpt_vocagnolm" / "recipes"
+RECIPES = ROOT / "recipes"
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ def rank_zero_restored():
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the console scripts of this environment
 TOKENIZERS = ROOT / "tests" / "fixtures" / "tokenizers"
-RECIPES = ROOT / "src" / "litgpt_vocagnolm" / "recipes"  # the packaged recipes (YAMLs; sbatch scripts in slurm/)
+RECIPES = ROOT / "recipes"  # the packaged recipes (YAMLs; sbatch scripts in slurm/), which the wheel carries
 TINYLLAMA, QWEN, MISTRAL = TOKENIZERS / "tinyllama-1.1b", TOKENIZERS / "qwen2.5", TOKENIZERS / "mistral-7b-v0.1"
 LLEMMA = TOKENIZERS / "llemma-7b"  # TinyLlama's 32,000 tokens with the same ids, then 16 infill tokens
 

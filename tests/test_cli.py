@@ -11,6 +11,8 @@ import yaml
 from conftest import BIN, RECIPES, ROOT
 from test_recipe import metrics, recipe_config
 
+from litgpt_vocagnolm.demo.settings import CORPUS
+
 # The two ways LitGPT's command line starts: its console script, and `python -m litgpt`, which runpy runs as __main__.
 LITGPT = {"console script": [str(BIN / "litgpt")], "python -m": [sys.executable, "-m", "litgpt"]}
 
@@ -43,6 +45,24 @@ def test_upstream_pretrain_is_untouched(litgpt):
     assert out.returncode == 0, out.stderr
     assert "--guidance" not in out.stdout and "--teacher" not in out.stdout
     assert "Pretrain a model." in out.stdout and "  model_name  " in out.stdout  # LitGPT's own parser
+
+
+@pytest.mark.parametrize("litgpt", LITGPT.values(), ids=LITGPT)
+@pytest.mark.parametrize("config", ["demo-cpu", str(RECIPES / "tinyllama-llemma-7b.yaml")])
+def test_a_recipe_given_to_litgpt_pretrain_without_recipe_says_to_add_it(litgpt, config, tmp_path):
+    """Without the hook, LitGPT's parser stops at "does not accept nested key 'teacher.checkpoint_dir'"."""
+    for args in (["--config", config], [f"--config={config}"]):
+        out = run(*litgpt, "pretrain", *args, cwd=tmp_path)
+        assert (out.returncode, out.stdout) == (2, ""), out.stderr
+        assert out.stderr == (
+            f"litgpt pretrain: error: --config {config} is a vocagnolm recipe, which LitGPT's own pretrain does not"
+            f" take: add --recipe vocagnolm (litgpt pretrain --recipe vocagnolm --config {config}).\n"
+        )
+    # LitGPT's own config goes to LitGPT.
+    (tmp_path / "litgpt.yaml").write_text("model_name: pythia-14m\n")
+    out = run(*litgpt, "pretrain", "--config", "litgpt.yaml", "--print_config", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(out.stdout)["model_name"] == "pythia-14m" and "teacher" not in yaml.safe_load(out.stdout)
 
 
 @pytest.mark.parametrize("litgpt", LITGPT.values(), ids=LITGPT)
@@ -120,9 +140,10 @@ def test_vocagnolm_help_lists_commands():
     assert bad.returncode == 2 and "unknown command 'nope'" in bad.stderr
 
 
-@pytest.mark.parametrize("argv", [[], ["pretrain", "--recipe", "vocagnolm"]])
+@pytest.mark.parametrize("argv", [[], ["pretrain", "--recipe", "vocagnolm"], ["pretrain", "--config", "x.yaml"]])
 def test_interpreter_start_imports_neither_torch_nor_litgpt(argv):
-    # Even with `--recipe` on the command line, only the tiny hook module may load until litgpt.__main__ runs.
+    # Even with `--recipe` or `--config` on the command line, only the tiny hook module may load until
+    # litgpt.__main__ runs.
     code = "import sys; print(sorted(m for m in ('torch', 'litgpt', 'jsonargparse') if m in sys.modules))"
     out = run(sys.executable, "-c", code, *argv)
     assert out.returncode == 0, out.stderr
@@ -146,9 +167,21 @@ def test_regular_wheel_install_dispatches(tmp_path, dist, installed):
     where = run(str(python), "-c", "import litgpt_vocagnolm; print(litgpt_vocagnolm.__file__)", cwd=tmp_path, env=env)
     assert str(site) in where.stdout  # the installed copy, not this checkout
 
-    # The recipes come with the wheel: listed, run by name and copied, in a folder that holds no clone.
+    # The recipes (the repository's recipes/) and the demo's corpus (its data/) come with the wheel, inside the package.
     names = {path.name for path in RECIPES.glob("*.yaml")} | {f"slurm/{p.name}" for p in RECIPES.glob("slurm/*")}
-    assert {f"litgpt_vocagnolm/recipes/{name}" for name in names} <= set(zipfile.ZipFile(wheel).namelist())
+    assert len(names) == 8 and {f"litgpt_vocagnolm/recipes/{name}" for name in names} <= set(
+        zipfile.ZipFile(wheel).namelist()
+    )
+    corpus = {f"litgpt_vocagnolm/demo/data/{file}" for file, _ in CORPUS}
+    assert corpus <= set(zipfile.ZipFile(wheel).namelist())
+    # The demo, as a user types it, in an empty folder: the corpus it reads is the installed copy.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    demo = run(str(vocagnolm), "demo", "--quick", "true", cwd=empty, env=env, timeout=900)
+    assert demo.returncode == 0, demo.stderr
+    assert f"in {site / 'litgpt_vocagnolm' / 'demo' / 'data'} [" in demo.stdout
+    assert (empty / "out" / "demo" / "results.csv").is_file()
+    # Listed, run by name and copied, in a folder that holds no clone.
     listed = run(str(vocagnolm), "recipes", cwd=tmp_path, env=env)
     assert listed.returncode == 0, listed.stderr
     row = next(line.split() for line in listed.stdout.splitlines() if line.startswith("tinyllama-qwen2.5-math-7b "))
@@ -227,14 +260,15 @@ def test_packaged_recipes_are_listed_copied_and_run_by_name_where_a_path_wins(tm
     assert {row[0]: row[1:] for row in rows}["demo-cpu"] == ["none", "ce", "40_960", str(RECIPES / "demo-cpu.yaml")]
     assert sorted(row[0] for row in rows) == sorted(path.stem for path in RECIPES.glob("*.yaml"))
 
-    def max_tokens(config: str) -> int:
+    def max_tokens(config: str, cwd: Path = tmp_path) -> int:
         out = run(
-            str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", config, "--print_config", cwd=tmp_path
+            str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", config, "--print_config", cwd=cwd
         )
         assert out.returncode == 0, out.stderr
         return yaml.safe_load(out.stdout)["train"]["max_tokens"]
 
     assert max_tokens("demo-cpu") == max_tokens("demo-cpu.yaml") == 40_960  # by name, with or without .yaml
+    assert max_tokens("recipes/demo-cpu.yaml", cwd=ROOT) == 40_960  # in a clone, by its path
     assert run(vocagnolm, "recipes", "--copy", "demo-cpu", "--dest", ".", cwd=tmp_path).returncode == 0
     copy = tmp_path / "demo-cpu.yaml"
     copy.write_text(copy.read_text().replace("max_tokens: 40960", "max_tokens: 8192"))

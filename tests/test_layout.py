@@ -60,8 +60,7 @@ def package_of(module: str) -> str:
 def test_every_module_lives_in_a_package_but_the_shared_leaves_and_the_command_line():
     top = {module_name(p) for p in PACKAGE.glob("*.py")} - {""}
     assert top == SHARED | {"cli", "_hook", "__main__"}
-    # and the packaged recipes (YAMLs, sbatch scripts in recipes/slurm/), which hold no code
-    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(PACKAGES) | {"recipes"}
+    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(PACKAGES)
 
 
 def test_each_package_imports_only_the_packages_it_builds_on():
@@ -322,7 +321,7 @@ def test_the_names_the_contract_and_recipes_give_resolve_through_the_packages():
     from litgpt_vocagnolm.loss.selection import teacher_guided_weights
 
     design = (PACKAGE.parents[1] / "docs" / "design.md").read_text(encoding="utf-8")
-    recipes = "".join(p.read_text() for p in (PACKAGE / "recipes").glob("*.yaml"))
+    recipes = "".join(p.read_text() for p in (PACKAGE.parents[1] / "recipes").glob("*.yaml"))
     for path, defined in {
         "litgpt_vocagnolm.alignment.align": align,
         "litgpt_vocagnolm.loss.teacher_guided_weights": teacher_guided_weights,

@@ -2,14 +2,16 @@
 
 LitGPT 0.5 has no plugin mechanism: its console script and `python -m litgpt` run litgpt/__main__.py, a fixed table
 of subcommands. `litgpt_vocagnolm_recipes.pth` imports this module at interpreter start, and only when the command
-line holds `--recipe`. Here we register an import hook that supplies the code of `litgpt.__main__`: LitGPT's own,
-then its `main` wrapped so that `pretrain --recipe NAME` runs the recipe registered under NAME in the
-`litgpt.recipes` entry-point group; every other command goes to LitGPT untouched. Fabric re-launches the same
+line holds `--recipe` or `--config`. Here we register an import hook that supplies the code of `litgpt.__main__`:
+LitGPT's own, then its `main` wrapped so that `pretrain --recipe NAME` runs the recipe registered under NAME in the
+`litgpt.recipes` entry-point group, and `pretrain --config` with one of this package's recipes but no `--recipe` is
+refused in one line that says to add it; every other command goes to LitGPT untouched. Fabric re-launches the same
 command line in its child processes (`python -m litgpt.__main__ ...` under `-m`), so they pass through here too.
 Nothing heavy is imported here.
 """
 
 import sys
+from collections.abc import Callable
 from importlib.abc import Loader, MetaPathFinder
 from importlib.machinery import PathFinder
 
@@ -53,10 +55,28 @@ def exec_litgpt_main(namespace: dict) -> None:
     from litgpt_vocagnolm.cli import litgpt_main
 
     upstream_main = namespace["main"]
-    namespace["main"] = lambda: litgpt_main(upstream_main)
+    namespace["main"] = lambda: litgpt_main(lambda: without_recipe(upstream_main))
     if as_main:
         namespace["__name__"] = "__main__"
         namespace["main"]()
+
+
+def without_recipe(upstream_main: Callable[[], None]) -> None:
+    """LitGPT's own command (no `--recipe`). Given one of this package's recipes, `litgpt pretrain --config` would
+    stop in LitGPT's parser ("does not accept nested key 'teacher.checkpoint_dir'"): one line says to add `--recipe
+    vocagnolm` instead, and the command exits 2, as for a parser's refusal."""
+    if sys.argv[1:2] == ["pretrain"]:
+        from litgpt_vocagnolm.training.recipes import config_values, is_recipe
+
+        recipes = [value for _, _, value in config_values(sys.argv[2:]) if is_recipe(value)]
+        if recipes:
+            print(
+                f"litgpt pretrain: error: --config {recipes[0]} is a vocagnolm recipe, which LitGPT's own pretrain"
+                f" does not take: add --recipe vocagnolm (litgpt pretrain --recipe vocagnolm --config {recipes[0]}).",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
+    upstream_main()
 
 
 if sys.argv[1:2] == ["pretrain"]:  # imported once per process, however often the .pth line runs

@@ -1,5 +1,5 @@
 """Hashes and whole-or-nothing writes of the files this package writes and later trusts; the lock that keeps one
-command at a time in a folder."""
+command at a time in a folder; the folders of data files (no code) that come with the package."""
 
 import errno
 import fcntl
@@ -25,6 +25,15 @@ HELD: set[Path] = set()  # the folders this process holds
 WHOLE_HASH_BYTES = 1 << 20  # input files up to this size are hashed whole
 HASH_SAMPLES = 16  # larger ones: this many evenly spaced samples...
 SAMPLE_BYTES = 1 << 16  # ...of this many bytes each, so at most 1 MiB is read per file
+PACKAGE = Path(__file__).resolve().parent
+
+
+def shipped(in_wheel: str, in_clone: str) -> Path:
+    """A folder of data files that comes with the package: `in_wheel` inside the package where a wheel installed it
+    (pyproject.toml's force-include puts it there), else `in_clone` at the root of the clone the package runs from
+    (an editable install, or src/ on the path), the one copy in the repository."""
+    packaged = PACKAGE / in_wheel
+    return packaged if packaged.is_dir() else PACKAGE.parents[1] / in_clone
 
 
 def file_sha256(path: Path) -> str:

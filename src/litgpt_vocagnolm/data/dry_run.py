@@ -33,7 +33,7 @@ LOSS_BYTES = 2  # float16 per teacher window position but the first (teacher_cac
 OFFSET_BYTES = 4  # uint32 per block (teacher_cache.py)
 # score-teacher's GPU-hours at its measured pace: 60.7% of an H100's dense bf16 peak, Qwen2.5-Math-7B's forward
 # compiled (`score-teacher`'s default on a GPU) at batch 8 and window 2560 (`benchmarks/bench_mfu.py --device cuda
-# --compile`, README "At the device's pace"); 48.7% eager.
+# --compile`, docs/performance.md); 48.7% eager.
 SCORING_FLOPS = 0.607 * 989e12
 
 
@@ -210,7 +210,7 @@ def format_dry_run(figures: dict) -> str:
         lines.append(
             f"  `score-teacher`: one teacher forward over every window, {scaled(f['teacher_flops'], 'FLOP')}"
             f" (2 x its matrix parameters per token): {hours(f['teacher_flops'] / SCORING_FLOPS / 3600)} of one GPU at"
-            f' {scaled(SCORING_FLOPS, "FLOP/s")} (measured on an H100, compiled as by default: README, "At the'
-            " device's pace\")"
+            f" {scaled(SCORING_FLOPS, 'FLOP/s')} (measured on an H100, compiled as by default:"
+            " docs/performance.md)"
         )
     return "\n".join(lines)

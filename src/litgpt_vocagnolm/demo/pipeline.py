@@ -171,7 +171,7 @@ def demo(
         quick: Tiny sizes instead (``QUICK``): every stage in well under a minute; a smoke test, its numbers mean
             nothing. Not with ``--sizes.*``.
         workers: Training runs at a time, each a process of one thread; at least 1.
-        data_dir: The shipped corpus (the repository's data/ folder).
+        data_dir: The demo's corpus: by default the copy the package carries (the repository's data/ folder).
     """
     # Settings, checked before any work.
     if quick and sizes != DemoSizes():
@@ -254,8 +254,8 @@ def check_settings(
     missing = [file for file, _ in CORPUS if not (data_dir / file).is_file()]
     if missing:
         raise PathMissing(
-            f"The demo's corpus is not in {data_dir} (missing {', '.join(missing)}): run it from a clone of the"
-            " repository, or pass --data_dir DIR with the repository's data/ folder."
+            f"The demo's corpus is not in {data_dir} (missing {', '.join(missing)}): leave --data_dir out to use the"
+            " corpus the package carries, or give a folder laid out as the repository's data/."
         )
 
 

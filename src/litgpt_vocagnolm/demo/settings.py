@@ -4,10 +4,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from litgpt_vocagnolm.errors import InvalidArgument, at_least
+from litgpt_vocagnolm.files import shipped
 from litgpt_vocagnolm.loss.methods import METHODS, GuidanceMethod
 
 REPOSITORY = Path(__file__).resolve().parents[3]  # in a clone
-DATA = REPOSITORY / "data"  # the shipped corpora
+DATA = shipped("demo/data", "data")  # the shipped corpora: the repository's data/, which a wheel carries
 # The paper's hardest pair, TinyLlama's and Qwen2.5's tokenizers, to set the demo's pair beside (tests/fixtures).
 PAPER_PAIR = tuple(REPOSITORY / "tests" / "fixtures" / "tokenizers" / name for name in ("tinyllama-1.1b", "qwen2.5"))
 # The smallest vocabularies the demo's tokenizers can be trained to (`tokenizer_training`): the student's family holds

@@ -63,7 +63,7 @@ LITGPT = "LitGPT's step"
 # then ends its optimizer step and saves (`slurm.stop_signal`).
 SLURM_WARNING_S = 120
 # The pace the plan expects: the share of the device's dense bf16 peak each step ran at on one H100 at micro-batch 8
-# (README, "At the device's pace": `benchmarks/bench_mfu.py --device cuda --compile`), compiled and eager. A step of a
+# (docs/performance.md: `benchmarks/bench_mfu.py --device cuda --compile`), compiled and eager. A step of a
 # method that loads no teacher is the cached step without the selection: planned at the cached step's pace.
 H100_MFU = {
     ("online", True): 0.564,
@@ -545,8 +545,8 @@ def print_measured(setting: Setting, results: list[Measured], device: torch.devi
     held = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "the process's resident memory (a CPU)"
     print(
         f"Peak memory: {held}, beyond what was held before the work's models were built. Planned: the plan's"
-        ' estimate for this one device; tokens/s and MFU at the pace each work ran on one H100 (README, "At the'
-        " device's pace\")."
+        " estimate for this one device; tokens/s and MFU at the pace each work ran on one H100"
+        " (docs/performance.md)."
     )
     print(f"  {'':<27} {'peak GB':^17}   {'tokens/s':^21}   {'MFU':^17}")
     print(

@@ -172,7 +172,7 @@ def _block_bytes_per_token(config_json: str, train: bool, lengths: tuple[int, in
 # the gradients. With a single tile there is no previous one: 6.
 TILE_BYTES_PER_LOGIT, SINGLE_TILE_BYTES_PER_LOGIT = 10, 6
 # What a compiled block (`distributed.compile_blocks`, inductor) saves for backward per token, as a share of what an
-# eager one saves (`block_bytes_per_token`). From the H100 rows of README "At the device's pace" (`python
+# eager one saves (`block_bytes_per_token`). From the H100 rows of docs/performance.md (`python
 # benchmarks/bench_mfu.py --device cuda --compile --max_micro_batch 8`: TinyLlama-1.1B with Qwen2.5-Math-7B online,
 # sequence 2048, one GPU): per sequence of micro-batch, the online step's peak grows (57.49 - 34.42) / 7 = 3.296 GB
 # compiled and (71.89 - 36.21) / 7 = 5.097 GB eager, and at micro-batch 1 the two differ by 1.79 GB, the slopes'

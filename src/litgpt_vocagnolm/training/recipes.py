@@ -1,10 +1,11 @@
 """The recipes that come with the package: `vocagnolm recipes` lists them and copies one (or the sbatch scripts) into a
 folder to edit; `--config NAME` runs one by its name.
 
-A wheel installs the package alone, with no clone beside it: the YAMLs live in the package's `recipes/` folder, the
-sbatch scripts in its `recipes/slurm/`, so that `litgpt pretrain --recipe vocagnolm --config
-tinyllama-qwen2.5-math-7b-instruct` works wherever the package is installed. A path that exists always wins over a
-name, so an edited copy in the working folder runs as itself.
+The repository keeps them in its top-level `recipes/` (the sbatch scripts in `recipes/slurm/`), which a clone's
+`--config recipes/X.yaml` reads and an editable install finds by name. A wheel installs the package alone, with no
+clone beside it: it carries that folder inside the package (`litgpt_vocagnolm/recipes/`), so that `litgpt pretrain
+--recipe vocagnolm --config tinyllama-qwen2.5-math-7b-instruct` works wherever the package is installed. A path that
+exists always wins over a name, so an edited copy in the working folder runs as itself.
 """
 
 import re
@@ -14,9 +15,11 @@ from pathlib import Path
 import yaml
 
 from litgpt_vocagnolm.errors import PathMissing, PathTaken, check_writable
+from litgpt_vocagnolm.files import shipped
 
-FOLDER = Path(__file__).resolve().parents[1] / "recipes"
+FOLDER = shipped("recipes", "recipes")
 SLURM = "slurm"  # `--copy slurm`: the sbatch scripts, not a recipe
+RECIPE_SECTIONS = {"teacher", "guidance", "fsdp"}  # what a recipe's YAML holds and LitGPT's `pretrain` does not
 # A value of --config that reads as a file name or path (not inline YAML or JSON, not a URL).
 PATH_LIKE = re.compile(r"[\w./~+-]+")
 
@@ -51,15 +54,37 @@ def config_path(value: str) -> str:
     )
 
 
+def config_values(args: list[str]) -> list[tuple[int, str, str]]:
+    """Each `--config VALUE` / `--config=VALUE` of `args`: (the index of the word holding the value, what precedes the
+    value in that word, the value)."""
+    found = []
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            found.append((i + 1, "", args[i + 1]))
+        elif arg.startswith("--config="):
+            found.append((i, "--config=", arg.removeprefix("--config=")))
+    return found
+
+
 def with_packaged_configs(args: list[str]) -> list[str]:
     """`args` (a copy) with each `--config NAME` / `--config=NAME` of a packaged recipe replaced by its path."""
     resolved = list(args)
-    for i, arg in enumerate(resolved):
-        if arg == "--config" and i + 1 < len(resolved):
-            resolved[i + 1] = config_path(resolved[i + 1])
-        elif arg.startswith("--config="):
-            resolved[i] = "--config=" + config_path(arg.split("=", 1)[1])
+    for i, before, value in config_values(args):
+        resolved[i] = before + config_path(value)
     return resolved
+
+
+def is_recipe(config: str) -> bool:
+    """Whether a `--config` value is one of this package's recipes: a packaged recipe's name, or a YAML file with a
+    section of the recipe's own (`RECIPE_SECTIONS`), which LitGPT's `pretrain` does not take."""
+    path = Path(config).expanduser()
+    if not path.is_file():
+        return config.removesuffix(".yaml") in packaged()
+    try:
+        sections = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False  # not a recipe that can be read: LitGPT says what is wrong with it
+    return isinstance(sections, dict) and not RECIPE_SECTIONS.isdisjoint(sections)
 
 
 def summary(path: Path) -> dict[str, str]:

@@ -84,7 +84,7 @@ def score_teacher(
         num_workers: Loader worker processes per rank (0: read in the main process).
         compile: `torch.compile` the teacher's transformer blocks (one static shape: compiled once; the tiled head
             and its loss stay eager, see `distributed.compile_blocks`). Default: on a GPU, where it scores a quarter
-            faster (60.7% of an H100's bf16 peak against 48.7% eager, README "At the device's pace"); off on a CPU,
+            faster (60.7% of an H100's bf16 peak against 48.7% eager, docs/performance.md); off on a CPU,
             where compiling takes tens of seconds before the first batch.
     """
     # Every argument checked before anything is written (a refused run leaves no settings behind).
