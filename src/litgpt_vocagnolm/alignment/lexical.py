@@ -7,8 +7,12 @@ microseconds whatever its size, more than a Python loop spends on a short docume
 documents in one call.
 
 Special tokens: the BOS/EOS that the data pipeline adds carry empty spans (e.g. `(0, 0)`, or `(len(text), len(text))`
-for EOS). An empty student span is unmapped (`a == b`) and an empty teacher span is never inside a range, wherever it
-sits in the sequence. Unmapped rows are `(0, 0)`.
+for EOS). An empty student span is unmapped (`a == b`) and an empty teacher span never starts or ends a range, wherever
+it sits in the sequence. Unmapped rows are `(0, 0)`.
+
+Tokenizers' offsets may skip characters (GPT-NeoX trims the spaces out of its offsets); `encode` gives them back to
+the tokens that hold them, so that both sides' spans tile the text (`tiling_spans`) and every student token with
+characters overlaps some teacher token.
 
 Getting offsets out of a tokenizer costs more than aligning them: `Encoding.offsets` builds a Python list of tuples,
 about a quarter of the tokenization time. `encode` derives them from the token ids instead: a per-vocabulary table of
@@ -30,16 +34,19 @@ from tokenizers import Encoding, Tokenizer
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 
 METASPACE = "\u2581"  # "▁", SentencePiece's space marker
-# Byte length given to added and unknown tokens: any text holding one fails the byte-total check of the derived
-# offsets, so it falls back to the tokenizer's own offsets (added tokens match text outside the model's vocabulary).
+# Byte length given to unknown and added tokens (but the non-special ones of byte-level tokenizers): any text holding one
+# fails the byte-total check of the derived offsets, so it falls back to the tokenizer's own offsets (added tokens
+# match text outside the model's vocabulary).
 NO_FAST_PATH = 1 << 40
+# Whether each code point up to U+3001 is whitespace; none above U+3000 is.
+WHITESPACE = np.array([chr(c).isspace() for c in range(0x3002)])
 
 
 class _OffsetTable(NamedTuple):
     """What `encode` needs to derive character offsets from token ids for one tokenizer."""
 
     byte_lengths: np.ndarray
-    """(V,) int64: bytes of the original text each token id covers; NO_FAST_PATH for added and unknown tokens."""
+    """(V,) int64: bytes of the original text each token id covers; NO_FAST_PATH where that is not known."""
     prepend: str
     """Metaspace's "▁" put before the text: "never", "always", or "unless_space" (not before a leading space)."""
     needs_nfc: bool
@@ -66,8 +73,9 @@ def _offset_table(tokenizer: Tokenizer, vocab_size: int) -> Optional[_OffsetTabl
     normalizer = [s["type"] for s in _state(tokenizer.normalizer)]
     pre_tokenizer = _state(tokenizer.pre_tokenizer)
     for processor in _state(tokenizer.post_processor):
-        # The ByteLevel post-processor trims whitespace out of offsets when asked to; templates only add tokens.
-        if processor["type"] not in ("ByteLevel", "TemplateProcessing") or processor.get("trim_offsets", False):
+        # Templates only add tokens. The ByteLevel post-processor may trim spaces out of the offsets it reports: the
+        # derived spans keep them, with the token that holds them (what `tiling_spans` makes of the reported ones).
+        if processor["type"] not in ("ByteLevel", "TemplateProcessing"):
             return None
     vocab = tokenizer.get_vocab(with_added_tokens=False)
     byte_lengths = np.full(vocab_size, NO_FAST_PATH, dtype=np.int64)
@@ -99,7 +107,13 @@ def _offset_table(tokenizer: Tokenizer, vocab_size: int) -> Optional[_OffsetTabl
         needs_nfc = False
     else:
         return None
-    byte_lengths[list(tokenizer.get_added_tokens_decoder())] = NO_FAST_PATH
+    added = tokenizer.get_added_tokens_decoder()
+    byte_lengths[list(added)] = NO_FAST_PATH
+    if byte_level:
+        # The NFC check leaves the text as it is, so a non-special added token (GPT-NeoX's runs of spaces) covers its
+        # content. Special ones are encoded as text (`load_tokenizer`), or else take the fallback.
+        text_tokens = {i: token.content for i, token in added.items() if not token.special}
+        byte_lengths[list(text_tokens)] = [len(content.encode("utf-8")) for content in text_tokens.values()]
     if model.unk_token is not None and model.unk_token in vocab:
         byte_lengths[vocab[model.unk_token]] = NO_FAST_PATH
     return _OffsetTable(byte_lengths, prepend, needs_nfc)
@@ -159,11 +173,13 @@ def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
     """
     size = vocab_size(tokenizer)
     table = _offset_table(tokenizer, size)
+    vocab = tokenizer.get_vocab(with_added_tokens=False)
     if table is not None:
-        return np.where(table.byte_lengths == NO_FAST_PATH, 0, table.byte_lengths)
-    vocab, lengths = tokenizer.get_vocab(with_added_tokens=False), np.zeros(size, dtype=np.int64)
-    for token_id in vocab.values():
-        lengths[token_id] = len(tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8"))
+        lengths = np.where(table.byte_lengths == NO_FAST_PATH, 0, table.byte_lengths)
+    else:
+        lengths = np.zeros(size, dtype=np.int64)
+        for token_id in vocab.values():
+            lengths[token_id] = len(tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8"))
     lengths[list(tokenizer.get_added_tokens_decoder())] = 0
     unknown = getattr(tokenizer.model, "unk_token", None)  # stands for text of any length
     if unknown in vocab:
@@ -171,17 +187,56 @@ def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
     return lengths
 
 
-def token_offsets(tokenizer: Tokenizer, text: str, encoding: Encoding, ids: np.ndarray) -> np.ndarray:
-    """(N, 2) int64 character offsets of `encoding`, the encoding of `text` without special tokens.
+def tiling_spans(offsets: np.ndarray, text: str) -> np.ndarray:
+    """(N, 2) int64: a tokenizer's (N, 2) character `offsets` into `text`, stretched to tile it.
 
-    Equal to `encoding.offsets`, derived from `ids` ((N,), the encoding's ids as an array) where the tokenizer allows,
-    which costs a fraction of reading `encoding.offsets` (see the module docstring).
+    Tiling spans follow one another without gaps and cover the whole text, as the tokens' bytes do; they overlap only
+    where tokens share a character (the byte tokens of one character, or SentencePiece's "▁" put before the first
+    one). Tokenizers report spans that skip characters: GPT-NeoX's ByteLevel post-processor (`trim_offsets`) trims the
+    spaces out of "Ġword" and gives a token of only spaces an empty span at their end; NFC folds "e" + U+0301 into
+    "é" and reports the token without the combining mark. Each run of characters that no token reports is split where
+    its whitespace begins: what comes before goes to the token before it (the mark, to "é"), the rest to the token
+    after it (the space, to "Ġword"; the spaces, to the empty span). The first token starts the text and the last one
+    ends it.
+    """
+    spans = np.array(offsets, dtype=np.int64).reshape(-1, 2)  # (N, 2), a copy
+    if len(spans) == 0:
+        return spans
+    before = np.zeros(len(spans), dtype=np.int64)  # (N,) where the tokens before each one end
+    np.maximum.accumulate(spans[:-1, 1], out=before[1:])
+    after_gap = np.flatnonzero(spans[:, 0] > before)  # (G,) the tokens that unreported characters come before
+    if after_gap.size:
+        gap_starts, gap_stops = before[after_gap], spans[after_gap, 0]  # (G,) each
+        spaces = np.append(np.flatnonzero(_whitespace(text)), len(text))  # (S + 1,)
+        splits = np.minimum(spaces[np.searchsorted(spaces, gap_starts)], gap_stops)  # (G,) first space of each gap
+        splits[after_gap == 0] = 0
+        previous = after_gap[after_gap > 0] - 1
+        spans[previous, 1] = np.maximum(spans[previous, 1], splits[after_gap > 0])
+        spans[after_gap, 0] = splits
+    spans[-1, 1] = max(spans[-1, 1], len(text))
+    return spans
+
+
+def _whitespace(text: str) -> np.ndarray:
+    """(L,) bool: which characters of `text` are whitespace (`str.isspace`)."""
+    code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # (L,)
+    return WHITESPACE[np.minimum(code_points, len(WHITESPACE) - 1)]
+
+
+def token_offsets(tokenizer: Tokenizer, text: str, encoding: Encoding, ids: np.ndarray) -> np.ndarray:
+    """(N, 2) int64 character spans of `encoding`, the encoding of `text` without special tokens, tiling the text.
+
+    `tiling_spans` of `encoding.offsets`, derived from `ids` ((N,), the encoding's ids as an array) where the tokenizer
+    allows, which costs a fraction of reading `encoding.offsets` (see the module docstring). Derived spans tile the
+    text by construction, and give a character the tokenizer does not report to the very token that holds it, where
+    `tiling_spans` can only give it to the next token (the two differ only after a token that ends in spaces, such
+    as GPT-NeoX's "ĊĠ" before "Ġword").
     """
     table = _offset_table(tokenizer, vocab_size(tokenizer))
     offsets = None if table is None else _derived_offsets(table, ids, text)
     if offsets is None:
         offsets = np.fromiter(chain.from_iterable(encoding.offsets), dtype=np.int64, count=2 * len(ids))
-        offsets = offsets.reshape(-1, 2)
+        offsets = tiling_spans(offsets.reshape(-1, 2), text)
     return offsets
 
 
@@ -239,8 +294,9 @@ def align(student_offsets: np.ndarray, teacher_offsets: np.ndarray) -> np.ndarra
 
     Returns:
         (N, 2) int64: row `i` is the half-open range `[a, b)` of the teacher tokens whose spans overlap student span
-        `i`. Teacher tokens with empty spans are never inside a range; an empty student span, or one that overlaps no
-        teacher token, is unmapped: `(0, 0)`.
+        `i`. A teacher token with an empty span never starts or ends a range (special tokens at a document's edges
+        are never inside one); one between two overlapping tokens is inside it. An empty student span, or one that
+        overlaps no teacher token, is unmapped: `(0, 0)`.
     """
     student = _check_offsets(student_offsets, "student_offsets")
     teacher = _check_offsets(teacher_offsets, "teacher_offsets")
@@ -255,17 +311,8 @@ def align(student_offsets: np.ndarray, teacher_offsets: np.ndarray) -> np.ndarra
     stop = np.searchsorted(starts, student[:, 1], side="left")  # (N,)
     unmapped = (first >= stop) | (student[:, 0] == student[:, 1])  # (N,)
     if special:
-        # Back to indices into all teacher tokens; the run must not enclose a token without characters.
-        count = stop - first
+        # Back to indices into all teacher tokens: a range runs from its first to its last token with characters.
         first, stop = kept[first], kept[stop - 1] + 1
-        enclosed = np.flatnonzero(~unmapped & (stop - first != count))
-        if enclosed.size:
-            i = enclosed[0]
-            raise ValueError(
-                f"Teacher tokens with empty spans lie inside teacher range [{first[i]}, {stop[i]}) of student token {i}"
-                f" (span {student[i].tolist()}): give special tokens a span at a document boundary, such as (0, 0)"
-                " before the text or (len(text), len(text)) after it."
-            )
     ranges = np.stack([first, stop], axis=1)  # (N, 2)
     ranges[unmapped] = 0
     return ranges
