@@ -34,7 +34,7 @@ from tokenizers import Encoding, Tokenizer
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 
 METASPACE = "\u2581"  # "▁", SentencePiece's space marker
-# Byte length given to unknown and added tokens (but the non-special ones of byte-level tokenizers): any text holding one
+# Byte length given to unknown and added tokens (but a byte-level tokenizer's non-special ones): any text holding one
 # fails the byte-total check of the derived offsets, so it falls back to the tokenizer's own offsets (added tokens
 # match text outside the model's vocabulary).
 NO_FAST_PATH = 1 << 40
