@@ -253,7 +253,7 @@ def test_tiling_spans_hand_computed(tokenizers):
 )
 def test_encode_falls_back_where_the_text_changes(tokenizers, name, text):
     tokenizer = tokenizers[name]
-    table = alignment._offset_table(tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+    table = alignment._offset_table(tokenizer)
     ids, offsets = encode(tokenizer, text)
     assert alignment._derived_offsets(table, ids, text) is None
     np.testing.assert_array_equal(offsets, reference_spans(tokenizer, text))
@@ -269,7 +269,7 @@ def test_encode_falls_back_where_the_text_changes(tokenizers, name, text):
 def test_encode_derives_offsets_of_added_tokens_that_are_text(tokenizers, name, text, added):
     # A byte-level tokenizer's non-special added tokens cover their content: the table holds.
     tokenizer = tokenizers[name]
-    table = alignment._offset_table(tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+    table = alignment._offset_table(tokenizer)
     ids, offsets = encode(tokenizer, text)
     assert added <= {tokenizer.id_to_token(int(i)) for i in ids}
     np.testing.assert_array_equal(alignment._derived_offsets(table, ids, text), offsets)
@@ -292,7 +292,7 @@ def test_special_tokens_written_in_the_text_are_encoded_as_text(tokenizers, name
 def test_encode_derives_offsets_from_ids_on_real_text(tokenizers):
     # The fast path is taken (not only correct when taken) for every fixture tokenizer on real math text.
     for name, tokenizer in tokenizers.items():
-        table = alignment._offset_table(tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+        table = alignment._offset_table(tokenizer)
         assert table is not None, name
         for text in documents() + ["日本語 😀 é" if table.needs_nfc else "日本語 😀 e\u0301"]:
             ids, offsets = encode(tokenizer, text)
@@ -334,7 +334,7 @@ def test_encode_without_fast_path_tiles_tokenizer_offsets():
     tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "i̇": 1, "ab": 2}, unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.Lowercase()
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    assert alignment._offset_table(tokenizer, tokenizer.get_vocab_size()) is None
+    assert alignment._offset_table(tokenizer) is None
     ids, offsets = encode(tokenizer, "İ AB x")
     assert ids.tolist() == [1, 2, 0]
     np.testing.assert_array_equal(reference_offsets(tokenizer, "İ AB x"), [[0, 1], [2, 4], [5, 6]])
