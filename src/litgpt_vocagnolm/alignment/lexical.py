@@ -314,16 +314,27 @@ def align(student_offsets: np.ndarray, teacher_offsets: np.ndarray) -> np.ndarra
         kept = np.append(np.flatnonzero(starts < ends), len(teacher))  # (M' + 1,): tokens with characters, then M
         starts, ends = starts[kept[:-1]], ends[kept[:-1]]
     # Teacher token j overlaps [s, e) iff ends[j] > s and starts[j] < e. Both columns are sorted, so the overlapping
-    # tokens are the run [first, stop): first = #(ends <= s), stop = #(starts < e).
-    first = np.searchsorted(ends, student[:, 0], side="right")  # (N,)
-    stop = np.searchsorted(starts, student[:, 1], side="left")  # (N,)
-    unmapped = (first >= stop) | (student[:, 0] == student[:, 1])  # (N,)
+    # tokens are the run [first, stop): first = #(ends <= s), stop = #(starts < e) = #(starts <= e - 1).
+    empty = student[:, 0] == student[:, 1]  # (N,) unmapped wherever they sit: their keys keep the others' order
+    keys = np.maximum.accumulate(student, axis=0) if empty.any() else student  # (N, 2)
+    first, stop = _count_at_most(ends, keys[:, 0]), _count_at_most(starts, keys[:, 1] - 1)  # (N,) each
+    unmapped = (first >= stop) | empty  # (N,)
     if special:
         # Back to indices into all teacher tokens: a range runs from its first to its last token with characters.
         first, stop = kept[first], kept[stop - 1] + 1
     ranges = np.stack([first, stop], axis=1)  # (N, 2)
     ranges[unmapped] = 0
     return ranges
+
+
+def _count_at_most(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """(K,) int64: how many of `values` (V,) are at most each of `keys` (K,); both sorted.
+
+    `np.searchsorted(values, keys, side="right")`, as one stable merge of the two sorted runs (timsort's), which reads
+    both in order: a binary search per key misses the cache at each probe, 2-3 times slower on a million tokens.
+    """
+    merged = np.concatenate([values, keys]).argsort(kind="stable")  # (V + K,) a value before a key equal to it
+    return np.flatnonzero(merged >= len(values)) - np.arange(len(keys))  # position among all, less the keys before
 
 
 def align_batch(student_offsets: Sequence[np.ndarray], teacher_offsets: Sequence[np.ndarray]) -> list[np.ndarray]:
