@@ -436,6 +436,12 @@ def test_align_batch_equals_align(tokenizers):
     for s, t, ranges in zip(student, teacher, batch):
         np.testing.assert_array_equal(ranges, align(s, t))
     assert align_batch([], []) == []
+    # Offsets that, shifted document by document, outgrow int32: computed in int64.
+    wide_student = [np.array([[0, 2**30], [2**30, 2**31]]), np.array([[0, 1]])]
+    wide_teacher = [np.array([[0, 5], [5, 2**31]])] * 2
+    wide = align_batch(wide_student, wide_teacher)
+    np.testing.assert_array_equal(wide[0], [[0, 2], [1, 2]])
+    np.testing.assert_array_equal(wide[1], [[0, 1]])
     with pytest.raises(ValueError, match="2 student and 1 teacher offset arrays"):
         align_batch(student[:2], teacher[:1])
     with pytest.raises(ValueError, match=r"Document 1: student_offsets go backwards"):
