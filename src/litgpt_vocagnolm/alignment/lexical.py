@@ -1,8 +1,8 @@
 """Token-level Lexical Alignment (the paper's Algorithm 1) and its metrics.
 
 Each student token is mapped to the contiguous range of teacher tokens whose character spans overlap its own. Both
-tokenizers report spans into the same text, so two binary searches over the teacher's sorted span ends and starts
-find every range at once: O(N log M), vectorized, exact (docs/design.md, "Alignment"). A NumPy call costs
+tokenizers report spans into the same text, so merging the student's sorted span starts (and ends) with the teacher's
+sorted span ends (and starts) finds every range at once: O(N + M), vectorized, exact (docs/design.md, "Alignment"). A NumPy call costs
 microseconds whatever its size, more than a Python loop spends on a short document: `align_batch` aligns many
 documents in one call.
 
