@@ -386,6 +386,10 @@ def test_align_hand_computed():
     np.testing.assert_array_equal(align([[0, 1], [1, 2]], [[0, 1], [0, 1], [0, 1], [1, 2]]), [[0, 3], [3, 4]])
     # A character the teacher dropped (no teacher span covers [1, 2)) leaves that student token unmapped.
     np.testing.assert_array_equal(align([[0, 1], [1, 2], [2, 3]], [[0, 1], [2, 3]]), [[0, 1], [0, 0], [1, 2]])
+    # Empty student spans anywhere, even ahead of the spans after them: unmapped, and the others as without them.
+    np.testing.assert_array_equal(
+        align([[9, 9], [0, 5], [7, 7], [5, 8], [1, 1]], [[0, 4], [4, 8]]), [[0, 0], [0, 2], [0, 0], [1, 2], [0, 0]]
+    )
     # A teacher token without characters between two that overlap the student token is inside its range; one at the
     # range's edge is not.
     np.testing.assert_array_equal(align([[0, 4], [4, 5]], [[0, 2], [2, 2], [2, 4], [4, 4], [4, 5]]), [[0, 3], [4, 5]])

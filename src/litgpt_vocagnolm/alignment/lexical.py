@@ -316,8 +316,13 @@ def align(student_offsets: np.ndarray, teacher_offsets: np.ndarray) -> np.ndarra
         starts, ends = starts[kept[:-1]], ends[kept[:-1]]
     # Teacher token j overlaps [s, e) iff ends[j] > s and starts[j] < e. Both columns are sorted, so the overlapping
     # tokens are the run [first, stop): first = #(ends <= s), stop = #(starts < e) = #(starts <= e - 1).
-    empty = student[:, 0] == student[:, 1]  # (N,) unmapped wherever they sit: their keys keep the others' order
-    keys = np.maximum.accumulate(student, axis=0) if empty.any() else student  # (N, 2)
+    empty = student[:, 0] == student[:, 1]  # (N,)
+    keys = student  # (N, 2), sorted over the tokens with characters
+    if empty.any():
+        # Empty spans are unmapped wherever they sit: each takes the keys of the last token with characters before it
+        # (zeros before the first), so that the keys are sorted.
+        last = np.maximum.accumulate(np.where(empty, -1, np.arange(len(student))))  # (N,)
+        keys = np.where(last[:, None] >= 0, student[last], 0)
     first, stop = _count_at_most(ends, keys[:, 0]), _count_at_most(starts, keys[:, 1] - 1)  # (N,) each
     unmapped = (first >= stop) | empty  # (N,)
     if special:
