@@ -1,4 +1,5 @@
-"""Token-level Lexical Alignment next to tokenization, TinyLlama (student) vs Qwen2.5 (teacher), on real math text.
+"""Token-level Lexical Alignment next to tokenization, TinyLlama (student) vs Qwen2.5 (teacher), on real math text,
+then for every tokenizer family of tests/fixtures/tokenizers.
 
 Prints, from one run, each step's time and three ratios:
   1. `align_batch` vs a straightforward per-token Python two-pointer loop on the same offset arrays (target: >= 10x);
@@ -6,9 +7,12 @@ Prints, from one run, each step's time and three ratios:
   2. `align_batch` vs tokenizing the text with both tokenizers (target: <= 5%);
   3. offsets (`token_offsets`) plus `align_batch` vs tokenizing both sides (target: <= 10%), next to the naive route
      of turning `Encoding.offsets` into arrays.
-Tokenizing means `Tokenizer.encode` plus the ids as an array, which any data pipeline needs. Times are CPU time of
-this process (every step runs on one thread), so other processes on a shared machine disturb them less than wall
-time; each step runs `--repeats` times, interleaved with the others, and the fastest run counts.
+Tokenizing means `Tokenizer.encode` plus the ids as an array, which any data pipeline needs. Then, per pair of
+families (each family as the student of Qwen2.5, and as the teacher of TinyLlama), what `prepare` pays: `encode` of
+both sides (ids and tiling spans) plus `align_batch`, against tokenizing both sides (target: <= 1.10x), with the share
+of student tokens mapped. Times are CPU time of this process (every step runs on one thread), so other processes on a
+shared machine disturb them less than wall time; each step runs `--repeats` times, interleaved with the others, and
+the fastest run counts.
 
     python benchmarks/bench_alignment.py [--file data/gsm8k/train.jsonl ...] [--megabytes 3] [--smoke]
 """
@@ -21,14 +25,16 @@ from typing import Callable
 
 import numpy as np
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
+from tokenizers import Tokenizer
 
-from litgpt_vocagnolm.alignment.lexical import align, align_batch, token_offsets
+from litgpt_vocagnolm.alignment.lexical import align, align_batch, encode, token_offsets
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 FILES = [REPO / "data/gsm8k/train.jsonl", REPO / "data/stackexchange/math_stackexchange_33votes.jsonl"]
-STUDENT = REPO / "tests/fixtures/tokenizers/tinyllama-1.1b"
-TEACHER = REPO / "tests/fixtures/tokenizers/qwen2.5"
+TOKENIZERS = REPO / "tests/fixtures/tokenizers"
+STUDENT = TOKENIZERS / "tinyllama-1.1b"
+TEACHER = TOKENIZERS / "qwen2.5"
 # Text fields of a JSON line, joined into one document: GSM8K question/answer, Stack Exchange input/output.
 TEXT_KEYS = (("question", "answer"), ("input", "output"), ("text",))
 
@@ -143,6 +149,62 @@ def main() -> None:
     print(f"3. (our offsets + align_batch) / tokenize:      {(ours_s + batch_s) / tokenize_s:6.1%}   (target <= 10%)")
     print(f"   (naive offsets + align_batch) / tokenize:    {(naive_s + batch_s) / tokenize_s:6.1%}")
     print(f"   naive offsets / our offsets:                 {naive_s / ours_s:6.1f}x")
+    print()
+    family_pairs(documents, args.repeats)
+
+
+def tokenize_and_encode(tokenizer: Tokenizer, documents: list[str]) -> tuple[float, float]:
+    """Seconds spent tokenizing the documents (ids as an array) and in `encode` (ids and spans), document by document
+    in turn, so that what load there is on the machine weighs on both alike. Each goes first for every other
+    document: the second to tokenize a document finds its words in the tokenizer's cache, and runs faster. (A
+    pipeline tokenizes each document once, so tokenizing alone is slower there, and the ratio lower.)"""
+    steps = (
+        lambda document: np.array(tokenizer.encode(document, add_special_tokens=False).ids, dtype=np.int32),
+        lambda document: encode(tokenizer, document),
+    )
+    seconds = [0.0, 0.0]
+    for k, document in enumerate(documents):
+        for step in (0, 1) if k % 2 == 0 else (1, 0):
+            start = time.process_time()
+            steps[step](document)
+            seconds[step] += time.process_time() - start
+    return seconds[0], seconds[1]
+
+
+def family_pairs(documents: list[str], repeats: int) -> None:
+    """(encode both sides + align_batch) / tokenize both sides, for each family as Qwen2.5's student and TinyLlama's
+    teacher, from one set of timings: each family's tokenizing and `encode` once, each pair's alignment."""
+    tokenizers = {path.name: load_tokenizer(path) for path in sorted(TOKENIZERS.iterdir()) if path.is_dir()}
+    pairs = [(name, TEACHER.name) for name in tokenizers if name != TEACHER.name]
+    pairs += [(STUDENT.name, name) for name in tokenizers if name not in (STUDENT.name, TEACHER.name)]
+    offsets = {name: [encode(t, d)[1] for d in documents] for name, t in tokenizers.items()}
+    tokenize_s, encode_s = dict.fromkeys(tokenizers, float("inf")), dict.fromkeys(tokenizers, float("inf"))
+    align_s = dict.fromkeys(pairs, float("inf"))
+    for _ in range(repeats):
+        for name, tokenizer in tokenizers.items():
+            tokenizing, encoding = tokenize_and_encode(tokenizer, documents)
+            tokenize_s[name], encode_s[name] = min(tokenize_s[name], tokenizing), min(encode_s[name], encoding)
+        for student, teacher in pairs:
+            start = time.process_time()
+            align_batch(offsets[student], offsets[teacher])
+            align_s[student, teacher] = min(align_s[student, teacher], time.process_time() - start)
+    print(
+        f"{'student -> teacher':<47}{'tokenize s':>11}{'encode s':>10}{'align s':>9}"
+        f"{'(encode + align) / tokenize':>29}{'mapped':>9}"
+    )
+    ratios = {}
+    for student, teacher in pairs:
+        ranges = np.concatenate(align_batch(offsets[student], offsets[teacher]))
+        both = tokenize_s[student] + tokenize_s[teacher], encode_s[student] + encode_s[teacher]
+        ratios[student, teacher] = (both[1] + align_s[student, teacher]) / both[0]
+        print(
+            f"{student + ' -> ' + teacher:<47}{both[0]:11.3f}{both[1]:10.3f}{align_s[student, teacher]:9.3f}"
+            f"{ratios[student, teacher]:28.3f}x{(ranges[:, 0] < ranges[:, 1]).mean():9.2%}"
+        )
+    worst = max(ratios, key=ratios.get)
+    print(
+        f"(encode + align) / tokenize, worst pair:       {ratios[worst]:6.3f}x  {' -> '.join(worst)} (target <= 1.10x)"
+    )
 
 
 if __name__ == "__main__":

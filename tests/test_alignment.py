@@ -1,3 +1,4 @@
+import functools
 import gzip
 import itertools
 import json
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer, processors
 
 from litgpt_vocagnolm.alignment import lexical as alignment
 from litgpt_vocagnolm.alignment.lexical import (
@@ -19,6 +21,7 @@ from litgpt_vocagnolm.alignment.lexical import (
     encode,
     encode_batch,
     ios_iou,
+    tiling_spans,
     token_ios_iou,
     vocab_overlap,
 )
@@ -26,7 +29,10 @@ from litgpt_vocagnolm.alignment.tokenizer_files import find_tokenizer_file, load
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZERS = ROOT / "tests/fixtures/tokenizers"
-NAMES = ["tinyllama-1.1b", "qwen2.5", "mistral-7b-v0.1", "llemma-7b"]
+FAMILIES = sorted(path.name for path in TOKENIZERS.iterdir() if path.is_dir())  # every family a user may pair
+# The brute-force checks (quadratic in Python) run on pairs of these: SentencePiece with byte fallback, byte-level BPE
+# with NFC, byte-level BPE that trims spaces out of its offsets.
+NAMES = ["tinyllama-1.1b", "qwen2.5", "gpt-neox-20b-pii", "mistral-v3-codestral-22b"]
 PAIRS = list(itertools.permutations(NAMES, 2))
 
 # What tokenizers disagree on: multi-byte characters split into byte tokens, grapheme clusters, combining marks that
@@ -46,28 +52,67 @@ TRICKY = [
     "literal </s> and <s> and <|endoftext|> and <|im_start|>",
     "a ▁ metaspace ▁▁ marker",
     "<0x41> looks like a byte token",
+    # GPT-NeoX reports runs of spaces with empty spans, and "Ġ5" without its space.
+    "\t \n1",
+    "Total: 5\n  \nNext line",
+    "x\n    y\n \tz \n",
+    "|||EMAIL_ADDRESS||| and <tool_call>, added tokens that are not special",
 ]
 
 
-def documents() -> list[str]:
+def documents(count: int = 3, max_chars: int = 1500) -> list[str]:
     """Real math text: GSM8K questions with answers, Stack Exchange questions with answers (cut to keep tests fast)."""
     with open(ROOT / "data/gsm8k/train.jsonl", encoding="utf-8") as f:
-        gsm8k = [json.loads(line) for line in itertools.islice(f, 3)]
-    with open(ROOT / "data/stackexchange/math_stackexchange_33votes.jsonl", encoding="utf-8") as f:
-        stackexchange = [json.loads(line) for line in itertools.islice(f, 3)]
+        gsm8k = [json.loads(line) for line in itertools.islice(f, count)]
+    stackexchange = []
+    for path in sorted((ROOT / "data/stackexchange").glob("*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            stackexchange += [json.loads(line) for line in itertools.islice(f, count)]
     return [f"{row['question']}\n{row['answer']}" for row in gsm8k] + [
-        f"{row['input']}\n{row['output']}"[:1500] for row in stackexchange
+        f"{row['input']}\n{row['output']}"[:max_chars] for row in stackexchange
     ]
 
 
 @pytest.fixture(scope="module")
 def tokenizers():
     # Loaded once per module: Qwen's JSON is 7 MB decompressed.
-    return {name: load_tokenizer(TOKENIZERS / name) for name in NAMES}
+    return {name: load_tokenizer(TOKENIZERS / name) for name in FAMILIES}
 
 
 def reference_offsets(tokenizer, text: str) -> np.ndarray:
     return np.array(tokenizer.encode(text, add_special_tokens=False).offsets, dtype=np.int64).reshape(-1, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def untrimmed(tokenizer: Tokenizer) -> Tokenizer:
+    """`tokenizer` with its ByteLevel post-processor keeping the spaces it trims out of offsets, or itself."""
+    if b'"trim_offsets":true' not in (tokenizer.post_processor.__getstate__() if tokenizer.post_processor else b""):
+        return tokenizer
+    twin = Tokenizer.from_str(tokenizer.to_str())
+    twin.post_processor = processors.ByteLevel(trim_offsets=False)
+    twin.encode_special_tokens = True
+    return twin
+
+
+def reference_spans(tokenizer: Tokenizer, text: str) -> np.ndarray:
+    """What `encode` must give: the tokenizer's own offsets, stretched to tile the text (`tiling_spans`). For GPT-NeoX,
+    whose offsets leave spaces out, its untrimmed offsets where `encode` derives spans from the ids (text that its NFC
+    leaves as it is): `tiling_spans` can only guess which token a trimmed space came from."""
+    if unicodedata.is_normalized("NFC", text):
+        tokenizer = untrimmed(tokenizer)
+    return tiling_spans(reference_offsets(tokenizer, text), text)
+
+
+def assert_tiles(spans: np.ndarray, text: str) -> None:
+    """Each token's span starts where the one before ends, or shares its last character, and the spans cover the whole
+    text: what the tokens' bytes do. Checked character by character."""
+    position = 0  # the end of the spans so far
+    for i, (start, end) in enumerate(spans.tolist()):
+        assert start < end, (i, start, end, text)
+        # Or shares the last character before: the byte tokens of one character, or "▁" put before the first one.
+        assert start in (position, position - 1) and end >= position, (i, start, end, position, text)
+        position = end
+    assert position == len(text), (position, text)
 
 
 def overlapping(student: np.ndarray, teacher: np.ndarray) -> list[list[int]]:
@@ -79,10 +124,14 @@ def overlapping(student: np.ndarray, teacher: np.ndarray) -> list[list[int]]:
 
 
 def assert_matches_brute_force(student: np.ndarray, teacher: np.ndarray, ranges: np.ndarray) -> None:
+    """Each range runs from the first to the last teacher token overlapping the student span, and the teacher tokens
+    with characters inside it are exactly the overlapping ones (tokens without characters may lie between them)."""
+    with_chars = [j for j, (a, b) in enumerate(teacher.tolist()) if a < b]
     for i, tokens in enumerate(overlapping(student, teacher)):
         a, b = ranges[i].tolist()
         if tokens:
-            assert tokens == list(range(a, b)), (i, student[i], tokens, ranges[i])
+            assert (a, b) == (tokens[0], tokens[-1] + 1), (i, student[i], tokens, ranges[i])
+            assert tokens == [j for j in with_chars if a <= j < b], (i, student[i], tokens, ranges[i])
         else:
             assert (a, b) == (0, 0), (i, student[i], ranges[i])
 
@@ -145,18 +194,51 @@ def test_vocab_overlap_reproduces_figure_1(tokenizers):
 # ---- encode: offsets derived from ids ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_encode_equals_tokenizer_offsets(tokenizers, name):
+@pytest.mark.parametrize("name", FAMILIES)
+def test_encode_gives_tiling_spans_of_tokenizer_offsets(tokenizers, name):
     tokenizer = tokenizers[name]
     texts = TRICKY + documents()
     for text in texts:
         ids, offsets = encode(tokenizer, text)
         assert ids.dtype == np.int32 and offsets.dtype == np.int64 and offsets.shape == (len(ids), 2)
         assert ids.tolist() == tokenizer.encode(text, add_special_tokens=False).ids
-        np.testing.assert_array_equal(offsets, reference_offsets(tokenizer, text), err_msg=repr(text))
+        np.testing.assert_array_equal(offsets, reference_spans(tokenizer, text), err_msg=repr(text))
+        assert_tiles(offsets, text)
     assert [i.tolist() for i, _ in encode_batch(tokenizer, texts)] == [encode(tokenizer, t)[0].tolist() for t in texts]
     for (_, batch_offsets), text in zip(encode_batch(tokenizer, texts), texts):
-        np.testing.assert_array_equal(batch_offsets, reference_offsets(tokenizer, text))
+        np.testing.assert_array_equal(batch_offsets, reference_spans(tokenizer, text))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_spans_tile_real_text(tokenizers, name):
+    # Every family on GSM8K and every Stack Exchange file, whole documents; those that tile already are unchanged.
+    for text in documents(count=20, max_chars=None):
+        offsets = encode(tokenizers[name], text)[1]
+        assert_tiles(offsets, text)
+        np.testing.assert_array_equal(offsets, reference_offsets(untrimmed(tokenizers[name]), text))
+
+
+def test_tiling_spans_hand_computed(tokenizers):
+    neox = tokenizers["gpt-neox-20b-pii"]
+    for text, reported, tiling in [
+        # "\t", " " (all spaces: an empty span at its end), "\n", "1".
+        ("\t \n1", [[0, 1], [2, 2], [2, 3], [3, 4]], [[0, 1], [1, 2], [2, 3], [3, 4]]),
+        # "Ġ5" and "Ġline" without their spaces; the added token "  " as an empty span.
+        (
+            "Total: 5\n  \nNext line",
+            [[0, 5], [5, 6], [7, 8], [8, 9], [11, 11], [11, 12], [12, 16], [17, 21]],
+            [[0, 5], [5, 6], [6, 8], [8, 9], [9, 11], [11, 12], [12, 16], [16, 21]],
+        ),
+        # NFC folds the combining mark into "é", then "Ġx" loses its space: the mark to "é", the space to "Ġx".
+        ("e\u0301 x", [[0, 1], [3, 4]], [[0, 2], [2, 4]]),
+        # "Ġx" from the first character, "ĊĠ" to the last.
+        (" x\n ", [[1, 2], [2, 3]], [[0, 2], [2, 4]]),
+    ]:
+        np.testing.assert_array_equal(reference_offsets(neox, text), reported, err_msg=repr(text))
+        np.testing.assert_array_equal(tiling_spans(np.array(reported), text), tiling, err_msg=repr(text))
+    # Tokens sharing a character keep their spans; no tokens, no spans.
+    np.testing.assert_array_equal(tiling_spans([[0, 1], [0, 1], [1, 2]], "😀x"), [[0, 1], [0, 1], [1, 2]])
+    assert tiling_spans(np.zeros((0, 2), dtype=np.int64), "").shape == (0, 2)
 
 
 @pytest.mark.parametrize(
@@ -164,18 +246,34 @@ def test_encode_equals_tokenizer_offsets(tokenizers, name):
     [
         # NFC folds "e" + combining acute into one character: the text changes, so the table does not hold.
         ("qwen2.5", "cafe\u0301"),
-        # Non-special added tokens still match the raw text, outside the model's vocabulary.
-        ("qwen2.5", "a <tool_call> b"),
+        ("gpt-neox-20b-pii", "cafe\u0301  x"),
         # A literal "▁" is three bytes, not the one space it stands for in a piece.
         ("llemma-7b", "a ▁ b"),
     ],
 )
 def test_encode_falls_back_where_the_text_changes(tokenizers, name, text):
     tokenizer = tokenizers[name]
-    table = alignment._offset_table(tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+    table = alignment._offset_table(tokenizer)
     ids, offsets = encode(tokenizer, text)
     assert alignment._derived_offsets(table, ids, text) is None
-    np.testing.assert_array_equal(offsets, reference_offsets(tokenizer, text))
+    np.testing.assert_array_equal(offsets, reference_spans(tokenizer, text))
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "added"),
+    [
+        ("qwen2.5", "a <tool_call> b", {"<tool_call>"}),
+        ("gpt-neox-20b-pii", "a  b |||IP_ADDRESS|||", {"  ", "|||IP_ADDRESS|||"}),
+    ],
+)
+def test_encode_derives_offsets_of_added_tokens_that_are_text(tokenizers, name, text, added):
+    # A byte-level tokenizer's non-special added tokens cover their content: the table holds.
+    tokenizer = tokenizers[name]
+    table = alignment._offset_table(tokenizer)
+    ids, offsets = encode(tokenizer, text)
+    assert added <= {tokenizer.id_to_token(int(i)) for i in ids}
+    np.testing.assert_array_equal(alignment._derived_offsets(table, ids, text), offsets)
+    np.testing.assert_array_equal(offsets, reference_spans(tokenizer, text))
 
 
 @pytest.mark.parametrize(
@@ -187,16 +285,16 @@ def test_special_tokens_written_in_the_text_are_encoded_as_text(tokenizers, name
     specials = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
     ids, offsets = encode(tokenizer, text)
     assert not {tokenizer.id_to_token(int(i)) for i in ids} & specials
-    np.testing.assert_array_equal(offsets, reference_offsets(tokenizer, text))
+    np.testing.assert_array_equal(offsets, reference_spans(tokenizer, text))
     assert tokenizer.decode(ids.tolist()) == text
 
 
 def test_encode_derives_offsets_from_ids_on_real_text(tokenizers):
     # The fast path is taken (not only correct when taken) for every fixture tokenizer on real math text.
     for name, tokenizer in tokenizers.items():
-        table = alignment._offset_table(tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+        table = alignment._offset_table(tokenizer)
         assert table is not None, name
-        for text in documents() + ["日本語 😀 e\u0301" if name != "qwen2.5" else "日本語 😀 é"]:
+        for text in documents() + ["日本語 😀 é" if table.needs_nfc else "日本語 😀 e\u0301"]:
             ids, offsets = encode(tokenizer, text)
             np.testing.assert_array_equal(alignment._derived_offsets(table, ids, text), offsets)
 
@@ -225,21 +323,22 @@ def test_encoding_many_texts_never_builds_the_vocabulary(tokenizers):
         assert alignment.vocab_size(counting) == tokenizer.get_vocab_size(with_added_tokens=True)
         texts = documents()[:20]
         for (ids, offsets), text in zip(encode_batch(counting, texts), texts):
-            np.testing.assert_array_equal(offsets, reference_offsets(tokenizer, text))
+            np.testing.assert_array_equal(offsets, reference_spans(tokenizer, text))
         assert counting.built == 0 and counting.tables <= 1, name  # the table once (cached), not once per text
 
 
-def test_encode_without_fast_path_uses_tokenizer_offsets():
+def test_encode_without_fast_path_tiles_tokenizer_offsets():
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
     # A model and normalizer the table does not cover: lowercasing "İ" gives two characters, "i̇".
     tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "i̇": 1, "ab": 2}, unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.Lowercase()
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    assert alignment._offset_table(tokenizer, tokenizer.get_vocab_size()) is None
+    assert alignment._offset_table(tokenizer) is None
     ids, offsets = encode(tokenizer, "İ AB x")
     assert ids.tolist() == [1, 2, 0]
-    np.testing.assert_array_equal(offsets, [[0, 1], [2, 4], [5, 6]])
+    np.testing.assert_array_equal(reference_offsets(tokenizer, "İ AB x"), [[0, 1], [2, 4], [5, 6]])
+    np.testing.assert_array_equal(offsets, [[0, 1], [1, 4], [4, 6]])  # each space to the word after it
 
 
 # ---- align ---------------------------------------------------------------------------------------------------------
@@ -251,11 +350,31 @@ def test_align_matches_brute_force_on_real_tokenizers(tokenizers, student, teach
         result = align_text(tokenizers[student], tokenizers[teacher], text)
         assert result.ranges.shape == (len(result.student_ids), 2)
         assert_matches_brute_force(result.student_offsets, result.teacher_offsets, result.ranges)
-        if unicodedata.is_normalized("NFC", text):
-            # Every character is in some token on both sides: every non-empty student token is fully covered.
-            ios, _ = token_ios_iou(result.student_offsets, result.teacher_offsets, result.ranges)
-            nonempty = result.student_offsets[:, 0] < result.student_offsets[:, 1]
-            assert (ios[nonempty] == 1).all(), text
+        # Both sides' spans tile the text: every student token is mapped, its characters all inside its range.
+        ios, _ = token_ios_iou(result.student_offsets, result.teacher_offsets, result.ranges)
+        assert (ios == 1).all(), text
+
+
+def test_align_accepts_the_offsets_of_every_tokenizer(tokenizers):
+    # GPT-NeoX's own offsets, untiled: empty spans in mid-text (runs of spaces) and spaces no token reports.
+    for text in TRICKY + documents():
+        student = encode(tokenizers["mistral-v3-codestral-22b"], text)[1]
+        teacher = reference_offsets(tokenizers["gpt-neox-20b-pii"], text)
+        assert_matches_brute_force(student, teacher, align(student, teacher))
+        assert_matches_brute_force(teacher, student, align(teacher, student))
+
+
+@pytest.mark.parametrize("teacher", ["qwen2.5", "gpt-neox-20b-pii", "tinyllama-1.1b"])
+def test_every_family_maps_real_text(tokenizers, teacher):
+    """At least 99% of the student tokens of GSM8K map to teacher tokens, for every student family: 94% of Codestral's
+    mapped against GPT-NeoX when its trimmed offsets left the student's spaces without a teacher token."""
+    with open(ROOT / "data/gsm8k/train.jsonl", encoding="utf-8") as f:
+        texts = [f"{row['question']}\n{row['answer']}" for row in map(json.loads, itertools.islice(f, 200))]
+    teacher_offsets = [offsets for _, offsets in encode_batch(tokenizers[teacher], texts)]
+    for student in FAMILIES:
+        ranges = np.concatenate(align_batch([o for _, o in encode_batch(tokenizers[student], texts)], teacher_offsets))
+        mapped = (ranges[:, 0] < ranges[:, 1]).mean()
+        assert mapped >= 0.99, (student, teacher, mapped)
 
 
 def test_align_hand_computed():
@@ -267,6 +386,13 @@ def test_align_hand_computed():
     np.testing.assert_array_equal(align([[0, 1], [1, 2]], [[0, 1], [0, 1], [0, 1], [1, 2]]), [[0, 3], [3, 4]])
     # A character the teacher dropped (no teacher span covers [1, 2)) leaves that student token unmapped.
     np.testing.assert_array_equal(align([[0, 1], [1, 2], [2, 3]], [[0, 1], [2, 3]]), [[0, 1], [0, 0], [1, 2]])
+    # Empty student spans anywhere, even ahead of the spans after them: unmapped, and the others as without them.
+    np.testing.assert_array_equal(
+        align([[9, 9], [0, 5], [7, 7], [5, 8], [1, 1]], [[0, 4], [4, 8]]), [[0, 0], [0, 2], [0, 0], [1, 2], [0, 0]]
+    )
+    # A teacher token without characters between two that overlap the student token is inside its range; one at the
+    # range's edge is not.
+    np.testing.assert_array_equal(align([[0, 4], [4, 5]], [[0, 2], [2, 2], [2, 4], [4, 4], [4, 5]]), [[0, 3], [4, 5]])
     assert align(np.zeros((0, 2), dtype=np.int64), teacher).shape == (0, 2)
     np.testing.assert_array_equal(align(student, np.zeros((0, 2), dtype=np.int64)), np.zeros((4, 2)))
 
@@ -295,7 +421,6 @@ def test_special_tokens_are_unmapped(tokenizers):
         ([[0, 1]], [[-1, 1]], r"teacher_offsets\[0\] = \[-1, 1\] is not a span"),
         ([[0, 2], [2, 4], [0, 2]], [[0, 4]], r"student_offsets go backwards: token 2 spans \[0, 2\] after token 1"),
         ([[0, 4]], [[0, 5], [0, 0], [1, 3]], r"teacher_offsets go backwards: token 2 spans \[1, 3\] after token 0"),
-        ([[0, 4]], [[0, 2], [2, 2], [2, 4]], r"empty spans lie inside teacher range \[0, 3\) of student token 0"),
     ],
 )
 def test_align_rejects_bad_offsets(student, teacher, error):
@@ -315,6 +440,12 @@ def test_align_batch_equals_align(tokenizers):
     for s, t, ranges in zip(student, teacher, batch):
         np.testing.assert_array_equal(ranges, align(s, t))
     assert align_batch([], []) == []
+    # Offsets that, shifted document by document, outgrow int32: computed in int64.
+    wide_student = [np.array([[0, 2**30], [2**30, 2**31]]), np.array([[0, 1]])]
+    wide_teacher = [np.array([[0, 5], [5, 2**31]])] * 2
+    wide = align_batch(wide_student, wide_teacher)
+    np.testing.assert_array_equal(wide[0], [[0, 2], [1, 2]])
+    np.testing.assert_array_equal(wide[1], [[0, 1]])
     with pytest.raises(ValueError, match="2 student and 1 teacher offset arrays"):
         align_batch(student[:2], teacher[:1])
     with pytest.raises(ValueError, match=r"Document 1: student_offsets go backwards"):
@@ -355,6 +486,14 @@ FRAGMENTS = [
     "\u1100\u1161\u11a8",
     "\u212b",
     "\u0f73",  # NFC reorders, composes Hangul, maps, expands
+    # Whitespace that byte-level BPE joins into runs and GPT-NeoX trims out of its offsets.
+    "\n  \n",
+    " \t ",
+    "\t\t",
+    "  x",
+    "\u3000",
+    "\u2003\u2028",
+    "\x0b\x0c\x85",
 ]
 texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=8)), max_size=10).map("".join)
 
@@ -365,7 +504,8 @@ def test_alignment_properties(tokenizers, text):
     encoded = {}
     for name, tokenizer in tokenizers.items():
         ids, offsets = encode(tokenizer, text)
-        np.testing.assert_array_equal(offsets, reference_offsets(tokenizer, text))
+        np.testing.assert_array_equal(offsets, reference_spans(tokenizer, text))
+        assert_tiles(offsets, text)
         encoded[name] = offsets
     for student_name, teacher_name in PAIRS:
         student, teacher = encoded[student_name], encoded[teacher_name]
@@ -373,19 +513,10 @@ def test_alignment_properties(tokenizers, text):
         a, b = ranges[:, 0], ranges[:, 1]
         assert ((0 <= a) & (a <= b) & (b <= len(teacher))).all()
         assert_matches_brute_force(student, teacher, ranges)
-        mapped = a < b
-        assert (np.diff(a[mapped]) >= 0).all() and (np.diff(b[mapped]) >= 0).all()
-        teacher_chars = covered(teacher, len(text))
+        assert (np.diff(a) >= 0).all() and (np.diff(b) >= 0).all()
+        # Both sides tile the text: every student token is mapped, its characters all inside its range.
         ios, _ = token_ios_iou(student, teacher, ranges)
-        for i, (s, e) in enumerate(student.tolist()):
-            if s == e:
-                assert not mapped[i] and np.isnan(ios[i])
-            elif teacher_chars[s:e].all():
-                assert mapped[i] and ios[i] == 1, (student_name, teacher_name, i)
-            elif not teacher_chars[s:e].any():
-                # Only where a teacher's normalizer dropped these characters (NFC folding a combining mark).
-                assert not mapped[i] and ios[i] == 0
-                assert teacher_name == "qwen2.5" and not unicodedata.is_normalized("NFC", text)
+        assert (a < b).all() and (ios == 1).all(), (student_name, teacher_name)
 
 
 # ---- chunk alignment and metrics -----------------------------------------------------------------------------------
@@ -433,13 +564,16 @@ def test_ios_iou_hand_computed():
         token_ios_iou(student, teacher, [[0, 4], [0, 1], [0, 0]])
 
 
-def test_dropped_characters_lower_ios_instead_of_failing(tokenizers):
-    # Qwen's NFC folds the combining acute into "é" and reports no span for it: that TinyLlama token is unmapped.
-    result = align_text(tokenizers["tinyllama-1.1b"], tokenizers["qwen2.5"], "e\u0301x")
+def test_characters_a_normalizer_folds_go_to_the_token_that_holds_them(tokenizers):
+    # Qwen's NFC folds the combining acute into "é" and reports no span for it: the span of "é" takes it back, so the
+    # TinyLlama token of the acute maps to it.
+    text = "e\u0301x"
+    result = align_text(tokenizers["tinyllama-1.1b"], tokenizers["qwen2.5"], text)
+    np.testing.assert_array_equal(reference_offsets(tokenizers["qwen2.5"], text), [[0, 1], [2, 3]])
     np.testing.assert_array_equal(result.student_offsets, [[0, 1], [1, 2], [2, 3]])
-    np.testing.assert_array_equal(result.teacher_offsets, [[0, 1], [2, 3]])
-    np.testing.assert_array_equal(result.ranges, [[0, 1], [0, 0], [1, 2]])
-    assert ios_iou(result.student_offsets, result.teacher_offsets, result.ranges) == pytest.approx((2 / 3, 2 / 3))
+    np.testing.assert_array_equal(result.teacher_offsets, [[0, 2], [2, 3]])
+    np.testing.assert_array_equal(result.ranges, [[0, 1], [0, 1], [1, 2]])
+    assert ios_iou(result.student_offsets, result.teacher_offsets, result.ranges) == pytest.approx((1, 2 / 3))
 
 
 def test_align_text_accepts_paths(tokenizers):

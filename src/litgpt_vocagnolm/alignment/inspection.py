@@ -198,14 +198,6 @@ def format_report(report: dict, student_name: str, teacher_name: str, source: st
             "  per student token: each student token's span against the span of the teacher tokens it maps to, mean",
             "    over student tokens (under chunk alignment, its whole teacher chunk: IoU rises as chunks get finer).",
         ]
-    if report["token_level"][0] < 1:
-        dropped = n_chars - report["teacher_covered"]
-        lines.append(
-            f"Note: token-level IoS is below 100%: the teacher's tokens leave {dropped:,} of {n_chars:,} characters"
-            " without a span"
-            " (its normalizer folded or dropped them, e.g. NFC composing a combining mark), so student tokens made"
-            f" only of them are unmapped ({report['student_unmapped']:,})."
-        )
     return "\n".join(lines)
 
 

@@ -1,14 +1,18 @@
 """Token-level Lexical Alignment (the paper's Algorithm 1) and its metrics.
 
 Each student token is mapped to the contiguous range of teacher tokens whose character spans overlap its own. Both
-tokenizers report spans into the same text, so two binary searches over the teacher's sorted span ends and starts
-find every range at once: O(N log M), vectorized, exact (docs/design.md, "Alignment"). A NumPy call costs
-microseconds whatever its size, more than a Python loop spends on a short document: `align_batch` aligns many
-documents in one call.
+tokenizers report spans into the same text, so merging the student's sorted span starts (and ends) with the teacher's
+sorted span ends (and starts) finds every range at once: O(N + M), vectorized, exact (docs/design.md, "Alignment").
+A NumPy call costs microseconds whatever its size, more than a Python loop spends on a short document: `align_batch`
+aligns many documents in one call.
 
 Special tokens: the BOS/EOS that the data pipeline adds carry empty spans (e.g. `(0, 0)`, or `(len(text), len(text))`
-for EOS). An empty student span is unmapped (`a == b`) and an empty teacher span is never inside a range, wherever it
-sits in the sequence. Unmapped rows are `(0, 0)`.
+for EOS). An empty student span is unmapped (`a == b`) and an empty teacher span never starts or ends a range, wherever
+it sits in the sequence. Unmapped rows are `(0, 0)`.
+
+Tokenizers' offsets may skip characters (GPT-NeoX trims the spaces out of its offsets); `encode` gives them back to
+the tokens that hold them, so that both sides' spans tile the text (`tiling_spans`) and every student token with
+characters overlaps some teacher token.
 
 Getting offsets out of a tokenizer costs more than aligning them: `Encoding.offsets` builds a Python list of tuples,
 about a quarter of the tokenization time. `encode` derives them from the token ids instead: a per-vocabulary table of
@@ -30,16 +34,20 @@ from tokenizers import Encoding, Tokenizer
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 
 METASPACE = "\u2581"  # "▁", SentencePiece's space marker
-# Byte length given to added and unknown tokens: any text holding one fails the byte-total check of the derived
-# offsets, so it falls back to the tokenizer's own offsets (added tokens match text outside the model's vocabulary).
+# Byte length given to unknown and added tokens (but a byte-level tokenizer's non-special ones): any text holding one
+# fails the byte-total check of the derived offsets, so it falls back to the tokenizer's own offsets (added tokens
+# match text outside the model's vocabulary).
 NO_FAST_PATH = 1 << 40
+# Whether each code point up to U+3001 is whitespace; none above U+3000 is.
+WHITESPACE = np.array([chr(c).isspace() for c in range(0x3002)])
 
 
 class _OffsetTable(NamedTuple):
     """What `encode` needs to derive character offsets from token ids for one tokenizer."""
 
     byte_lengths: np.ndarray
-    """(V,) int64: bytes of the original text each token id covers; NO_FAST_PATH for added and unknown tokens."""
+    """(V + 1,) int64: bytes of the original text each token id covers; NO_FAST_PATH where that is not known, and
+    last, for the ids that tokens added to the tokenizer after the table was made may take."""
     prepend: str
     """Metaspace's "▁" put before the text: "never", "always", or "unless_space" (not before a leading space)."""
     needs_nfc: bool
@@ -58,19 +66,22 @@ def _state(component: object) -> list[dict]:
 
 
 @functools.lru_cache(maxsize=16)
-def _offset_table(tokenizer: Tokenizer, vocab_size: int) -> Optional[_OffsetTable]:
-    """The table for tokenizers whose offsets follow from the ids alone, else None. Cached: Qwen's takes ~0.1 s."""
+def _offset_table(tokenizer: Tokenizer) -> Optional[_OffsetTable]:
+    """The table for tokenizers whose offsets follow from the ids alone, else None. Made once per tokenizer object
+    (Qwen's takes ~0.1 s; even `vocab_size` takes 0.2 ms for Codestral's 771 added tokens, half a document's
+    tokenizing)."""
     model = tokenizer.model
     if type(model).__name__ != "BPE":
         return None
     normalizer = [s["type"] for s in _state(tokenizer.normalizer)]
     pre_tokenizer = _state(tokenizer.pre_tokenizer)
     for processor in _state(tokenizer.post_processor):
-        # The ByteLevel post-processor trims whitespace out of offsets when asked to; templates only add tokens.
-        if processor["type"] not in ("ByteLevel", "TemplateProcessing") or processor.get("trim_offsets", False):
+        # Templates only add tokens. The ByteLevel post-processor may trim spaces out of the offsets it reports: the
+        # derived spans keep them, with the token that holds them (what `tiling_spans` makes of the reported ones).
+        if processor["type"] not in ("ByteLevel", "TemplateProcessing"):
             return None
     vocab = tokenizer.get_vocab(with_added_tokens=False)
-    byte_lengths = np.full(vocab_size, NO_FAST_PATH, dtype=np.int64)
+    byte_lengths = np.full(vocab_size(tokenizer) + 1, NO_FAST_PATH, dtype=np.int64)
     ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
 
     byte_level = [p for p in pre_tokenizer if p["type"] == "ByteLevel"]
@@ -99,7 +110,13 @@ def _offset_table(tokenizer: Tokenizer, vocab_size: int) -> Optional[_OffsetTabl
         needs_nfc = False
     else:
         return None
-    byte_lengths[list(tokenizer.get_added_tokens_decoder())] = NO_FAST_PATH
+    added = tokenizer.get_added_tokens_decoder()
+    byte_lengths[list(added)] = NO_FAST_PATH
+    if byte_level:
+        # The NFC check leaves the text as it is, so a non-special added token (GPT-NeoX's runs of spaces) covers its
+        # content. Special ones are encoded as text (`load_tokenizer`), or else take the fallback.
+        text_tokens = {i: token.content for i, token in added.items() if not token.special}
+        byte_lengths[list(text_tokens)] = [len(content.encode("utf-8")) for content in text_tokens.values()]
     if model.unk_token is not None and model.unk_token in vocab:
         byte_lengths[vocab[model.unk_token]] = NO_FAST_PATH
     return _OffsetTable(byte_lengths, prepend, needs_nfc)
@@ -123,22 +140,28 @@ def _derived_offsets(table: _OffsetTable, ids: np.ndarray, text: str) -> Optiona
     prepended = int(table.prepend == "always" or (table.prepend == "unless_space" and not text.startswith(" ")))
     if len(ids) == 0:
         return np.zeros((0, 2), dtype=np.int64)
-    lengths = table.byte_lengths[ids]  # (N,)
-    ends = np.cumsum(lengths)  # (N,) byte ends in "▁" * prepended + text
+    # Few NumPy calls, and ufuncs rather than their wrappers (np.cumsum costs 2 us, np.add.accumulate 0.6): this runs
+    # once per document.
+    lengths = table.byte_lengths.take(ids, mode="clip")  # (N,); ids past the table take its last entry
+    lengths[0] -= prepended  # the prepended "▁" is not in the text
+    offsets = np.empty((len(ids), 2), dtype=np.int64)  # byte offsets into the text, then character offsets
+    ends = np.add.accumulate(lengths, out=offsets[:, 1])
     data = text if text.isascii() else text.encode("utf-8")
-    if ends[-1] != len(data) + prepended:
+    if ends[-1] != len(data):
         return None
-    starts = ends - lengths
-    if prepended:
-        # The prepended "▁" is not in the text; the tokenizer aligns it with the first character.
-        starts = np.maximum(starts - 1, 0)
-        ends = np.maximum(ends - 1, 1)
+    np.subtract(ends, lengths, out=offsets[:, 0])
+    if offsets[0, 1] == 0:  # a first token of only the prepended "▁": aligned with the first character
+        offsets[0, 1] = 1
     if isinstance(data, bytes):
-        # Character holding each byte: count the UTF-8 lead bytes up to it. A token that holds part of a character
-        # (byte fallback, byte-level BPE) spans the whole character, as in the tokenizer's own offsets.
-        char_of_byte = np.cumsum((np.frombuffer(data, dtype=np.uint8) & 0xC0) != 0x80) - 1  # (bytes,)
-        starts, ends = char_of_byte[starts], char_of_byte[ends - 1] + 1
-    return np.stack([starts, ends], axis=1)
+        # Characters begun before each byte: count the UTF-8 lead bytes. A token that holds part of a character (byte
+        # fallback, byte-level BPE) spans the whole character, as in the tokenizer's own offsets.
+        chars_before = np.zeros(len(data) + 1, dtype=np.int64)  # (bytes + 1,)
+        lead = np.frombuffer(data, dtype=np.int8) >= -0x40  # (bytes,) not 0x80-0xBF, as int8
+        np.add.accumulate(lead, dtype=np.int64, out=chars_before[1:])
+        offsets[:, 0] += 1
+        offsets = chars_before[offsets]
+        offsets[:, 0] -= 1
+    return offsets
 
 
 def vocab_size(tokenizer: Tokenizer) -> int:
@@ -158,12 +181,14 @@ def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
     the space it stands for); any other tokenizer counts the bytes of each token decoded alone.
     """
     size = vocab_size(tokenizer)
-    table = _offset_table(tokenizer, size)
+    table = _offset_table(tokenizer)
+    vocab = tokenizer.get_vocab(with_added_tokens=False)
     if table is not None:
-        return np.where(table.byte_lengths == NO_FAST_PATH, 0, table.byte_lengths)
-    vocab, lengths = tokenizer.get_vocab(with_added_tokens=False), np.zeros(size, dtype=np.int64)
-    for token_id in vocab.values():
-        lengths[token_id] = len(tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8"))
+        lengths = np.where(table.byte_lengths == NO_FAST_PATH, 0, table.byte_lengths)[:size]
+    else:
+        lengths = np.zeros(size, dtype=np.int64)
+        for token_id in vocab.values():
+            lengths[token_id] = len(tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8"))
     lengths[list(tokenizer.get_added_tokens_decoder())] = 0
     unknown = getattr(tokenizer.model, "unk_token", None)  # stands for text of any length
     if unknown in vocab:
@@ -171,17 +196,56 @@ def token_byte_lengths(tokenizer: Tokenizer) -> np.ndarray:
     return lengths
 
 
-def token_offsets(tokenizer: Tokenizer, text: str, encoding: Encoding, ids: np.ndarray) -> np.ndarray:
-    """(N, 2) int64 character offsets of `encoding`, the encoding of `text` without special tokens.
+def tiling_spans(offsets: np.ndarray, text: str) -> np.ndarray:
+    """(N, 2) int64: a tokenizer's (N, 2) character `offsets` into `text`, stretched to tile it.
 
-    Equal to `encoding.offsets`, derived from `ids` ((N,), the encoding's ids as an array) where the tokenizer allows,
-    which costs a fraction of reading `encoding.offsets` (see the module docstring).
+    Tiling spans follow one another without gaps and cover the whole text, as the tokens' bytes do; they overlap only
+    where tokens share a character (the byte tokens of one character, or SentencePiece's "▁" put before the first
+    one). Tokenizers report spans that skip characters: GPT-NeoX's ByteLevel post-processor (`trim_offsets`) trims the
+    spaces out of "Ġword" and gives a token of only spaces an empty span at their end; NFC folds "e" + U+0301 into
+    "é" and reports the token without the combining mark. Each run of characters that no token reports is split where
+    its whitespace begins: what comes before goes to the token before it (the mark, to "é"), the rest to the token
+    after it (the space, to "Ġword"; the spaces, to the empty span). The first token starts the text and the last one
+    ends it.
     """
-    table = _offset_table(tokenizer, vocab_size(tokenizer))
+    spans = np.array(offsets, dtype=np.int64).reshape(-1, 2)  # (N, 2), a copy
+    if len(spans) == 0:
+        return spans
+    before = np.zeros(len(spans), dtype=np.int64)  # (N,) where the tokens before each one end
+    np.maximum.accumulate(spans[:-1, 1], out=before[1:])
+    after_gap = np.flatnonzero(spans[:, 0] > before)  # (G,) the tokens that unreported characters come before
+    if after_gap.size:
+        gap_starts, gap_stops = before[after_gap], spans[after_gap, 0]  # (G,) each
+        spaces = np.append(np.flatnonzero(_whitespace(text)), len(text))  # (S + 1,)
+        splits = np.minimum(spaces[np.searchsorted(spaces, gap_starts)], gap_stops)  # (G,) first space of each gap
+        splits[after_gap == 0] = 0
+        previous = after_gap[after_gap > 0] - 1
+        spans[previous, 1] = np.maximum(spans[previous, 1], splits[after_gap > 0])
+        spans[after_gap, 0] = splits
+    spans[-1, 1] = max(spans[-1, 1], len(text))
+    return spans
+
+
+def _whitespace(text: str) -> np.ndarray:
+    """(L,) bool: which characters of `text` are whitespace (`str.isspace`)."""
+    code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # (L,)
+    return WHITESPACE[np.minimum(code_points, len(WHITESPACE) - 1)]
+
+
+def token_offsets(tokenizer: Tokenizer, text: str, encoding: Encoding, ids: np.ndarray) -> np.ndarray:
+    """(N, 2) int64 character spans of `encoding`, the encoding of `text` without special tokens, tiling the text.
+
+    `tiling_spans` of `encoding.offsets`, derived from `ids` ((N,), the encoding's ids as an array) where the tokenizer
+    allows, which costs a fraction of reading `encoding.offsets` (see the module docstring). Derived spans tile the
+    text by construction, and give a character the tokenizer does not report to the very token that holds it, where
+    `tiling_spans` can only give it to the next token (the two differ only after a token that ends in spaces, such
+    as GPT-NeoX's "ĊĠ" before "Ġword").
+    """
+    table = _offset_table(tokenizer)
     offsets = None if table is None else _derived_offsets(table, ids, text)
     if offsets is None:
         offsets = np.fromiter(chain.from_iterable(encoding.offsets), dtype=np.int64, count=2 * len(ids))
-        offsets = offsets.reshape(-1, 2)
+        offsets = tiling_spans(offsets.reshape(-1, 2), text)
     return offsets
 
 
@@ -239,8 +303,9 @@ def align(student_offsets: np.ndarray, teacher_offsets: np.ndarray) -> np.ndarra
 
     Returns:
         (N, 2) int64: row `i` is the half-open range `[a, b)` of the teacher tokens whose spans overlap student span
-        `i`. Teacher tokens with empty spans are never inside a range; an empty student span, or one that overlaps no
-        teacher token, is unmapped: `(0, 0)`.
+        `i`. A teacher token with an empty span never starts or ends a range (special tokens at a document's edges
+        are never inside one); one between two overlapping tokens is inside it. An empty student span, or one that
+        overlaps no teacher token, is unmapped: `(0, 0)`.
     """
     student = _check_offsets(student_offsets, "student_offsets")
     teacher = _check_offsets(teacher_offsets, "teacher_offsets")
@@ -250,25 +315,32 @@ def align(student_offsets: np.ndarray, teacher_offsets: np.ndarray) -> np.ndarra
         kept = np.append(np.flatnonzero(starts < ends), len(teacher))  # (M' + 1,): tokens with characters, then M
         starts, ends = starts[kept[:-1]], ends[kept[:-1]]
     # Teacher token j overlaps [s, e) iff ends[j] > s and starts[j] < e. Both columns are sorted, so the overlapping
-    # tokens are the run [first, stop): first = #(ends <= s), stop = #(starts < e).
-    first = np.searchsorted(ends, student[:, 0], side="right")  # (N,)
-    stop = np.searchsorted(starts, student[:, 1], side="left")  # (N,)
-    unmapped = (first >= stop) | (student[:, 0] == student[:, 1])  # (N,)
+    # tokens are the run [first, stop): first = #(ends <= s), stop = #(starts < e) = #(starts <= e - 1).
+    empty = student[:, 0] == student[:, 1]  # (N,)
+    keys = student  # (N, 2), sorted over the tokens with characters
+    if empty.any():
+        # Empty spans are unmapped wherever they sit: each takes the keys of the last token with characters before it
+        # (zeros before the first), so that the keys are sorted.
+        last = np.maximum.accumulate(np.where(empty, -1, np.arange(len(student))))  # (N,)
+        keys = np.where(last[:, None] >= 0, student[last], 0)
+    first, stop = _count_at_most(ends, keys[:, 0]), _count_at_most(starts, keys[:, 1] - 1)  # (N,) each
+    unmapped = (first >= stop) | empty  # (N,)
     if special:
-        # Back to indices into all teacher tokens; the run must not enclose a token without characters.
-        count = stop - first
+        # Back to indices into all teacher tokens: a range runs from its first to its last token with characters.
         first, stop = kept[first], kept[stop - 1] + 1
-        enclosed = np.flatnonzero(~unmapped & (stop - first != count))
-        if enclosed.size:
-            i = enclosed[0]
-            raise ValueError(
-                f"Teacher tokens with empty spans lie inside teacher range [{first[i]}, {stop[i]}) of student token {i}"
-                f" (span {student[i].tolist()}): give special tokens a span at a document boundary, such as (0, 0)"
-                " before the text or (len(text), len(text)) after it."
-            )
     ranges = np.stack([first, stop], axis=1)  # (N, 2)
     ranges[unmapped] = 0
     return ranges
+
+
+def _count_at_most(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """(K,) int64: how many of `values` (V,) are at most each of `keys` (K,); both sorted.
+
+    `np.searchsorted(values, keys, side="right")`, as one stable merge of the two sorted runs (timsort's), which reads
+    both in order: a binary search per key misses the cache at each probe, 2-3 times slower on a million tokens.
+    """
+    merged = np.concatenate([values, keys]).argsort(kind="stable")  # (V + K,) a value before a key equal to it
+    return np.flatnonzero(merged >= len(values)) - np.arange(len(keys))  # position among all, less the keys before
 
 
 def align_batch(student_offsets: Sequence[np.ndarray], teacher_offsets: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -292,10 +364,12 @@ def align_batch(student_offsets: Sequence[np.ndarray], teacher_offsets: Sequence
             raise ValueError("offsets must be integers")
         if min(student.min(initial=0), teacher.min(initial=0)) < 0:
             raise ValueError("offsets must be non-negative")
-        # int64: the shifted offsets below can outgrow int32
-        student, teacher = student.astype(np.int64, copy=False), teacher.astype(np.int64, copy=False)
-        # Moving document d to characters [d * stride, (d + 1) * stride) keeps the documents apart and in order.
-        doc_starts = np.arange(len(student_counts)) * (max(student.max(initial=0), teacher.max(initial=0)) + 1)
+        # Moving document d to characters [d * stride, (d + 1) * stride) keeps the documents apart and in order. In
+        # int32 where they fit (a fifth faster than int64: half the memory to read), else int64.
+        stride = int(max(student.max(initial=0), teacher.max(initial=0))) + 1
+        dtype = np.int32 if len(student_counts) * stride < 2**31 else np.int64
+        student, teacher = student.astype(dtype, copy=False), teacher.astype(dtype, copy=False)
+        doc_starts = np.arange(len(student_counts)) * stride
         student += np.repeat(doc_starts, student_counts)[:, None]
         teacher += np.repeat(doc_starts, teacher_counts)[:, None]
         ranges = align(student, teacher)  # (N, 2) into all M teacher tokens
