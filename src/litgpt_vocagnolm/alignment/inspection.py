@@ -157,20 +157,11 @@ def document_frame(path: Path, tokenizer: Tokenizer) -> str:
     return f"{bos}… {tokenizer.id_to_token(eos_id)} ({eos_id})"
 
 
-def format_report(report: dict, student_name: str, teacher_name: str, source: str, frames: tuple[str, str]) -> str:
-    """The summary `inspect` prints; `frames`: each side's `document_frame`."""
-    text = report["text"]
-    n_student, n_teacher, n_chars = len(report["student_ids"]), len(report["teacher_ids"]), len(text)
-    shared = report["shared_vocab"]
+def token_table(report: dict) -> list[str]:
+    """The report's lines on the text's tokens, student beside teacher: counts, coverage, unmapped and mapped share."""
+    n_student, n_teacher, n_chars = len(report["student_ids"]), len(report["teacher_ids"]), len(report["text"])
     unmapped = report["student_unmapped"] + report["student_special"]
-    lines = [
-        f"Student: {student_name} ({report['student_vocab']:,} tokens)",
-        f"Teacher: {teacher_name} ({report['teacher_vocab']:,} tokens)",
-        f"Vocabulary overlap: {shared:,} token strings, {shared / report['teacher_vocab']:.2%} of the teacher's"
-        f" vocabulary ({shared / report['student_vocab']:.2%} of the student's)",
-        f"Each document, as LitGPT's Tokenizer frames it: student {frames[0]}; teacher {frames[1]}",
-        "",
-        f"Text: {source}, {n_chars:,} characters",
+    return [
         f"  {'':<22}{'student':>12}{'teacher':>12}",
         f"  {'tokens':<22}{n_student:>12,}{n_teacher:>12,}",
         f"  {'tokens per character':<22}{n_student / max(n_chars, 1):>12.3f}{n_teacher / max(n_chars, 1):>12.3f}",
@@ -179,6 +170,21 @@ def format_report(report: dict, student_name: str, teacher_name: str, source: st
         f"  {'unmapped tokens':<22}{unmapped:>12,}{report['teacher_unmapped']:>12,}",
         f"  {'mapped share':<22}{1 - unmapped / max(n_student, 1):>12.2%}"
         f"{1 - report['teacher_unmapped'] / max(n_teacher, 1):>12.2%}",
+    ]
+
+
+def format_report(report: dict, student_name: str, teacher_name: str, source: str, frames: tuple[str, str]) -> str:
+    """The summary `inspect` prints; `frames`: each side's `document_frame`."""
+    n_chars, shared = len(report["text"]), report["shared_vocab"]
+    lines = [
+        f"Student: {student_name} ({report['student_vocab']:,} tokens)",
+        f"Teacher: {teacher_name} ({report['teacher_vocab']:,} tokens)",
+        f"Vocabulary overlap: {shared:,} token strings, {shared / report['teacher_vocab']:.2%} of the teacher's"
+        f" vocabulary ({shared / report['student_vocab']:.2%} of the student's)",
+        f"Each document, as LitGPT's Tokenizer frames it: student {frames[0]}; teacher {frames[1]}",
+        "",
+        f"Text: {source}, {n_chars:,} characters",
+        *token_table(report),
         "",
         "Groups of student and teacher tokens sharing characters (student:teacher):",
     ]
