@@ -155,7 +155,7 @@ def test_any_text_stays_text_and_aligns(family):
     controls = control_strings(tokenizer)
 
     @settings(max_examples=25, deadline=None)
-    @example(text="x = 1\n\t\t  \ny")  # Qwen2.5's "\n\t\t  \n" is one token
+    @example(text="x = 1\n\t\t  \ny")  # Qwen2.5 makes one token of "\t\t  \n"
     @given(text=drawn_texts(list(controls.values())))
     def check(text):
         assert not controls.keys() & set(align_text(tokenizer, qwen, text).student_ids.tolist())
