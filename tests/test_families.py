@@ -30,6 +30,7 @@ from litgpt_vocagnolm.alignment.tokenizer_files import (
 )
 from litgpt_vocagnolm.data.prepare import prepare
 from litgpt_vocagnolm.data.prepared import VocAgnoData, iter_blocks, load_manifest
+from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
 from litgpt_vocagnolm.training.recipe import setup
 from litgpt_vocagnolm.training.teacher import TeacherArgs
@@ -111,6 +112,28 @@ def test_documents_get_the_special_tokens_litgpt_gives(checkpoints, litgpt_token
         assert [info.bos_id] * (info.bos_id is not None) + ids + [info.eos_id] == litgpt.encode(text, eos=True).tolist()
     assert info.bos_token == (None if info.bos_id is None else tokenizer.id_to_token(info.bos_id))
     assert info.eos_token == tokenizer.id_to_token(info.eos_id)
+
+
+@pytest.mark.parametrize(
+    "config, refusal",
+    [
+        (None, "names no eos_token: put this tokenizer's tokenizer_config.json next to it ("),
+        (
+            {"add_bos_token": True, "eos_token": "</s>"},
+            "LitGPT starts each document with BOS for it (its use_bos), and its tokenizer_config.json names no"
+            " bos_token: name it in",
+        ),
+        ({"eos_token": "<|endoftext|>"}, "eos_token '<|endoftext|>' is not in the vocabulary of"),
+    ],
+)
+def test_a_tokenizer_without_the_specials_litgpt_adds_is_refused(tmp_path, config, refusal):
+    """One line naming what is missing and where, before any work: here TinyLlama's files."""
+    (tmp_path / "tokenizer.json").write_bytes((TOKENIZERS / "tinyllama-1.1b" / "tokenizer.json").read_bytes())
+    if config is not None:
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidArgument) as refused:
+        tokenizer_info(tmp_path / "tokenizer.json")
+    assert refusal in str(refused.value) and "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -104,7 +104,7 @@ class TokenizerInfo:
     vocab_size: int
     bos_id: Optional[int]
     """Added before each document, or None."""
-    eos_id: Optional[int]
+    eos_id: int
     """Added after each document."""
     bos_token: Optional[str]
     """The token `bos_id` stands for, or None."""
@@ -132,14 +132,15 @@ def document_specials(tokenizer_file: Path, tokenizer: Tokenizer) -> tuple[Optio
     LitGPT keeps it or drops it by `use_bos` too."""
     config_file = tokenizer_file.parent / "tokenizer_config.json"
     config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-    missing = "" if config_file.is_file() else f" ({config_file} is missing)"
-    fix = f"Put the tokenizer_config.json of this tokenizer next to it{missing}."
 
     def token_id(key: str, why: str) -> int:
         token = config.get(key)
         content = token.get("content") if isinstance(token, dict) else token
         if content is None:
-            raise InvalidArgument(f"{tokenizer_file}: {why}, and its tokenizer_config.json names no {key}. {fix}")
+            fix = f"name it in {config_file}"
+            if not config_file.is_file():
+                fix = f"put this tokenizer's tokenizer_config.json next to it ({config_file} is missing)"
+            raise InvalidArgument(f"{tokenizer_file}: {why}, and its tokenizer_config.json names no {key}: {fix}.")
         id_ = tokenizer.token_to_id(content)
         if id_ is None:
             raise InvalidArgument(f"{config_file}: {key} {content!r} is not in the vocabulary of {tokenizer_file}.")
@@ -147,7 +148,9 @@ def document_specials(tokenizer_file: Path, tokenizer: Tokenizer) -> tuple[Optio
 
     eos_id = token_id("eos_token", "LitGPT ends each document with EOS to keep documents apart")
     bos_id = (
-        token_id("bos_token", "LitGPT starts each document with BOS here") if uses_bos(config_file.parent) else None
+        token_id("bos_token", "LitGPT starts each document with BOS for it (its use_bos)")
+        if uses_bos(config_file.parent)
+        else None
     )
     return bos_id, eos_id
 
