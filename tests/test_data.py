@@ -39,7 +39,8 @@ from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.files import file_sha256
 
 STUDENT, TEACHER = TINYLLAMA, QWEN
-BOS, EOS = 1, 151643  # TinyLlama adds BOS only; Qwen2.5 adds nothing, so documents end with its EOS
+# Documents as LitGPT's Tokenizer frames them: TinyLlama's <s> ... </s>, Qwen2.5's ... <|endoftext|>
+BOS, STUDENT_EOS, EOS = 1, 2, 151643
 MAX_SEQ_LENGTH = 64
 
 UNICODE_DOCS = [
@@ -183,10 +184,11 @@ def test_nothing_lost_and_every_range_covers_its_token(prepared, corpus, tokeniz
         documents = documents_of(split_blocks)
         assert len(documents) == counts["documents"]
         for ids, places in documents:
-            text = student.decode(ids[1:], skip_special_tokens=False)
+            assert ids[-1] == STUDENT_EOS
+            text = student.decode(ids[1:-1], skip_special_tokens=False)
             decoded.append(text)
             encoding = student.encode(text, add_special_tokens=False)
-            assert encoding.ids == ids[1:]  # the blocks hold exactly the student's own encoding
+            assert encoding.ids == ids[1:-1]  # the blocks hold exactly the student's own encoding
             t = teacher.encode(text, add_special_tokens=False)
             t_offsets = tiling_spans(t.offsets, text).tolist()  # as `encode` gives them: every character in a token
             b, position = places[0]
@@ -227,7 +229,7 @@ def test_nothing_lost_and_every_range_covers_its_token(prepared, corpus, tokeniz
 
 def test_long_document_spans_many_blocks(prepared, corpus, tokenizers):
     long_document = corpus[1][-2]
-    ids = [BOS] + tokenizers[0].encode(long_document, add_special_tokens=False).ids
+    ids = [BOS] + tokenizers[0].encode(long_document, add_special_tokens=False).ids + [STUDENT_EOS]
     assert len(ids) > 10 * (MAX_SEQ_LENGTH + 1)
     documents = [d for blocks in all_blocks(prepared).values() for d in documents_of(blocks) if d[0] == ids]
     assert len(documents) == 1
@@ -236,7 +238,7 @@ def test_long_document_spans_many_blocks(prepared, corpus, tokenizers):
 
 def test_document_specials_follow_tokenizer_config(tokenizers, tmp_path):
     student, teacher = tokenizers
-    assert document_specials(STUDENT / "tokenizer.json", student) == (BOS, None)
+    assert document_specials(STUDENT / "tokenizer.json", student) == (BOS, STUDENT_EOS)
     assert document_specials(TEACHER / "tokenizer.json.gz", teacher) == (None, EOS)
     with pytest.raises(ValueError, match="tokenizer_config.json"):
         document_specials(tmp_path / "tokenizer.json", student)  # no config next to it
@@ -685,14 +687,14 @@ def test_llemma_extends_tinyllama_and_aligns_one_to_one(tinyllama_llemma_data, t
 
     module = VocAgnoData(tinyllama_llemma_data)
     assert module.manifest["same_vocabulary"] is True and module.same_vocabulary(STUDENT, LLEMMA)
-    # Both tokenize the math text alike, so a student token maps to the one teacher token with its id; BOS, a special
-    # token with an empty span, is unmapped. Tokens that share one character (the "▁" Metaspace puts before a
+    # Both tokenize the math text alike, so a student token maps to the one teacher token with its id; BOS and EOS,
+    # special tokens with empty spans, are unmapped. Tokens that share one character (the "▁" Metaspace puts before a
     # document's first digit, the byte pieces of a character) each map to that character's tokens, as the alignment
     # works on characters: here 2 of 42,097.
     one_to_one = text_tokens = 0
     for block in iter_blocks(tinyllama_llemma_data, "train"):
         ids, (starts, ends) = block["student_ids"][: block["num_tokens"]], block["ranges"][: block["num_tokens"]].T
-        text = ids != 1
+        text = ~np.isin(ids, [BOS, STUDENT_EOS])
         assert (ends[~text] == starts[~text]).all()
         assert all(i in block["teacher_ids"][a:e] for i, a, e in zip(ids[text], starts[text], ends[text]))
         single = text & (ends - starts == 1)

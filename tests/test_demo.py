@@ -235,6 +235,7 @@ def test_noise_in_the_trained_tokens(quick_run):
     for text, mask in noisy[:20]:
         expected.append(False)  # BOS
         expected += [bool(mask[a:b].any()) for a, b in tokenizer.encode(text, add_special_tokens=False).offsets]
+        expected.append(False)  # EOS
     assert touched.flatten().tolist() == expected[: touched.numel()]
     assert 0.1 < touched.float().mean() < 0.9
 

@@ -135,6 +135,26 @@ def test_inspect_prints_the_report(capsys, tmp_path, tokenizers):
     assert page.count('<div class="g" style') == len(alignment_rows(report, 10_000))
 
 
+def test_inspect_says_how_documents_are_framed_and_how_much_maps(capsys, tmp_path):
+    """Each side's BOS/EOS as `prepare` adds them (LitGPT's; or why prepare would refuse the tokenizer), and the share
+    of mapped tokens: 1 less the unmapped ones, on a text where Qwen's NFC folds a character away (its tiling span
+    still covers the accent, so every token maps)."""
+    (tmp_path / "tokenizer.json").write_bytes((TINYLLAMA / "tokenizer.json").read_bytes())  # no tokenizer_config.json
+    text = "cafe\u0301 au lait"
+    inspect(student=tmp_path / "tokenizer.json", teacher=QWEN, text=text, rows=0)
+    out = capsys.readouterr().out
+    frame = re.search(r"Each document, as LitGPT's Tokenizer frames it: student (.*); teacher (.*)\n", out)
+    assert frame[1].startswith("none: ") and "names no eos_token" in frame[1] and "is missing" in frame[1]
+    assert frame[2] == "… <|endoftext|> (151643)"
+    inspect(student=TINYLLAMA, teacher=QWEN, text=text, rows=0)
+    assert "student <s> (1) … </s> (2); teacher … <|endoftext|> (151643)\n" in capsys.readouterr().out
+    ranges = pair_report(load_tokenizer(TINYLLAMA), load_tokenizer(QWEN), text, chunks=[])["ranges"]
+    unmapped = sum(a == b for a, b in ranges.tolist())  # Qwen's "é" spans the "e" and its accent
+    assert unmapped == 0
+    shown = re.search(r"mapped share +([\d.]+)% +([\d.]+)%\n", out)
+    assert shown[1] == f"{100 * (1 - unmapped / len(ranges)):.2f}" and shown[2] == "100.00"
+
+
 def test_inspect_covers_characters_a_normalizer_folds(capsys, tmp_path):
     file = tmp_path / "text.md"
     text = "Les mathe\u0301matiques: a < b"  # Qwen's NFC folds the combining acute into "é", whose span keeps it

@@ -234,3 +234,27 @@ def test_plan_measure_with_a_teacher_runs_online_cached_and_scoring(
         assert float(rows[work, micro_batch][1]) > 0 and float(rows[work, micro_batch][3].replace(",", "")) > 0
     assert re.search(r"Cached step / LitGPT's step, tokens/s at micro-batch 2: [\d.]+x", printed)
     assert not list((tmp_path / "out").glob("**/step-*"))  # the measured checkpoint is gone
+
+
+def test_plan_warns_when_the_prepared_data_is_for_another_sequence_length(capsys, tinyllama_qwen_data):
+    """The data prepared at max_seq_length 64 under demo-cpu (128): one line saying so and what to pass; none once the
+    recipe's length is the data's."""
+    from litgpt_vocagnolm.planning.plan import plan
+
+    plan(["--config", str(RECIPES / "demo-cpu.yaml"), "--data.path", str(tinyllama_qwen_data)])
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Warning:")]
+    assert warnings == [
+        f"Warning: {tinyllama_qwen_data} holds blocks for max_seq_length 64, but this plan is for 128 (the recipe's):"
+        " the run would refuse the data. Pass --train.max_seq_length 64, or prepare again with --max_seq_length 128."
+    ]
+    plan(
+        [
+            "--config",
+            str(RECIPES / "demo-cpu.yaml"),
+            "--data.path",
+            str(tinyllama_qwen_data),
+            "--train.max_seq_length",
+            "64",
+        ]
+    )
+    assert "Warning:" not in capsys.readouterr().out

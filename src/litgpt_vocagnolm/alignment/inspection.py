@@ -20,7 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from litgpt_vocagnolm.alignment.lexical import align, chunk_align, chunk_span_ios_iou, encode, ios_iou
-from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
+from litgpt_vocagnolm.alignment.tokenizer_files import cached_tokenizer, document_specials, find_tokenizer_file
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, at_least, check_output_file
 
 # Written for this project: word problems, LaTeX and the Unicode that math text carries.
@@ -146,24 +146,45 @@ def _shown(text: str) -> str:
     return json_lib.dumps(text, ensure_ascii=False)[1:-1]
 
 
-def format_report(report: dict, student_name: str, teacher_name: str, source: str) -> str:
-    text = report["text"]
-    n_student, n_teacher, n_chars = len(report["student_ids"]), len(report["teacher_ids"]), len(text)
-    shared = report["shared_vocab"]
-    lines = [
-        f"Student: {student_name} ({report['student_vocab']:,} tokens)",
-        f"Teacher: {teacher_name} ({report['teacher_vocab']:,} tokens)",
-        f"Vocabulary overlap: {shared:,} token strings, {shared / report['teacher_vocab']:.2%} of the teacher's"
-        f" vocabulary ({shared / report['student_vocab']:.2%} of the student's)",
-        "",
-        f"Text: {source}, {n_chars:,} characters",
+def document_frame(path: Path, tokenizer: Tokenizer) -> str:
+    """The special tokens `prepare` puts around each document for this tokenizer, those LitGPT's `Tokenizer` adds:
+    "<s> (1) … </s> (2)"; or why `prepare` would refuse the tokenizer."""
+    try:
+        bos_id, eos_id = document_specials(find_tokenizer_file(path), tokenizer)
+    except InvalidArgument as error:
+        return f"none: {error}"
+    bos = "" if bos_id is None else f"{tokenizer.id_to_token(bos_id)} ({bos_id}) "
+    return f"{bos}… {tokenizer.id_to_token(eos_id)} ({eos_id})"
+
+
+def token_table(report: dict) -> list[str]:
+    """The report's lines on the text's tokens, student beside teacher: counts, coverage, unmapped and mapped share."""
+    n_student, n_teacher, n_chars = len(report["student_ids"]), len(report["teacher_ids"]), len(report["text"])
+    unmapped = report["student_unmapped"] + report["student_special"]
+    return [
         f"  {'':<22}{'student':>12}{'teacher':>12}",
         f"  {'tokens':<22}{n_student:>12,}{n_teacher:>12,}",
         f"  {'tokens per character':<22}{n_student / max(n_chars, 1):>12.3f}{n_teacher / max(n_chars, 1):>12.3f}",
         f"  {'characters covered':<22}{report['student_covered'] / max(n_chars, 1):>12.2%}"
         f"{report['teacher_covered'] / max(n_chars, 1):>12.2%}",
-        f"  {'unmapped tokens':<22}{report['student_unmapped'] + report['student_special']:>12,}"
-        f"{report['teacher_unmapped']:>12,}",
+        f"  {'unmapped tokens':<22}{unmapped:>12,}{report['teacher_unmapped']:>12,}",
+        f"  {'mapped share':<22}{1 - unmapped / max(n_student, 1):>12.2%}"
+        f"{1 - report['teacher_unmapped'] / max(n_teacher, 1):>12.2%}",
+    ]
+
+
+def format_report(report: dict, student_name: str, teacher_name: str, source: str, frames: tuple[str, str]) -> str:
+    """The summary `inspect` prints; `frames`: each side's `document_frame`."""
+    n_chars, shared = len(report["text"]), report["shared_vocab"]
+    lines = [
+        f"Student: {student_name} ({report['student_vocab']:,} tokens)",
+        f"Teacher: {teacher_name} ({report['teacher_vocab']:,} tokens)",
+        f"Vocabulary overlap: {shared:,} token strings, {shared / report['teacher_vocab']:.2%} of the teacher's"
+        f" vocabulary ({shared / report['student_vocab']:.2%} of the student's)",
+        f"Each document, as LitGPT's Tokenizer frames it: student {frames[0]}; teacher {frames[1]}",
+        "",
+        f"Text: {source}, {n_chars:,} characters",
+        *token_table(report),
         "",
         "Groups of student and teacher tokens sharing characters (student:teacher):",
     ]
@@ -368,9 +389,13 @@ def inspect(
         raise InvalidArgument(
             f"{'--file ' + source if file is not None else '--text'} is empty: give some text to inspect."
         )
-    student_tokenizer, teacher_tokenizer = load_tokenizer(student), load_tokenizer(teacher)
+    # As `prepare` loads them: a process that inspects and prepares a pair loads each tokenizer once.
+    student_tokenizer, teacher_tokenizer = (
+        cached_tokenizer(str(find_tokenizer_file(p).resolve())) for p in (student, teacher)
+    )
     report = pair_report(student_tokenizer, teacher_tokenizer, text, chunks)
-    summary = format_report(report, str(student), str(teacher), source)
+    frames = document_frame(student, student_tokenizer), document_frame(teacher, teacher_tokenizer)
+    summary = format_report(report, str(student), str(teacher), source, frames)
     print(summary)
     if rows:
         print()

@@ -2,7 +2,7 @@
 
 A tokenizer is a Hugging Face fast-tokenizer JSON (plain or gzipped) in a tokenizer or LitGPT checkpoint directory. A
 prepared dataset records its sha256 (of the JSON content, so a .gz copy is the same tokenizer), its vocabulary size and
-the BOS/EOS that each document gets, as the tokenizer_config.json next to it says.
+the BOS/EOS that each document gets: those LitGPT's own `Tokenizer` gives it.
 """
 
 import functools
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer
 
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
 
@@ -52,10 +52,22 @@ def read_tokenizer_json(file: Path) -> bytes:
 def load_tokenizer(path: Union[str, Path]) -> Tokenizer:
     """A Hugging Face fast tokenizer from a tokenizer.json (gzipped or not), tokenizer dir or LitGPT checkpoint dir.
 
-    Special tokens written out in the text (a literal "</s>" or "<|endoftext|>" in a web page) are encoded as the
-    text they are: training data must not smuggle control tokens in, and every character must keep its offsets.
+    Text stays text: an added token written out in a document (a literal "</s>" or "<|endoftext|>" in a web page,
+    Mistral v3's "[INST]", OLMo-2's "|||EMAIL_ADDRESS|||") is encoded as the characters it is, special or not, so
+    that training data can't smuggle control tokens in and every character keeps its offsets. Added tokens made only
+    of whitespace (GPT-NeoX's runs of spaces) are text already and stay as the model was trained on them.
+
+    One load per file and process while the file stays as it was (Qwen2.5's takes a third of a second); callers share
+    the tokenizer and leave it as it is.
     """
     file = find_tokenizer_file(path)
+    stat = file.stat()
+    return text_only_tokenizer(file, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def text_only_tokenizer(file: Path, size: int, mtime_ns: int) -> Tokenizer:
+    """`load_tokenizer`'s tokenizer of `file`, cached by its path, size and modification time."""
     try:
         tokenizer = Tokenizer.from_str(read_tokenizer_json(file).decode("utf-8"))
     except Exception as error:  # tokenizers raises a bare Exception for malformed files
@@ -63,6 +75,21 @@ def load_tokenizer(path: Union[str, Path]) -> Tokenizer:
             f"{str(file)!r} is not a fast-tokenizer JSON file (the tokenizer.json written by Hugging Face tokenizers):"
             f" {error}"
         ) from error
+    # `encode_special_tokens` leaves special tokens to the model; marking the others special (same ids) does the rest.
+    control = [t for t in tokenizer.get_added_tokens_decoder().values() if not t.special and t.content.strip()]
+    tokenizer.add_special_tokens(
+        [
+            AddedToken(
+                t.content,
+                single_word=t.single_word,
+                lstrip=t.lstrip,
+                rstrip=t.rstrip,
+                normalized=t.normalized,
+                special=True,
+            )
+            for t in control
+        ]
+    )
     tokenizer.encode_special_tokens = True
     return tokenizer
 
@@ -77,8 +104,12 @@ class TokenizerInfo:
     vocab_size: int
     bos_id: Optional[int]
     """Added before each document, or None."""
-    eos_id: Optional[int]
-    """Added after each document, or None."""
+    eos_id: int
+    """Added after each document."""
+    bos_token: Optional[str]
+    """The token `bos_id` stands for, or None."""
+    eos_token: str
+    """The token `eos_id` stands for."""
 
 
 def tokenizer_sha256(file: Path) -> str:
@@ -86,37 +117,42 @@ def tokenizer_sha256(file: Path) -> str:
     return hashlib.sha256(read_tokenizer_json(file)).hexdigest()
 
 
-def document_specials(tokenizer_file: Path, tokenizer: Tokenizer) -> tuple[Optional[int], Optional[int]]:
-    """(BOS id or None, EOS id or None) that each document gets, as tokenizer_config.json next to the file says."""
+def uses_bos(folder: Path) -> bool:
+    """Whether LitGPT's `Tokenizer(folder)` starts each text with BOS (its `use_bos`): LitGPT's own rule, which reads
+    only the folder's name and tokenizer_config.json (`add_bos_token`; a `LlamaTokenizer`; Llama 3 by name)."""
+    from litgpt.tokenizer import Tokenizer as LitTokenizer
+
+    return LitTokenizer.check_if_bos_token_used(None, folder)  # the method reads nothing of the instance
+
+
+def document_specials(tokenizer_file: Path, tokenizer: Tokenizer) -> tuple[Optional[int], int]:
+    """(BOS id or None, EOS id) around each document, as LitGPT's `Tokenizer(checkpoint_dir).encode(text, eos=True)`
+    puts them: BOS where its `use_bos` says (`uses_bos`), EOS always, both named by the tokenizer_config.json next to
+    the file. A BOS that the tokenizer.json's post-processor adds (TinyLlama's template adds "<s>") is the same token:
+    LitGPT keeps it or drops it by `use_bos` too."""
     config_file = tokenizer_file.parent / "tokenizer_config.json"
     config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
 
-    def token_id(key: str) -> Optional[int]:
+    def token_id(key: str, why: str) -> int:
         token = config.get(key)
         content = token.get("content") if isinstance(token, dict) else token
         if content is None:
-            return None
+            fix = f"name it in {config_file}"
+            if not config_file.is_file():
+                fix = f"put this tokenizer's tokenizer_config.json next to it ({config_file} is missing)"
+            raise InvalidArgument(f"{tokenizer_file}: {why}, and its tokenizer_config.json names no {key}: {fix}.")
         id_ = tokenizer.token_to_id(content)
         if id_ is None:
             raise InvalidArgument(f"{config_file}: {key} {content!r} is not in the vocabulary of {tokenizer_file}.")
         return id_
 
-    bos_id, eos_id = token_id("bos_token"), token_id("eos_token")
-    # Hugging Face's LlamaTokenizer adds BOS unless its config says otherwise; LitGPT's Tokenizer reads it the same way.
-    add_bos = config.get("add_bos_token", config.get("tokenizer_class") == "LlamaTokenizer")
-    add_eos = bool(config.get("add_eos_token"))
-    if not add_bos and not add_eos:
-        # Adds nothing (Qwen2.5): end each document with EOS, the separator such models saw in pretraining.
-        add_eos, add_bos = eos_id is not None, eos_id is None and bos_id is not None
-    wanted = ((add_bos, bos_id, "bos_token"), (add_eos, eos_id, "eos_token"))
-    missing = [key for add, id_, key in wanted if add and id_ is None]
-    if missing or not (add_bos or add_eos):
-        raise InvalidArgument(
-            f"{tokenizer_file}: documents need a {' and '.join(missing) or 'bos_token or eos_token'} to keep them"
-            f" apart, and {config_file} names none{'' if config_file.is_file() else ' (the file is missing)'}."
-            " Put the tokenizer_config.json of this tokenizer next to it."
-        )
-    return (bos_id if add_bos else None), (eos_id if add_eos else None)
+    eos_id = token_id("eos_token", "LitGPT ends each document with EOS to keep documents apart")
+    bos_id = (
+        token_id("bos_token", "LitGPT starts each document with BOS for it (its use_bos)")
+        if uses_bos(config_file.parent)
+        else None
+    )
+    return bos_id, eos_id
 
 
 @functools.lru_cache(maxsize=4)
@@ -130,7 +166,10 @@ def tokenizer_info(file: Path) -> TokenizerInfo:
     tokenizer = cached_tokenizer(path)
     bos_id, eos_id = document_specials(file, tokenizer)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    return TokenizerInfo(path, tokenizer_sha256(file), vocab_size, bos_id, eos_id)
+    bos_token = None if bos_id is None else tokenizer.id_to_token(bos_id)
+    return TokenizerInfo(
+        path, tokenizer_sha256(file), vocab_size, bos_id, eos_id, bos_token, tokenizer.id_to_token(eos_id)
+    )
 
 
 def same_vocabulary(student: Tokenizer, teacher: Tokenizer) -> bool:

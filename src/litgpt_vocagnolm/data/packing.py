@@ -2,11 +2,11 @@
 
 A batch of documents, in segments of at most `documents.SEGMENT_CHARS` characters, is tokenized by both tokenizers
 (`encode_segments`), aligned (`lexical.align_batch`) and laid end to end as one `AlignedStream`, each document with
-the BOS/EOS its tokenizers add (tokenizer_config.json: `add_bos_token`, `add_eos_token`; Llama adds BOS only; a
-tokenizer configured to add neither, as Qwen2.5, ends each document with its EOS instead, so that both sides still see
-where documents meet). Added tokens are unmapped, and no student token maps into another document. `pack_blocks` cuts
-the streams into blocks of `block_tokens` student tokens (max_seq_length + 1: inputs and shifted targets), each with
-its teacher window: the teacher tokens covering the same characters, at most `teacher_max_length` of them.
+the BOS/EOS that LitGPT's own `Tokenizer` gives it on each side (`tokenizer_files.document_specials`: BOS where LitGPT
+adds one, as for Llama, and always EOS, so that both sides see where documents meet). Added tokens are unmapped, and
+no student token maps into another document. `pack_blocks` cuts the streams into blocks of `block_tokens` student
+tokens (max_seq_length + 1: inputs and shifted targets), each with its teacher window: the teacher tokens covering the
+same characters, at most `teacher_max_length` of them.
 
 A block, as stored (one LitData item; n <= block_tokens, shorter only for the last block of a work unit):
     student_ids    (n,) uint16, or uint32 for a vocabulary over 65536

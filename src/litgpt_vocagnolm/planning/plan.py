@@ -47,6 +47,7 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
     args = parser.instantiate_classes(parsed)
     student = resolve_model_config(args.model_name, args.model_config)
     T = checked_seq_len(args, student, gpu_memory)
+    warn_prepared_length(args.data, T)
     online = teacher_mode(args.teacher, args.guidance.spec) == "online"  # `random` and `ce` load none
     teachers = teacher_configs(args.teacher.checkpoint_dirs)
     shape = step_shape(args, T, teacher_window(window, args.data, T, teachers))
@@ -73,6 +74,23 @@ def checked_seq_len(args: Any, student: Config, gpu_memory: float) -> int:
     if not gpu_memory > 0:
         raise InvalidArgument(f"--gpu_memory must be above 0 GB, got {gpu_memory}.")
     return check_seq_len(student, None, args.train, "--model_config.block_size" if args.model_config else None)
+
+
+def warn_prepared_length(data: Any, seq_len: int) -> None:
+    """One line when the recipe's prepared data (its manifest's max_seq_length) holds blocks for another sequence
+    length than the recipe's `seq_len`: the run would refuse it, after this plan for `seq_len`."""
+    from litgpt_vocagnolm.data.prepared import VocAgnoData, load_manifest
+
+    paths = data.paths if isinstance(data, VocAgnoData) else []
+    prepared = [(p, load_manifest(p)["max_seq_length"]) for p in paths if (p / "manifest.json").is_file()]
+    for path, length in prepared:
+        if length != seq_len:
+            print(
+                f"Warning: {path} holds blocks for max_seq_length {length}, but this plan is for {seq_len} (the"
+                f" recipe's): the run would refuse the data. Pass --train.max_seq_length {length}, or prepare again"
+                f" with --max_seq_length {seq_len}."
+            )
+            return
 
 
 def measure_plan(
