@@ -64,8 +64,8 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
 def checked_seq_len(args: Any, student: Config, gpu_memory: float) -> int:
     """The student tokens per sequence of the recipe's run (`recipe.setup`'s arguments, instantiated), after refusing
     what the plan cannot count: `--devices auto`, run arguments the recipe refuses, no GPU memory, sequences longer
-    than the student's block."""
-    from litgpt_vocagnolm.training.checks import check_run_args
+    than the student's block, a budget of no step."""
+    from litgpt_vocagnolm.training.checks import check_budget, check_run_args
 
     if args.devices == "auto":
         raise InvalidArgument("--devices auto: say how many GPUs per node the job will have, e.g. --devices 8.")
@@ -78,6 +78,7 @@ def checked_seq_len(args: Any, student: Config, gpu_memory: float) -> int:
             f"--train.max_seq_length {T} is longer than the student's block size {student.block_size}"
             f" ({student.name}): it can't run. Give at most {student.block_size}."
         )
+    check_budget(args.train, T)
     return T
 
 
