@@ -491,3 +491,13 @@ def test_another_optimizer_and_its_lr_after_a_recipe_run_as_printed_and_recorded
     assert type(optimizer) is torch.optim.SGD
     assert {name: optimizer.param_groups[0][name] for name in recorded["init_args"]} == recorded["init_args"]
     assert optimizer.param_groups[0]["momentum"] == 0  # SGD's own default: nothing else given
+
+
+def test_print_config_shows_an_optimizer_argument_where_it_runs(tmp_path, monkeypatch, capsys):
+    """Before: `init_args.lr: 0.001` still shown, and a stray `lr: 3e-3` beside it, while the run applied 3e-3."""
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = typed(["pretrain", "--config", "demo-cpu", "--optimizer.lr", "3e-3", "--print_config"], capsys)
+    assert status == 0 and yaml.safe_load(out)["optimizer"] == {
+        "class_path": "torch.optim.AdamW",
+        "init_args": {"lr": 0.003, "weight_decay": 0.1, "betas": [0.9, 0.95]},
+    }
