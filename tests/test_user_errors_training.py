@@ -413,36 +413,6 @@ def typed(args: list[str], capsys) -> tuple[int, str, str]:
     return exit_.value.code, out, err
 
 
-@pytest.mark.parametrize("budget, tokens", [("1e3", 1000), ("0x10", 16)])
-def test_a_budget_of_no_optimizer_step_is_refused_before_anything(tmp_path, monkeypatch, capsys, budget, tokens):
-    """Before: 0 steps, an untrained final/ saved, exit 0. demo-cpu's step is 16 sequences of 128 tokens; the check
-    comes before the recipe's data is looked for (there is none here) and before anything is written."""
-    monkeypatch.chdir(tmp_path)
-    refusal = (
-        f"--train.max_tokens {tokens} is less than one optimizer step of --train.global_batch_size x"
-        " --train.max_seq_length = 16 x 128 = 2,048 tokens: nothing would train. Give at least 2048 (one step)."
-    )
-    for command in ("pretrain", "plan"):
-        status, _, err = typed([command, "--config", "demo-cpu", "--train.max_tokens", budget], capsys)
-        assert (status, err) == (1, f"vocagnolm {command}: error: {refusal}\n")
-    assert not list(tmp_path.iterdir())
-
-
-def test_a_budget_beyond_64_bits_is_refused_where_it_is_read(tmp_path, monkeypatch, capsys, tinyllama_mistral_data):
-    """Before: `1e999` read as a 1,000-digit integer, one step trained, then an OverflowError."""
-    monkeypatch.chdir(tmp_path)
-    status, _, err = typed(["pretrain", "--config", "demo-cpu", "--train.max_tokens", "1e999"], capsys)
-    assert (status, err) == (
-        2,
-        "vocagnolm pretrain: error: --train.max_tokens: 1e999 is not a whole number below 2**63 (it takes an integer"
-        " such as 15e9 or 15_000_000_000). See --help.\n",
-    )
-    train = TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=10**1000, max_norm=1.0, max_seq_length=64)
-    with pytest.raises(InvalidArgument, match="^--train.max_tokens, a number of 3322 bits, is beyond 64 bits"):
-        setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train))  # from Python, past the parser
-    assert not list(tmp_path.iterdir())
-
-
 @pytest.fixture(scope="module")
 def demo_cpu_data(tmp_path_factory, gsm8k_sample) -> Path:
     """Data as demo-cpu.yaml's command prepares it (128 tokens, TinyLlama and Qwen2.5), of the GSM8K sample."""
@@ -458,6 +428,34 @@ def demo_cpu_folder(tmp_path, monkeypatch, demo_cpu_data) -> Path:
     (tmp_path / "tests" / "fixtures" / "tokenizers" / "tinyllama-1.1b").symlink_to(TINYLLAMA)
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.mark.parametrize("budget, tokens", [("1e3", 1000), ("0x10", 16)])
+def test_a_budget_of_no_optimizer_step_is_refused_before_any_model(demo_cpu_folder, capsys, budget, tokens):
+    """Before: 0 steps, an untrained final/ saved, exit 0. demo-cpu's step is 16 sequences of 128 tokens."""
+    refusal = (
+        f"--train.max_tokens {tokens} is less than one optimizer step of --train.global_batch_size x"
+        " --train.max_seq_length = 16 x 128 = 2,048 tokens: nothing would train. Give at least 2048 (one step)."
+    )
+    for command in ("pretrain", "plan"):
+        status, _, err = typed([command, "--config", "demo-cpu", "--train.max_tokens", budget], capsys)
+        assert (status, err) == (1, f"vocagnolm {command}: error: {refusal}\n")
+    assert [path.name for path in (demo_cpu_folder / "out" / "demo-cpu").iterdir()] == ["data"]  # nothing written
+
+
+def test_a_budget_beyond_64_bits_is_refused_where_it_is_read(tmp_path, monkeypatch, capsys, tinyllama_mistral_data):
+    """Before: `1e999` read as a 1,000-digit integer, one step trained, then an OverflowError."""
+    monkeypatch.chdir(tmp_path)
+    status, _, err = typed(["pretrain", "--config", "demo-cpu", "--train.max_tokens", "1e999"], capsys)
+    assert (status, err) == (
+        2,
+        "vocagnolm pretrain: error: --train.max_tokens: 1e999 is not a whole number below 2**63 (it takes an integer"
+        " such as 15e9 or 15_000_000_000). See --help.\n",
+    )
+    train = TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=10**1000, max_norm=1.0, max_seq_length=64)
+    with pytest.raises(InvalidArgument, match="^--train.max_tokens, a number of 3322 bits, is beyond 64 bits"):
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train))  # from Python, past the parser
+    assert not list(tmp_path.iterdir())
 
 
 def test_another_optimizer_and_its_lr_after_a_recipe_run_as_printed_and_recorded(demo_cpu_folder, monkeypatch, capsys):

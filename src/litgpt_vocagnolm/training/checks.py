@@ -205,7 +205,6 @@ def check_setup(
 ) -> None:
     """Every configuration error we can see before building a model, each with what to change (where the student
     starts from: `check_start`)."""
-    check_budget(train, train.max_seq_length or config.block_size)
     check_data_and_budget(data, train, world_size)
     if tokenizer_dir is not None:
         check_vocab_size(config, tokenizer_dir, "--tokenizer_dir", fix="train the model this tokenizer belongs to.")
@@ -229,8 +228,8 @@ def check_setup(
 
 
 def check_data_and_budget(data: DataModule | None, train: TrainArgs, world_size: int) -> None:
-    """The data given and readable, and each step's global batch whole micro-batches on every rank (the budget in
-    tokens: `check_budget`)."""
+    """The data given and readable, and the run's budget in tokens, each step's global batch whole micro-batches on
+    every rank (at least one step: `check_budget`)."""
     if data is None:
         raise InvalidArgument(
             "Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`)."
@@ -239,6 +238,10 @@ def check_data_and_budget(data: DataModule | None, train: TrainArgs, world_size:
         data.check_files()  # a missing or cut chunk: now, not when the loader reaches it (hours in)
     if hasattr(data, "num_workers"):  # torch's DataLoader would refuse a negative count, once the model is built
         at_least("--data.num_workers", data.num_workers, 0)
+    if train.max_tokens is None or train.max_norm is None:
+        raise InvalidArgument("The recipe needs --train.max_tokens and --train.max_norm.")
+    if train.epochs is not None:
+        raise InvalidArgument("The recipe counts tokens, not epochs: set --train.max_tokens instead of --train.epochs.")
     per_step = world_size * train.micro_batch_size
     if train.global_batch_size % per_step:  # LitGPT's `gradient_accumulation_iters` would floor it, or assert on 0
         lower = train.global_batch_size // per_step * per_step
@@ -252,11 +255,10 @@ def check_data_and_budget(data: DataModule | None, train: TrainArgs, world_size:
 
 def check_budget(train: TrainArgs, max_seq_length: int) -> None:
     """Refuses a token budget that trains no optimizer step (the run's steps are whole global batches of
-    `max_seq_length` tokens, `step.run_steps`: it would save an untrained model), or one beyond 64 bits."""
-    if train.max_tokens is None or train.max_norm is None:
-        raise InvalidArgument("The recipe needs --train.max_tokens and --train.max_norm.")
-    if train.epochs is not None:
-        raise InvalidArgument("The recipe counts tokens, not epochs: set --train.max_tokens instead of --train.epochs.")
+    `max_seq_length` tokens, `step.run_steps`: it would save an untrained model), or one beyond 64 bits. None passes:
+    `plan` takes it, and the recipe refuses it (`check_data_and_budget`)."""
+    if train.max_tokens is None:
+        return
     per_step = train.global_batch_size * max_seq_length
     if train.max_tokens < per_step:
         raise InvalidArgument(
