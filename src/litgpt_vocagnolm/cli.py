@@ -10,6 +10,7 @@ import re
 import sys
 from contextlib import contextmanager, suppress
 from decimal import Decimal, InvalidOperation
+from functools import cache
 from importlib import import_module
 from importlib.metadata import entry_points
 from types import UnionType
@@ -143,13 +144,16 @@ def _run(function: Callable, args: list[str], prog: str, debug: bool) -> None:
     CLI(function, args=args, prog=prog, parser_class=_configure(debug))
 
 
-def _optimizer_option(action_class: type) -> type:
+@cache
+def _optimizer_option() -> type:
     """LitGPT's `optimizer: str | dict` option, on which `--optimizer NAME`, `--optimizer.ARG VALUE` and `--optimizer
     '{...}'` each change the optimizer given before them (`checks.override_optimizer`), so that what --print_config
     shows, what runs and what hyperparameters.yaml records are one class and its arguments. jsonargparse's own replaces
     a class with init_args by a bare name, and a name by a dict of arguments without a class."""
 
-    class OptimizerOption(action_class):
+    from jsonargparse._typehints import ActionTypeHint  # the action of a typed parameter (not exported)
+
+    class OptimizerOption(ActionTypeHint):
         def __call__(self, parser, cfg, value: str, option: str) -> None:
             checks = import_module("litgpt_vocagnolm.training.checks")
             key = option.removeprefix(f"--{self.dest}").removeprefix(".")
@@ -184,7 +188,7 @@ def _configure(debug: bool = False) -> type:
             optimizer = _action(self, "optimizer")
             if optimizer is not None and get_args(getattr(optimizer, "_typehint", None)) == (str, dict):
                 # jsonargparse builds each parameter's action itself: LitGPT's `optimizer: str | dict` gets ours
-                optimizer.__class__ = _optimizer_option(type(optimizer))
+                optimizer.__class__ = _optimizer_option()
             return super().parse_args(*args, **kwargs)
 
         def _get_values(self, action, arg_strings):  # argparse: the values of an option on the command line
