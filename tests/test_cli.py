@@ -294,6 +294,9 @@ def test_packaged_recipes_are_listed_copied_and_run_by_name_where_a_path_wins(tm
         (["--optimizer.class_path", "SGD", "--optimizer.init_args.lr", "0.5"], ("SGD", 0.5, 0)),
         (["--optimizer", '{"class_path": "torch.optim.SGD", "init_args": {"lr": 0.5}}'], ("SGD", 0.5, 0)),
         ([], ("AdamW", 1e-3, 0.01)),  # the recipe's default: torch's AdamW as it comes
+        (["--optimizer", "AdamW", "--optimizer.weight_decay", "0.3"], ("AdamW", 1e-3, 0.3)),
+        (["--config", "demo-cpu", "--optimizer", "SGD", "--optimizer.lr", "0.1"], ("SGD", 0.1, 0.1)),  # wd kept
+        (["--config", "demo-cpu", "--optimizer", '{"class_path": "SGD", "init_args": {"lr": 0.5}}'], ("SGD", 0.5, 0)),
     ],
 )
 def test_optimizer_overrides_reach_the_optimizer_the_run_builds(args, built):
@@ -323,13 +326,10 @@ def test_optimizer_overrides_reach_the_optimizer_the_run_builds(args, built):
             "--optimizer.init_args.lrr: torch.optim.AdamW takes no 'lrr'. It takes: amsgrad, betas,",
         ),
         (
-            ["--optimizer", "AdamW", "--optimizer.weight_decay", "0.1"],
-            "--optimizer.weight_decay needs the optimizer's class beside it: give --optimizer.class_path",
+            ["--optimizer", '{"class_path": "SGD", "init_args": {"betas": [0.9, 0.95]}}'],
+            "--optimizer.init_args.betas: torch.optim.SGD takes no 'betas'. It takes: dampening, differentiable,",
         ),
-        (
-            ["--optimizer", '{"class_path": "torch.optim.SGD", "init_args": {"lr": 0.5}}'],
-            "--optimizer: a whole optimizer can't follow a --config that names one. Change its arguments one by one",
-        ),
+        (["--optimizer", "Adamw"], "--optimizer: module 'torch.optim' has no attribute 'Adamw'. Name a torch.optim"),
     ],
 )
 def test_an_optimizer_override_that_cannot_apply_is_refused_in_one_line(args, refusal):

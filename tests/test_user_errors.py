@@ -11,7 +11,7 @@ import pytest
 from conftest import BIN, MISTRAL, RECIPES, ROOT, TINYLLAMA, make_checkpoint, tiny_config
 from litgpt.args import EvalArgs, TrainArgs
 
-from litgpt_vocagnolm.cli import plain_user_errors
+from litgpt_vocagnolm.cli import COMMANDS, main, plain_user_errors
 from litgpt_vocagnolm.demo.settings import DemoSizes
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken
 
@@ -61,7 +61,32 @@ def test_recipe_user_error_is_one_line():
     out = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--train.micro_batch_size", "0")
     assert_one_line(out, "litgpt pretrain --recipe vocagnolm", "--train.micro_batch_size must be at least 1, got 0.")
     out = run(str(BIN / "vocagnolm"), "pretrain", "--guidance.top_k", "5")  # a check in an argument dataclass
-    assert_one_line(out, "litgpt pretrain --recipe vocagnolm", "guidance.top_k must be in (0, 1]")
+    assert_one_line(out, "vocagnolm pretrain", "guidance.top_k must be in (0, 1]")  # the command as typed
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_refuses_an_abbreviated_option(command, capsys):
+    """Before: `prepare --max_seq_len 128` was taken as --max_seq_length, while `pretrain` refused an abbreviation.
+    Each command's first option long enough to abbreviate, less its last two letters."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    options = sorted(set(re.findall(r"(?<![\w-])--\w[\w.-]*", capsys.readouterr().out)))
+    abbreviation = next(o[:-2] for o in options if len(o) > 8 and sum(p.startswith(o[:-2]) for p in options) == 1)
+    with pytest.raises(SystemExit) as exit_:
+        main([command, abbreviation, "1"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"error: {abbreviation} is not an option" in err, err
+
+
+@pytest.mark.parametrize("command", ["pretrain", "prepare", "plan"])
+def test_a_config_that_is_a_folder_says_so(tmp_path, command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--config", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        f"vocagnolm {command}: error: --config {tmp_path} is a directory, not a file: give the path of a YAML file."
+        " See --help.\n"
+    )
 
 
 def test_only_user_errors_lose_their_traceback(capsys):

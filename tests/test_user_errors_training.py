@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import MISTRAL, TINYLLAMA, make_checkpoint, tiny_config
+from conftest import MISTRAL, QWEN, TINYLLAMA, make_checkpoint, prepare_pair, tiny_config
 from litgpt.args import TrainArgs
 from test_checkpoints import setup_args
 
+from litgpt_vocagnolm.cli import main
 from litgpt_vocagnolm.data.prepared import VocAgnoData
 from litgpt_vocagnolm.errors import InvalidArgument, NotFinite, PathTaken, Unguided, UserError
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
@@ -398,3 +399,103 @@ def test_a_non_finite_gradient_stops_in_one_line_naming_where_to_resume(tmp_path
         " again from a fresh start (no checkpoint was saved) with a lower learning rate (the optimizer's lr) or"
         " another --train.max_norm."
     )
+
+
+# the budget and the optimizer, as typed after a packaged recipe
+
+
+def typed(args: list[str], capsys) -> tuple[int, str, str]:
+    """`vocagnolm ARGS` run here, as the console script runs it, to its exit: its status, stdout and stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
+
+
+@pytest.fixture(scope="module")
+def demo_cpu_data(tmp_path_factory, gsm8k_sample) -> Path:
+    """Data as demo-cpu.yaml's command prepares it (128 tokens, TinyLlama and Qwen2.5), of the GSM8K sample."""
+    return prepare_pair(tmp_path_factory.mktemp("demo-cpu") / "data", gsm8k_sample, TINYLLAMA, QWEN, max_seq_length=128)
+
+
+@pytest.fixture
+def demo_cpu_folder(tmp_path, monkeypatch, demo_cpu_data) -> Path:
+    """The working folder of `--config demo-cpu`: its data and tokenizer where the recipe names them."""
+    (tmp_path / "out" / "demo-cpu").mkdir(parents=True)
+    (tmp_path / "out" / "demo-cpu" / "data").symlink_to(demo_cpu_data)
+    (tmp_path / "tests" / "fixtures" / "tokenizers").mkdir(parents=True)
+    (tmp_path / "tests" / "fixtures" / "tokenizers" / "tinyllama-1.1b").symlink_to(TINYLLAMA)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("budget, tokens", [("1e3", 1000), ("0x10", 16)])
+def test_a_budget_of_no_optimizer_step_is_refused_before_any_model(demo_cpu_folder, capsys, budget, tokens):
+    """Before: 0 steps, an untrained final/ saved, exit 0. demo-cpu's step is 16 sequences of 128 tokens."""
+    refusal = (
+        f"--train.max_tokens {tokens} is less than one optimizer step of --train.global_batch_size x"
+        " --train.max_seq_length = 16 x 128 = 2,048 tokens: nothing would train. Give at least 2048 (one step)."
+    )
+    for command in ("pretrain", "plan"):
+        status, _, err = typed([command, "--config", "demo-cpu", "--train.max_tokens", budget], capsys)
+        assert (status, err) == (1, f"vocagnolm {command}: error: {refusal}\n")
+    assert [path.name for path in (demo_cpu_folder / "out" / "demo-cpu").iterdir()] == ["data"]  # nothing written
+
+
+def test_a_budget_beyond_64_bits_is_refused_where_it_is_read(tmp_path, monkeypatch, capsys, tinyllama_mistral_data):
+    """Before: `1e999` read as a 1,000-digit integer, one step trained, then an OverflowError."""
+    monkeypatch.chdir(tmp_path)
+    status, _, err = typed(["pretrain", "--config", "demo-cpu", "--train.max_tokens", "1e999"], capsys)
+    assert (status, err) == (
+        2,
+        "vocagnolm pretrain: error: --train.max_tokens: 1e999 is not a whole number below 2**63 (it takes an integer"
+        " such as 15e9 or 15_000_000_000). See --help.\n",
+    )
+    train = TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=10**1000, max_norm=1.0, max_seq_length=64)
+    with pytest.raises(InvalidArgument, match="^--train.max_tokens, a number of 3322 bits, is beyond 64 bits"):
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train))  # from Python, past the parser
+    assert not list(tmp_path.iterdir())
+
+
+def test_another_optimizer_and_its_lr_after_a_recipe_run_as_printed_and_recorded(demo_cpu_folder, monkeypatch, capsys):
+    """Before: `--optimizer SGD --optimizer.lr 0.1` after demo-cpu was refused, `--optimizer SGD` alone recorded
+    only `SGD`. Now --print_config, the optimizer the run builds and its hyperparameters.yaml say the same: SGD, lr
+    0.1, and the recipe's weight decay, which SGD takes (its betas it does not: dropped, said in one line). The steps
+    are left out (`fit`): they change only the learning rate, by the schedule."""
+    from litgpt.utils import instantiate_torch_optimizer
+
+    import litgpt_vocagnolm.training.recipe as recipe
+
+    built = []
+
+    def build(*args, **kwargs) -> torch.optim.Optimizer:
+        built.append(instantiate_torch_optimizer(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(recipe, "instantiate_torch_optimizer", build)
+    monkeypatch.setattr(recipe, "fit", lambda *args: None)
+    args = ["pretrain", "--config", "demo-cpu", "--optimizer", "SGD", "--optimizer.lr", "0.1"]
+    status, out, err = typed([*args, "--print_config"], capsys)
+    assert status == 0 and err == (
+        "--optimizer SGD: torch.optim.SGD takes no betas, dropped; it keeps lr 0.001, weight_decay 0.1.\n"
+    )
+    printed = yaml.safe_load(out)["optimizer"]
+    main(args)
+    final = demo_cpu_folder / "out" / "demo-cpu" / "final"
+    recorded = yaml.safe_load((final / "hyperparameters.yaml").read_text())["optimizer"]
+    (optimizer,) = built
+    assert printed == recorded == {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.1, "weight_decay": 0.1}}
+    assert type(optimizer) is torch.optim.SGD
+    assert {name: optimizer.param_groups[0][name] for name in recorded["init_args"]} == recorded["init_args"]
+    assert optimizer.param_groups[0]["momentum"] == 0  # SGD's own default: nothing else given
+
+
+def test_print_config_shows_an_optimizer_argument_where_it_runs(tmp_path, monkeypatch, capsys):
+    """Before: `init_args.lr: 0.001` still shown, and a stray `lr: 3e-3` beside it, while the run applied 3e-3."""
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = typed(["pretrain", "--config", "demo-cpu", "--optimizer.lr", "3e-3", "--print_config"], capsys)
+    assert status == 0 and yaml.safe_load(out)["optimizer"] == {
+        "class_path": "torch.optim.AdamW",
+        "init_args": {"lr": 0.003, "weight_decay": 0.1, "betas": [0.9, 0.95]},
+    }

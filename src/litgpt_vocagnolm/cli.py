@@ -8,8 +8,9 @@ import difflib
 import os
 import re
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from decimal import Decimal, InvalidOperation
+from functools import cache
 from importlib import import_module
 from importlib.metadata import entry_points
 from types import UnionType
@@ -18,6 +19,7 @@ from typing import Callable, Iterator, Literal, NoReturn, Union, get_args, get_o
 RECIPE_GROUP = "litgpt.recipes"
 DEBUG_FLAG, DEBUG_ENV = "--debug", "VOCAGNOLM_DEBUG"  # either shows a user error's traceback
 UNION_OF_NO_TYPES = "Cannot take a Union of no types."
+INT64_MAX = 2**63 - 1  # the largest whole number an option takes
 
 # name -> ("module:function", one-line help). `pretrain` is dispatched through the recipe registry instead.
 COMMANDS: dict[str, tuple[str | None, str]] = {
@@ -119,12 +121,14 @@ def plain_user_errors(prog: str, debug: bool) -> Iterator[None]:
         raise SystemExit(130) from None
 
 
-def run_recipe(name: str, args: list[str]) -> None:
+def run_recipe(name: str, args: list[str], prog: str | None = None) -> None:
+    """Runs the recipe `name` on `args`; its errors name the command as the user typed it, `prog` (by default
+    `litgpt pretrain --recipe NAME`)."""
     recipes = registered_recipes()
     if name not in recipes:
         _fail(f"unknown recipe {name!r}", recipes)
     debug, args = _split_debug(args)
-    prog = f"litgpt pretrain --recipe {name}"
+    prog = prog or f"litgpt pretrain --recipe {name}"
     with plain_user_errors(prog, debug):
         _run(recipes[name].load(), _packaged_configs(args), prog=prog, debug=debug)
 
@@ -137,20 +141,25 @@ def _packaged_configs(args: list[str]) -> list[str]:
 def _run(function: Callable, args: list[str], prog: str, debug: bool) -> None:
     from jsonargparse import CLI
 
-    from litgpt_vocagnolm.errors import InvalidArgument
+    CLI(function, args=args, prog=prog, parser_class=_configure(debug))
 
-    try:
-        CLI(function, args=args, prog=prog, parser_class=_configure(debug))
-    except AttributeError as error:
-        # jsonargparse 4.41 fails so on a whole {"class_path", "init_args"} object for an option that a --config
-        # before it already gave as one (`--optimizer '{...}'` after a recipe's YAML).
-        if str(error) != "'dict' object has no attribute 'init_args'":
-            raise
-        raise InvalidArgument(
-            "--optimizer: a whole optimizer can't follow a --config that names one. Change its arguments one by one"
-            " (--optimizer.init_args.lr 1e-4), or give the whole optimizer in a copy of the YAML (`vocagnolm"
-            " recipes --copy NAME --dest .`)."
-        ) from error
+
+@cache
+def _optimizer_option() -> type:
+    """LitGPT's `optimizer: str | dict` option, on which `--optimizer NAME`, `--optimizer.ARG VALUE` and `--optimizer
+    '{...}'` each change the optimizer given before them (`checks.override_optimizer`), so that what --print_config
+    shows, what runs and what hyperparameters.yaml records are one class and its arguments. jsonargparse's own replaces
+    a class with init_args by a bare name, and a name by a dict of arguments without a class."""
+
+    from jsonargparse._typehints import ActionTypeHint  # the action of a typed parameter (not exported)
+
+    class OptimizerOption(ActionTypeHint):
+        def __call__(self, parser, cfg, value: str, option: str) -> None:
+            checks = import_module("litgpt_vocagnolm.training.checks")
+            key = option.removeprefix(f"--{self.dest}").removeprefix(".")
+            cfg[self.dest] = checks.override_optimizer(cfg.get(self.dest), key, value)
+
+    return OptimizerOption
 
 
 def _configure(debug: bool = False) -> type:
@@ -162,28 +171,42 @@ def _configure(debug: bool = False) -> type:
     from jsonargparse import ArgumentParser, set_config_read_mode, set_docstring_parse_options
 
     class Parser(ArgumentParser):
-        """Whole numbers as people write them, and a refused option as one line.
+        """Whole numbers as people write them, options only by their whole names, LitGPT's `--optimizer` as one
+        class and its arguments, and a refused option as one line.
 
         jsonargparse 4.41 reads `1e9` as the float 1000000000.0, which an `int` option refuses (LitGPT's
         `TrainArgs.max_tokens`); its `int` is a leaf type, checked before any registered type, so no type can be
         registered for it. Each value for an option that takes only integers is read here as the integer it writes
-        (`1e9`, `15e9`, `1_000_000_000`, `15e9` in a YAML file), exactly, before jsonargparse checks it; `1.5` and
-        `1e-3` stay as they are, and jsonargparse refuses them."""
+        (`1e9`, `15e9`, `1_000_000_000`, `15e9` in a YAML file), exactly, before jsonargparse checks it; `1.5`,
+        `1e-3` and a number beyond 64 bits (`1e999`) are refused."""
 
         def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
+            super().__init__(*args, **{**kwargs, "allow_abbrev": False})  # `--max_seq_len` is no option
             self.given: dict[str, str] = {}  # each option's value as typed (or in a config), for the error line
 
+        def parse_args(self, *args, **kwargs):
+            optimizer = _action(self, "optimizer")
+            if optimizer is not None and get_args(getattr(optimizer, "_typehint", None)) == (str, dict):
+                # jsonargparse builds each parameter's action itself: LitGPT's `optimizer: str | dict` gets ours
+                optimizer.__class__ = _optimizer_option()
+            return super().parse_args(*args, **kwargs)
+
         def _get_values(self, action, arg_strings):  # argparse: the values of an option on the command line
-            if _whole_numbers_only(getattr(action, "_typehint", None)):
-                arg_strings = [_as_whole_number(value) for value in arg_strings]
             self.given[action.dest] = " ".join(map(str, arg_strings))
+            if _whole_numbers_only(getattr(action, "_typehint", None)):
+                try:
+                    arg_strings = [_as_whole_number(value) for value in arg_strings]
+                except OverflowError as error:
+                    self.error(f'Parser key "{action.dest}": {error}')
             return super()._get_values(action, arg_strings)
 
         def _check_value_key(self, action, value, key, cfg, append=False):  # jsonargparse: every value, configs' too
             self.given[key] = str(value)  # the last value checked is the one refused
             if _whole_numbers_only(getattr(action, "_typehint", None)):
-                value = _as_whole_number(value)
+                try:
+                    value = _as_whole_number(value)
+                except OverflowError as error:
+                    raise TypeError(f'Parser key "{key}": {error}') from error
             return super()._check_value_key(action, value, key, cfg, append)
 
         def error(self, message: str, ex: Exception | None = None) -> NoReturn:
@@ -210,17 +233,19 @@ def _whole_numbers_only(typehint: object) -> bool:
 
 def _as_whole_number(value: object) -> object:
     """`value` as the integer it writes when it writes one exactly: the text `1e9`, `15e9` or `1_000_000_000` as
-    "1000000000"..., the float 15e9 (from a YAML file) as 15000000000. Anything else unchanged."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
+    "1000000000"..., the float 15e9 (from a YAML file) as 15000000000. Anything else unchanged. A whole number beyond
+    64 bits (`1e999`) raises OverflowError: no count of a run reaches it, and a tensor could not hold it."""
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer():
+        number = Decimal(value)
+    elif isinstance(value, str):
+        with suppress(InvalidOperation):
             number = Decimal(value.strip())
-        except InvalidOperation:
-            return value
-        if number.is_finite() and number == number.to_integral_value():
-            return str(int(number))
-    return value
+    if number is None or not number.is_finite() or number != number.to_integral_value():
+        return value
+    if number.copy_abs() > INT64_MAX:  # compared as a Decimal: 1e999999999 is never written out as an int
+        raise OverflowError("beyond 64 bits")
+    return str(int(number)) if isinstance(value, str) else int(number)
 
 
 def _name_the_choices(parser, message: str) -> str:
@@ -244,12 +269,19 @@ def _action(parser, dest: str) -> object | None:
 def _one_line(parser, message: str) -> str:
     """jsonargparse's message for a refused option (a value, a misspelt option) as one line: the option, the value
     and what the option takes."""
+    from jsonargparse import ActionConfigFile
+
     key = re.match(r'Parser key "([^"]+)":', message)
     nested = re.search(r"^\s*Given value: NestedArg\(key='([^']*)', val='?(.*?)'?\)$", message, re.MULTILINE)
     if key and nested:  # `--data.init_args.num_workers 1.5`: an argument of a class, the innermost error says why
         reasons = [line.strip(" -") for line in message.split("Given value type:")[0].splitlines()]
         reason = next(r for r in reversed(reasons) if r and not r.endswith(("<class 'NoneType'>", ":")))
         return f"--{key[1]}.{nested[1]}: {nested[2]} is refused: {_readable(reason)}."
+    if key and isinstance(_action(parser, key[1]), ActionConfigFile):  # --config FILE
+        value = parser.given.get(key[1], "")
+        if os.path.isdir(value):
+            return f"--{key[1]} {value} is a directory, not a file: give the path of a YAML file."
+        return f"--{key[1]} {value}: {message[key.end() :].strip().rstrip('.')}."
     if key and _action(parser, key[1]) is not None:
         given = re.search(r"(?:Given|Got) value: (.*)$", message, re.MULTILINE)
         value = parser.given.get(key[1]) or (given[1] if given else "the value")
@@ -270,7 +302,7 @@ def _readable(text: str) -> str:
 
 def _what_it_takes(typehint: object) -> str:
     if _whole_numbers_only(typehint):
-        return "a whole number (it takes an integer such as 15e9 or 15_000_000_000)"
+        return "a whole number below 2**63 (it takes an integer such as 15e9 or 15_000_000_000)"
     if get_origin(typehint) is Literal:
         return f"one of: {', '.join(map(str, get_args(typehint)))}"
     return f"valid here (it takes {_readable(str(typehint))})"
@@ -307,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     if command == "pretrain":
         name, rest = _split_recipe(rest)
-        return run_recipe(name or "vocagnolm", rest)
+        return run_recipe(name or "vocagnolm", rest, prog="vocagnolm pretrain" + (f" --recipe {name}" if name else ""))
     module, function = COMMANDS[command][0].split(":")
     debug, rest = _split_debug(rest)
     prog = f"vocagnolm {command}"

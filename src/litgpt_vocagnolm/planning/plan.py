@@ -65,15 +65,17 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
 def checked_seq_len(args: Any, student: Config, gpu_memory: float) -> int:
     """The student tokens per sequence of the recipe's run (`recipe.setup`'s arguments, instantiated), after refusing
     what the plan cannot count: `--devices auto`, run arguments the recipe refuses, no GPU memory, sequences longer
-    than the student's block."""
-    from litgpt_vocagnolm.training.checks import check_run_args, check_seq_len
+    than the student's block, a budget of no step."""
+    from litgpt_vocagnolm.training.checks import check_budget, check_run_args, check_seq_len
 
     if args.devices == "auto":
         raise InvalidArgument("--devices auto: say how many GPUs per node the job will have, e.g. --devices 8.")
     check_run_args(args.train, args.eval, args.devices, args.num_nodes)
     if not gpu_memory > 0:
         raise InvalidArgument(f"--gpu_memory must be above 0 GB, got {gpu_memory}.")
-    return check_seq_len(student, None, args.train, "--model_config.block_size" if args.model_config else None)
+    T = check_seq_len(student, None, args.train, "--model_config.block_size" if args.model_config else None)
+    check_budget(args.train, T)
+    return T
 
 
 def warn_prepared_length(data: Any, seq_len: int) -> None:

@@ -5,6 +5,7 @@ import contextlib
 import importlib
 import inspect
 import json
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -134,38 +135,63 @@ def check_teacher_config(manifest: dict, teacher_dir: Path, flag: str, data: Pat
         )
 
 
+OPTIMIZER_FIX = "Name a torch.optim class (e.g. AdamW) or give its class_path and init_args."
+
+
 def check_optimizer(optimizer: str | dict) -> str | dict:
     """--optimizer as the run builds it (`optimizer_spec`), built once over a stand-in parameter, so that an unknown
     name or a bad argument (a negative learning rate) fails now, naming --optimizer, not in LitGPT's
     `instantiate_torch_optimizer` once the model is built."""
-    with given_by("--optimizer", "Name a torch.optim class (e.g. AdamW) or give its class_path and init_args."):
+    with given_by("--optimizer", OPTIMIZER_FIX):
         optimizer = optimizer_spec(optimizer)
         instantiate_torch_optimizer(optimizer, [torch.nn.Parameter(torch.zeros(1))])
     return optimizer
 
 
-def optimizer_spec(optimizer: str | dict) -> str | dict:
-    """--optimizer with every override in its `init_args`, whichever form gave it.
+def override_optimizer(optimizer: str | dict, key: str, text: str) -> dict:
+    """`optimizer` (a class name, or a class_path and init_args) after one command-line option, as a class_path and
+    init_args: `--optimizer NAME` (`key` "") or `--optimizer.class_path NAME` another class, keeping the arguments
+    given before that it takes (a note names those it drops); `--optimizer.ARG VALUE` or
+    `--optimizer.init_args.ARG VALUE` one argument of the class; `--optimizer '{"class_path": ..., "init_args":
+    ...}'` a whole optimizer. An argument the class does not take is refused, naming those it takes."""
+    value = _value(text)
+    with given_by("--optimizer", OPTIMIZER_FIX):
+        if key == "" and isinstance(value, dict):
+            return optimizer_spec(value)
+        before = optimizer_spec(optimizer if isinstance(optimizer, dict) else {"class_path": optimizer})
+        if key not in ("", "class_path"):
+            init_args = {**before["init_args"], key.removeprefix("init_args."): value}
+            return optimizer_spec({"class_path": before["class_path"], "init_args": init_args})
+        after = optimizer_spec({"class_path": value})
+    takes = _arguments(after["class_path"])
+    kept = {name: arg for name, arg in before["init_args"].items() if name in takes}
+    dropped = [name for name in before["init_args"] if name not in kept]
+    if dropped:
+        print(
+            f"--optimizer {value}: {after['class_path']} takes no {', '.join(dropped)}, dropped; it keeps"
+            f" {', '.join(f'{name} {arg}' for name, arg in kept.items()) or 'none of the arguments given before it'}.",
+            file=sys.stderr,
+        )
+    return {"class_path": after["class_path"], "init_args": kept}
 
-    jsonargparse keeps `--optimizer.lr 1e6` and `--optimizer.init_args.lr 1e6` (after a YAML that names a class) as a
-    key `lr` beside `init_args`, as text, which LitGPT's `instantiate_torch_optimizer` ignores: each such key joins
-    `init_args`, read as YAML and numbers. After `--optimizer AdamW` (or its default) a dotted key replaces the name,
-    so the class is lost: refused, naming the form that works. A key the class does not take is refused, naming those
-    it takes."""
+
+def optimizer_spec(optimizer: str | dict) -> str | dict:
+    """--optimizer as LitGPT's `instantiate_torch_optimizer` builds it: a class name as it is, a dict as its class's
+    full path (`SGD` as torch.optim.SGD) and its init_args. A dict without a class_path, or with an argument the class
+    does not take, is refused, naming what to give."""
     if isinstance(optimizer, str):
         return optimizer
     spec = dict(optimizer)
-    class_path = spec.pop("class_path", None)
-    init_args = {**(spec.pop("init_args", None) or {}), **{key: _value(value) for key, value in spec.items()}}
-    if class_path is None:
+    class_path, init_args = spec.pop("class_path", None), dict(spec.pop("init_args", None) or {})
+    if class_path is None or spec:
         raise InvalidArgument(
-            f"--optimizer.{next(iter(init_args), 'init_args')} needs the optimizer's class beside it: give"
-            " --optimizer.class_path torch.optim.AdamW --optimizer.init_args.lr 1e-4 (any class and arguments)."
+            f"--optimizer {optimizer} names no class, or keys beside class_path and init_args: give"
+            " {class_path: torch.optim.AdamW, init_args: {lr: 1.0e-04}} (any class and arguments)."
         )
     module, name = class_path.rsplit(".", 1) if "." in class_path else ("torch.optim", class_path)
     class_path = f"{module}.{name}"  # `SGD` as LitGPT takes a class_path: torch.optim.SGD
-    takes = sorted(set(inspect.signature(getattr(importlib.import_module(module), name)).parameters) - {"params"})
-    unknown = sorted(set(init_args) - set(takes))
+    takes = _arguments(class_path)
+    unknown = [key for key in init_args if key not in takes]
     if unknown:
         raise InvalidArgument(
             f"--optimizer.init_args.{unknown[0]}: {class_path} takes no {unknown[0]!r}. It takes: {', '.join(takes)}."
@@ -173,8 +199,14 @@ def optimizer_spec(optimizer: str | dict) -> str | dict:
     return {"class_path": class_path, "init_args": init_args}
 
 
+def _arguments(class_path: str) -> list[str]:
+    """The arguments an optimizer class takes besides its parameters, by name."""
+    module, name = class_path.rsplit(".", 1)
+    return sorted(set(inspect.signature(getattr(importlib.import_module(module), name)).parameters) - {"params"})
+
+
 def _value(value: object) -> object:
-    """A dotted override's text as its value: `1e6` and `0.1` as numbers, `true` as True, `[0.9, 0.95]` as a list."""
+    """An option's text as its value: `1e6` and `0.1` as numbers, `true` as True, `[0.9, 0.95]` as a list."""
     if isinstance(value, str):
         value = yaml.safe_load(value)
     if isinstance(value, str):
@@ -236,7 +268,7 @@ def check_setup(
 
 def check_data_and_budget(data: DataModule | None, train: TrainArgs, world_size: int) -> None:
     """The data given and readable, and the run's budget in tokens, each step's global batch whole micro-batches on
-    every rank."""
+    every rank (at least one step: `check_budget`)."""
     if data is None:
         raise InvalidArgument(
             "Pass the prepared data: --data VocAgnoData --data.path DIR (made by `vocagnolm prepare`)."
@@ -257,6 +289,26 @@ def check_data_and_budget(data: DataModule | None, train: TrainArgs, world_size:
             f" --train.micro_batch_size = {world_size} x {train.micro_batch_size} = {per_step}, so that every rank"
             f" accumulates whole micro-batches: use {' or '.join(map(str, filter(None, (lower, lower + per_step))))},"
             " or change the micro-batch or the device count."
+        )
+
+
+def check_budget(train: TrainArgs, max_seq_length: int) -> None:
+    """Refuses a token budget that trains no optimizer step (the run's steps are whole global batches of
+    `max_seq_length` tokens, `step.run_steps`: it would save an untrained model), or one beyond 64 bits. None passes:
+    `plan` takes it, and the recipe refuses it (`check_data_and_budget`)."""
+    if train.max_tokens is None:
+        return
+    per_step = train.global_batch_size * max_seq_length
+    if train.max_tokens < per_step:
+        raise InvalidArgument(
+            f"--train.max_tokens {train.max_tokens} is less than one optimizer step of --train.global_batch_size x"
+            f" --train.max_seq_length = {train.global_batch_size} x {max_seq_length} = {per_step:,} tokens: nothing"
+            f" would train. Give at least {per_step} (one step)."
+        )
+    if train.max_tokens > 2**63 - 1:
+        raise InvalidArgument(
+            f"--train.max_tokens, a number of {train.max_tokens.bit_length()} bits, is beyond 64 bits: give the tokens"
+            " to train, such as 15e9 (the paper's budget)."
         )
 
 

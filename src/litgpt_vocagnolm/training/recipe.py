@@ -63,6 +63,7 @@ from litgpt_vocagnolm.training.checkpoints import (
     saved_checkpoints,
 )
 from litgpt_vocagnolm.training.checks import (
+    check_budget,
     check_optimizer,
     check_run_args,
     check_seq_len,
@@ -197,7 +198,8 @@ def setup(
     devices = parse_devices(devices)
     check_start(config, initial_checkpoint_dir, resume)
     check_setup(config, data, train, teacher, guidance, tokenizer_dir=tokenizer_dir, world_size=devices * num_nodes)
-    check_seq_len(config, data, train, "--model_config.block_size" if model_config is not None else None)
+    seq_len = check_seq_len(config, data, train, "--model_config.block_size" if model_config is not None else None)
+    check_budget(train, seq_len)  # at least one step: else an untrained final/
 
     precision = precision or ("bf16-mixed" if torch.cuda.is_available() else "32-true")
     out_dir = init_out_dir(out_dir)
