@@ -30,11 +30,12 @@ $(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/tran
 
 # The formatter and the linter check first (pyproject.toml, [tool.ruff]); they change nothing. The tests run in two
 # workers (pytest-xdist), each a test file at a time (its module fixtures once) on one thread: the suite's processes
-# wait on imports and on each other much of the time, and two workers keep both cores of a small machine busy.
+# wait on imports and on each other much of the time, and two workers keep both cores of a small machine busy. The 15
+# slowest steps are listed last, to see where the suite's minutes go.
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slurm and not gpu and not wheels" -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slurm and not gpu and not wheels" -n 2 --dist loadfile --durations 15
 
 # Jobs submitted to a real two-node Slurm on this machine, which the script installs (as root) and starts, and stops
 # after. Where it cannot start, the tests skip, except under CI=true, where they fail.

@@ -255,3 +255,17 @@ def installed(tmp_path_factory, worker_id, dist) -> Path:
         checked(*pip, next(dist.glob("*.whl")))
 
     return built_once(tmp_path_factory, worker_id, "installed", build)
+
+
+@pytest.fixture(scope="session")
+def quick_demo(tmp_path_factory, worker_id, installed) -> Path:
+    """`vocagnolm demo --quick true` as a user runs it after `pip install`: the installed wheel's command (the corpus it
+    reads is the package's copy), in an empty folder that it fills with out/demo; what it printed is in printed.txt.
+    Once per session: tests/test_demo.py reads the run, tests/test_cli.py where it read its corpus from."""
+
+    def build(folder: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        out = checked(installed / "bin" / "vocagnolm", "demo", "--quick", "true", cwd=folder, env=env)
+        (folder / "printed.txt").write_text(out.stdout)
+
+    return built_once(tmp_path_factory, worker_id, "quick-demo", build)

@@ -27,17 +27,10 @@ SEEDED = ("ce", "vocagnolm", "vocagnolm-2teachers", "vocagnolm-2teachers-byte")
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory) -> tuple[Path, str]:
-    """One quick demo (every method; 2 seeds for ce, vocagnolm and both two-teacher runs): (out_dir, what it
-    printed)."""
-    import contextlib
-    import io
-
-    out_dir = tmp_path_factory.mktemp("demo") / "out"
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        demo(out_dir=out_dir, quick=True)
-    return out_dir, printed.getvalue()
+def quick_run(quick_demo) -> tuple[Path, str]:
+    """One quick demo (every method; 2 seeds for ce, vocagnolm and both two-teacher runs), run by the installed wheel's
+    `vocagnolm demo --quick true` from an empty folder (conftest.py): (out_dir, what it printed)."""
+    return quick_demo / "out" / "demo", (quick_demo / "printed.txt").read_text()
 
 
 def test_results_csv_has_one_row_per_method_with_the_curve(quick_run):

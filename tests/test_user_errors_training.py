@@ -369,7 +369,8 @@ def test_an_online_teacher_whose_losses_are_nan_stops_training_in_one_line(
 
 
 def test_a_step_mapping_fewer_tokens_than_min_mapped_stops_the_run(tmp_path, tinyllama_mistral_data, mistral_teacher):
-    """The pair maps 99.5% of its tokens: asking for all of them stops at the first check; the default trains on."""
+    """The pair maps all but a few of its tokens: asking for all of them stops at the first check of a step that
+    misses one (which step that is depends on the documents); the default trains on."""
     from litgpt_vocagnolm.training.teacher import TeacherArgs
 
     teacher = TeacherArgs(checkpoint_dir=mistral_teacher)
@@ -379,9 +380,10 @@ def test_a_step_mapping_fewer_tokens_than_min_mapped_stops_the_run(tmp_path, tin
                 tmp_path, tinyllama_mistral_data, **short_run(teacher=teacher, guidance=GuidanceArgs(min_mapped=1.0))
             )
         )
-    assert str(error.value).startswith(
-        "A step in steps 1..2 mapped fewer than 100% of its tokens to a teacher (--guidance.min_mapped): the teacher"
-        " guides (almost) nothing."
+    assert re.match(
+        r"A step in steps \d+\.\.\d+ mapped fewer than 100% of its tokens to a teacher \(--guidance\.min_mapped\): the"
+        r" teacher guides \(almost\) nothing\.",
+        str(error.value),
     )
     with pytest.raises(InvalidArgument, match=r"guidance.min_mapped must be a share in \[0, 1\]"):
         GuidanceArgs(min_mapped=1.5)
