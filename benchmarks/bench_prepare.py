@@ -42,7 +42,6 @@ from smoke import parse_args  # benchmarks/ is on sys.path when this file runs a
 
 from litgpt_vocagnolm.alignment.lexical import encode, encode_batch
 from litgpt_vocagnolm.alignment.tokenizer_files import (
-    cached_tokenizer,
     find_tokenizer_file,
     load_tokenizer,
     tokenizer_info,
@@ -90,7 +89,7 @@ def one_document(files: list[Path], characters: Optional[int] = None) -> str:
 
 def tokenize_unit(unit: documents.Unit, student: str, teacher: str) -> int:
     """The baseline's work per unit: read its documents, tokenize them with both tokenizers, offsets included."""
-    student_tokenizer, teacher_tokenizer = cached_tokenizer(student), cached_tokenizer(teacher)
+    student_tokenizer, teacher_tokenizer = load_tokenizer(student), load_tokenizer(teacher)
     segments = documents.split_documents(unit, ["text"], "train", None, documents.Stats())
     tokens = 0
     for batch in packing.segment_batches(segments, packing.BATCH_CHARS):

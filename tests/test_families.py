@@ -23,7 +23,6 @@ from tokenizers import Tokenizer
 from litgpt_vocagnolm.alignment.inspection import inspect
 from litgpt_vocagnolm.alignment.lexical import align_text, encode
 from litgpt_vocagnolm.alignment.tokenizer_files import (
-    cached_tokenizer,
     find_tokenizer_file,
     load_tokenizer,
     tokenizer_info,
@@ -104,7 +103,7 @@ def test_documents_get_the_special_tokens_litgpt_gives(checkpoints, litgpt_token
     one), the text's tokens, EOS."""
     directory = checkpoints[name]
     litgpt, info = litgpt_tokenizer(name), tokenizer_info(find_tokenizer_file(directory))
-    tokenizer = cached_tokenizer(info.path)
+    tokenizer = load_tokenizer(info.path)
     if name in LLAMA_3:
         assert (info.bos_token is not None) == LLAMA_3[name]
     for text in SAMPLES:

@@ -20,7 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from litgpt_vocagnolm.alignment.lexical import align, chunk_align, chunk_span_ios_iou, encode, ios_iou
-from litgpt_vocagnolm.alignment.tokenizer_files import cached_tokenizer, document_specials, find_tokenizer_file
+from litgpt_vocagnolm.alignment.tokenizer_files import document_specials, find_tokenizer_file, load_tokenizer
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, at_least, check_output_file
 
 # Written for this project: word problems, LaTeX and the Unicode that math text carries.
@@ -391,7 +391,7 @@ def inspect(
         )
     # As `prepare` loads them: a process that inspects and prepares a pair loads each tokenizer once.
     student_tokenizer, teacher_tokenizer = (
-        cached_tokenizer(str(find_tokenizer_file(p).resolve())) for p in (student, teacher)
+        load_tokenizer(str(find_tokenizer_file(p).resolve())) for p in (student, teacher)
     )
     report = pair_report(student_tokenizer, teacher_tokenizer, text, chunks)
     frames = document_frame(student, student_tokenizer), document_frame(teacher, teacher_tokenizer)

@@ -57,8 +57,8 @@ def load_tokenizer(path: Union[str, Path]) -> Tokenizer:
     that training data can't smuggle control tokens in and every character keeps its offsets. Added tokens made only
     of whitespace (GPT-NeoX's runs of spaces) are text already and stay as the model was trained on them.
 
-    One load per file and process while the file stays as it was (Qwen2.5's takes a third of a second); callers share
-    the tokenizer and leave it as it is.
+    One load per file and process while the file stays as it was (Qwen2.5's takes a third of a second; LitData's
+    forked workers inherit what `prepare` loaded); callers share the tokenizer and leave it as it is.
     """
     file = find_tokenizer_file(path)
     stat = file.stat()
@@ -155,15 +155,9 @@ def document_specials(tokenizer_file: Path, tokenizer: Tokenizer) -> tuple[Optio
     return bos_id, eos_id
 
 
-@functools.lru_cache(maxsize=4)
-def cached_tokenizer(path: str) -> Tokenizer:
-    """One load per process: LitData's forked workers inherit what `prepare` loaded."""
-    return load_tokenizer(path)
-
-
 def tokenizer_info(file: Path) -> TokenizerInfo:
     path = str(file.resolve())
-    tokenizer = cached_tokenizer(path)
+    tokenizer = load_tokenizer(path)
     bos_id, eos_id = document_specials(file, tokenizer)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     bos_token = None if bos_id is None else tokenizer.id_to_token(bos_id)

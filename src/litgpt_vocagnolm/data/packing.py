@@ -26,7 +26,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from litgpt_vocagnolm.alignment.lexical import align_batch, encode, encode_batch
-from litgpt_vocagnolm.alignment.tokenizer_files import TokenizerInfo, cached_tokenizer
+from litgpt_vocagnolm.alignment.tokenizer_files import TokenizerInfo, load_tokenizer
 from litgpt_vocagnolm.data.documents import Segment, Stats
 
 BATCH_CHARS = 1 << 18  # text tokenized per `encode_batch` call
@@ -250,7 +250,7 @@ def aligned_streams(
 ) -> Iterator[AlignedStream]:
     """The documents' segments tokenized, aligned and streamed a batch at a time."""
     specials = (student.bos_id, student.eos_id), (teacher.bos_id, teacher.eos_id)
-    student_tokenizer, teacher_tokenizer = cached_tokenizer(student.path), cached_tokenizer(teacher.path)
+    student_tokenizer, teacher_tokenizer = load_tokenizer(student.path), load_tokenizer(teacher.path)
     for batch in segment_batches(segments, BATCH_CHARS):
         student_encodings = encode_segments(student_tokenizer, batch)
         teacher_encodings = encode_segments(teacher_tokenizer, batch)

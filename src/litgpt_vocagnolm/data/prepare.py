@@ -33,8 +33,8 @@ from litdata import optimize
 from litgpt_vocagnolm.alignment.lexical import encode, token_byte_lengths
 from litgpt_vocagnolm.alignment.tokenizer_files import (
     TokenizerInfo,
-    cached_tokenizer,
     find_tokenizer_file,
+    load_tokenizer,
     same_vocabulary,
     tokenizer_info,
     tokenizer_sha256,
@@ -138,7 +138,7 @@ def split_stats(units: list[Unit], stats_dir: Path) -> Optional[Stats]:
 
 def measure_token_ratio(units: list[Unit], keys: list[str], student: TokenizerInfo, teacher: TokenizerInfo) -> float:
     """Teacher tokens per student token over the first RATIO_SAMPLE_CHARS characters of the input."""
-    student_tokenizer, teacher_tokenizer = cached_tokenizer(student.path), cached_tokenizer(teacher.path)
+    student_tokenizer, teacher_tokenizer = load_tokenizer(student.path), load_tokenizer(teacher.path)
     num_student = num_teacher = num_chars = 0
     for piece in (piece for unit in units for piece in unit.pieces):
         for document in read_documents(piece, keys, Stats()):
@@ -194,7 +194,7 @@ def usable_teacher_max_length(teacher_max_length: int, block_tokens: int, studen
     """`--teacher_max_length`, or, with a note, the most teacher tokens a block's text can hold: block_tokens times one
     more than the student's longest token in bytes (every teacher token covers a byte or more, but for one special
     token per student token at most). A larger window is padding that every batch of every run would carry."""
-    most = block_tokens * (int(token_byte_lengths(cached_tokenizer(student_file)).max()) + 1)
+    most = block_tokens * (int(token_byte_lengths(load_tokenizer(student_file)).max()) + 1)
     if teacher_max_length > most:
         print(
             f"--teacher_max_length {teacher_max_length:,} capped at {most:,}: the most teacher tokens a block of"
@@ -516,7 +516,7 @@ def build_manifest(
         "settings": settings,
         "student": asdict(student),
         "teacher": asdict(teacher),
-        "same_vocabulary": same_vocabulary(cached_tokenizer(student.path), cached_tokenizer(teacher.path)),
+        "same_vocabulary": same_vocabulary(load_tokenizer(student.path), load_tokenizer(teacher.path)),
         "max_seq_length": settings["max_seq_length"],
         "block_size": settings["max_seq_length"] + 1,
         "teacher_max_length": derived["teacher_max_length"],

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from litgpt_vocagnolm.alignment.lexical import encode
-from litgpt_vocagnolm.alignment.tokenizer_files import cached_tokenizer, find_tokenizer_file, tokenizer_info
+from litgpt_vocagnolm.alignment.tokenizer_files import find_tokenizer_file, load_tokenizer, tokenizer_info
 from litgpt_vocagnolm.data.documents import Segment, Stats
 from litgpt_vocagnolm.data.packing import BlockDtypes, aligned_streams, pack_blocks
 from litgpt_vocagnolm.data.prepared import batch_of_blocks
@@ -36,7 +36,7 @@ def noise_sample(
     added = (int(student.bos_id is not None), int(student.eos_id is not None))  # BOS, EOS per document
     texts, touched = [], []
     for text, noisy in documents:
-        _, offsets = encode(cached_tokenizer(student.path), text)  # (N, 2) character spans
+        _, offsets = encode(load_tokenizer(student.path), text)  # (N, 2) character spans
         before = np.concatenate([[0], np.cumsum(noisy)])  # (L + 1,) noisy characters before each character
         spans = before[offsets[:, 1]] > before[offsets[:, 0]]  # (N,)
         touched.append(np.concatenate([np.zeros(added[0], bool), spans, np.zeros(added[1], bool)]))
