@@ -7,9 +7,9 @@ adds one, as for Llama, and always EOS, so that both sides see where documents m
 teacher's EOS of the same document, where both sides hold some token of its text: each is its model's prediction that
 the document ends, so the teacher's loss of its own EOS is the reference for the student's. The BOS is unmapped and
 never a prediction target (it starts a document, so nothing of that document comes before it). No student token maps
-into another document. `pack_blocks` cuts the streams into blocks of `block_tokens` student
-tokens (max_seq_length + 1: inputs and shifted targets), each with its teacher window: the teacher tokens covering the
-same characters, at most `teacher_max_length` of them.
+into another document. `pack_blocks` cuts the streams into blocks of `block_tokens` student tokens (max_seq_length + 1:
+inputs and shifted targets), each with its teacher window: the teacher tokens covering the same characters, at most
+`teacher_max_length` of them.
 
 A block, as stored (one LitData item; n <= block_tokens, shorter only for the last block of a work unit):
     student_ids    (n,) uint16, or uint32 for a vocabulary over 65536
@@ -182,7 +182,7 @@ def make_block(
     fits = (starts + lengths <= teacher_max_length) & (lengths <= MAX_RANGE_LENGTH)
     lost = (lengths > 0) & ~fits  # (n,)
     lengths = np.where(fits, lengths, 0)
-    # The BOS is never mapped, so only the first position's count comes off.
+    # Counts over positions 1.. (the targets); the BOS is never mapped, so only `targets` needs it left out.
     stats.targets += int((~stream.bos[p + 1 : q]).sum())
     stats.mapped += int((lengths[1:] > 0).sum())
     stats.overflow_unmapped += int(lost[1:].sum())
