@@ -33,25 +33,22 @@ def find_tokenizer_file(path: Union[str, Path]) -> Path:
         if (path / name).is_file():
             return path / name
     names = sorted(p.name for p in path.iterdir())
-    hint = ""
+    found = f"No {' or '.join(TOKENIZER_FILES)} in {str(path)!r} (it holds: {', '.join(names) or 'nothing'})."
+    fix = " Pass a LitGPT checkpoint dir, a tokenizer dir or the tokenizer.json file itself."
     if "tokenizer.model" in names:
         # ChatGLM3's auto_map: `["tokenization_chatglm.ChatGLMTokenizer", null]`, code of its own and no fast class.
         remote = (read_config(path).get("auto_map") or {}).get("AutoTokenizer")
         if isinstance(remote, list) and remote and not remote[-1]:
-            hint = (
-                f" There is a SentencePiece `tokenizer.model`, which reports no character offsets, read by the model's"
-                f" own code ({remote[0]}, tokenizer_config.json's auto_map) that has no fast version: no tokenizer.json"
-                " can be written for it, so this tokenizer can't be aligned."
+            raise PathMissing(
+                f"{found} Its SentencePiece `tokenizer.model` reports no character offsets and is read by the model's"
+                f" own code ({remote[0]}, tokenizer_config.json's auto_map), which has no fast version: no"
+                " tokenizer.json can be written for it, so this model's tokenizer can't be aligned."
             )
-        else:
-            hint = (
-                " There is a SentencePiece `tokenizer.model`, which reports no character offsets: write the fast"
-                " tokenizer next to it with `transformers.AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)`."
-            )
-    raise PathMissing(
-        f"No {' or '.join(TOKENIZER_FILES)} in {str(path)!r} (it holds: {', '.join(names) or 'nothing'}).{hint}"
-        " Pass a LitGPT checkpoint dir, a tokenizer dir or the tokenizer.json file itself."
-    )
+        fix = (
+            " There is a SentencePiece `tokenizer.model`, which reports no character offsets: write the fast tokenizer"
+            " next to it with `transformers.AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)`." + fix
+        )
+    raise PathMissing(found + fix)
 
 
 def read_tokenizer_json(file: Path) -> bytes:
