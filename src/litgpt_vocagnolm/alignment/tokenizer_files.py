@@ -246,9 +246,11 @@ def document_specials(tokenizer_file: Path, tokenizer: Tokenizer) -> tuple[Optio
 
 def template_tokens(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
     """The ids the tokenizer.json's post-processor puts before and after a text (TinyLlama's: [1] and [])."""
-    bare, framed = tokenizer.encode("x", add_special_tokens=False).ids, tokenizer.encode("x").ids
-    start = next(k for k in range(len(framed)) if framed[k : k + len(bare)] == bare)
-    return framed[:start], framed[start + len(bare) :]
+    encoding = tokenizer.encode("x")
+    ids, added = encoding.ids, encoding.special_tokens_mask  # 1 where the post-processor added the token
+    start = added.index(0) if 0 in added else len(ids)  # a text of no token: every added one before it
+    stop = len(ids) - added[::-1].index(0) if 0 in added else len(ids)
+    return ids[:start], ids[stop:]
 
 
 def tokenizer_info(file: Path) -> TokenizerInfo:
