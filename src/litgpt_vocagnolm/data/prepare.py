@@ -502,7 +502,7 @@ def build_manifest(
         shard_bytes = sum(p.stat().st_size for p in (output / split).glob("*.bin"))
         splits[split] = {
             **counts.counts(),
-            "mapped_share": counts.mapped / max(counts.student_tokens, 1),
+            "mapped_share": counts.mapped / max(counts.targets, 1),
             "shard_bytes": shard_bytes,
             "bytes_per_student_token": shard_bytes / max(counts.student_tokens, 1),
             "index_sha256": file_sha256(output / split / "index.json"),
@@ -524,7 +524,7 @@ def build_manifest(
         "dtypes": dtypes._asdict(),
         "alignment_bytes_per_student_token": np.dtype(dtypes.starts).itemsize + 1,
         "bytes_per_student_token": sum(s["shard_bytes"] for s in splits.values()) / max(total.student_tokens, 1),
-        "mapped_share": total.mapped / max(total.student_tokens, 1),
+        "mapped_share": total.mapped / max(total.targets, 1),
         "splits": splits,
         "skipped_files": [list(f) for f in skipped_files + skips.skipped_files],
         "skipped_records": skips.skipped_records,
@@ -536,8 +536,9 @@ def print_summary(output: Path, manifest: dict) -> None:
     for split, s in manifest["splits"].items():
         print(
             f"{split}: {s['documents']:,} documents, {s['characters']:,} characters, {s['student_tokens']:,} student"
-            f" and {s['teacher_tokens']:,} teacher tokens in {s['blocks']:,} blocks; {s['mapped_share']:.2%} of student"
-            f" tokens mapped, {s['overflow_unmapped']:,} unmapped for lack of room in the teacher window."
+            f" and {s['teacher_tokens']:,} teacher tokens in {s['blocks']:,} blocks; {s['mapped_share']:.2%} of its"
+            f" {s['targets']:,} prediction targets (every token but the BOS and each block's first) mapped to teacher"
+            f" tokens, {s['overflow_unmapped']:,} unmapped for lack of room in the teacher window."
         )
     skipped = sum(manifest["skipped_records"].values())
     print(

@@ -34,7 +34,8 @@ from litgpt_vocagnolm.files import LOCK, file_sha256, inside
 # call in every run and loader worker, which stalls firewalled cluster nodes. Nothing here should reach the network.
 litdata.helpers._get_newer_version = lambda version: None
 
-FORMAT = "vocagnolm-blocks/1"
+# 2: the student's EOS maps to the teacher's EOS, and `mapped_share` counts prediction targets (`documents.Stats`).
+FORMAT = "vocagnolm-blocks/2"
 MANIFEST = "manifest.json"
 PARTIAL = ".partial"  # where an unfinished `prepare` works; renamed into place at the end
 SPLITS = ("val", "train")  # written in this order: the small split first, so an empty one fails fast

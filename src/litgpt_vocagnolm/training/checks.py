@@ -451,7 +451,10 @@ def tokenizer_pair_summary(data: VocAgnoData, student_dir: Path, teacher_dir: Pa
     for teacher number `index` of several, that of its prepared data."""
     manifest = data.manifests[index]
     which = f" (teacher {index}, {data.paths[index]})" if len(data.paths) > 1 else ""
-    line = f"Tokenizer pair{which}: {manifest['mapped_share']:.2%} of the prepared student tokens map to teacher tokens"
+    line = (
+        f"Tokenizer pair{which}: {manifest['mapped_share']:.2%} of the prepared prediction targets (the BOS is none)"
+        " map to teacher tokens"
+    )
     if teacher_dir is not None:
         student, teacher = load_tokenizer(student_dir), load_tokenizer(teacher_dir)
         line += (
