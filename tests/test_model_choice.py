@@ -2,7 +2,7 @@
 (`--model_config`, such as the model_config.yaml `litgpt download` writes beside lit_model.pth) or a checkpoint folder
 (`--initial_checkpoint_dir` alone). What is typed on the command line wins over the recipe's `--config`, and a model of
 the recipe set aside is said; what trains is what --print_config shows, what hyperparameters.yaml records and what
-LitGPT loads from the checkpoint.
+LitGPT loads from the checkpoint. And `--train.tie_embeddings true` trains as LitGPT's tied GPT does.
 
 Each command runs as typed, in this process (`cli.main`), on the packaged recipes (`demo-cpu`, the paper's
 `tinyllama-qwen2.5-math-7b`) with their own settings; a run is given a budget of one step and the data prepared here.
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 from conftest import MISTRAL, ROOT, TINYLLAMA, prepare_pair, tiny_config
 from litgpt.config import Config
@@ -20,6 +21,9 @@ from litgpt.model import GPT
 from litgpt.utils import save_config
 from test_advice import fix, options, refusal, runs, typed
 from test_recipe import metrics
+
+from litgpt_vocagnolm.data.prepared import iter_blocks
+from litgpt_vocagnolm.loss.cross_entropy import IGNORE_INDEX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 STUDENT = tiny_config(
@@ -37,11 +41,14 @@ def data(tmp_path_factory) -> Path:
     return prepare_pair(folder / "data", corpus, TINYLLAMA, MISTRAL, max_seq_length=128)
 
 
-def checkpoint(folder: Path, config: Config, seed: int = 0) -> Path:
-    """A LitGPT checkpoint folder of `config` (weights, model_config.yaml)."""
+def checkpoint(folder: Path, config: Config, tied: bool = False, seed: int = 0) -> Path:
+    """A LitGPT checkpoint folder of `config` (weights, model_config.yaml); with `tied`, the head and the embedding one
+    tensor, as litgpt/pretrain.py ties them (`model.transformer.wte.weight = model.lm_head.weight`)."""
     folder.mkdir(parents=True)
     torch.manual_seed(seed)
     model = GPT(config)
+    if tied:
+        model.transformer.wte.weight = model.lm_head.weight
     torch.save(model.state_dict(), folder / "lit_model.pth")
     save_config(config, folder)
     return folder
@@ -215,3 +222,45 @@ def test_a_checkpoint_of_another_model_is_refused_naming_both_sides_and_each_fix
     )
     message = refusal(capsys, "pretrain", "--config", "demo-cpu", "--config", recipe)
     assert "than the student 'demo-cpu-student' (the model_config of --config demo-cpu; " in message
+
+
+# --train.tie_embeddings
+
+
+@pytest.mark.slow
+def test_tied_embeddings_train_as_litgpts_tied_gpt_and_the_checkpoint_loads_in_litgpt(tmp_path, data, capsys):
+    """One step of SGD (lr 1, no clipping, no decay) over the whole train split, so the blocks' order does not count:
+    the loss and the weights after it are those of LitGPT's GPT with `lm_head.weight` tied to `transformer.wte.weight`,
+    whose gradient is the embedding's and the head's summed."""
+    start = checkpoint(tmp_path / "tied", STUDENT, tied=True)
+    blocks = list(iter_blocks(data))
+    runs(
+        capsys,
+        "pretrain", "--config", "demo-cpu", "--initial_checkpoint_dir", start, "--train.tie_embeddings", "true",
+        *one_step(data, tmp_path / "out", blocks=len(blocks)), "--optimizer", "SGD", "--optimizer.lr", "1",
+        "--optimizer.weight_decay", "0", "--train.min_lr", "1", "--train.max_norm", "1e9",
+    )  # fmt: skip
+
+    litgpt = GPT(STUDENT)
+    litgpt.transformer.wte.weight = litgpt.lm_head.weight
+    litgpt.load_state_dict(torch.load(start / "lit_model.pth"))
+    ids = torch.stack([torch.from_numpy(block["student_ids"]) for block in blocks])  # (N, 129)
+    targets = ids[:, 1:].clone()
+    for row, block in enumerate(blocks):
+        targets[row, block["num_tokens"] - 1 :] = IGNORE_INDEX  # padding
+    loss = F.cross_entropy(litgpt(ids[:, :-1]).flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+    loss.backward()
+    with torch.no_grad():
+        for param in litgpt.parameters():
+            param -= param.grad
+
+    (row,) = metrics(tmp_path / "out")
+    assert row["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    final = tmp_path / "out" / "final"
+    trained = torch.load(final / "lit_model.pth", weights_only=True)["model"]
+    assert torch.equal(trained["lm_head.weight"], trained["transformer.wte.weight"])  # what LitGPT's generate loads
+    assert not torch.equal(trained["lm_head.weight"], torch.load(start / "lit_model.pth")["lm_head.weight"])  # moved
+    for name, expected in litgpt.state_dict().items():
+        torch.testing.assert_close(trained[name], expected, rtol=1e-4, atol=1e-6, msg=name)
+    # `litgpt generate` builds LitGPT's GPT from the checkpoint's config (no tying) and loads strictly.
+    GPT(Config.from_file(final / "model_config.yaml")).load_state_dict(trained, strict=True)
