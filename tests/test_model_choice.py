@@ -200,6 +200,16 @@ def test_a_checkpoint_typed_alone_is_the_student_that_trains_resumes_and_loads_i
     assert [row["iter"] for row in metrics(out)] == [1, 2]
 
 
+def test_a_checkpoint_folder_not_downloaded_yet_gives_the_model_its_name_names(capsys):
+    """As LitGPT's `Config.from_checkpoint` finds a model, and `plan` a teacher: the folder `litgpt download` will
+    make, planned before it is there."""
+    folder = ["--initial_checkpoint_dir", "checkpoints/Qwen/Qwen2.5-0.5B"]
+    settings, said = printed(capsys, "pretrain", "--config", PAPER, *folder)
+    assert (settings["model_name"], settings["model_config"]) == ("Qwen2.5-0.5B", None)
+    assert said.startswith("checkpoints/Qwen/Qwen2.5-0.5B (no model_config.yaml there yet: its name): the student is")
+    assert f"{PAPER}.yaml: student Qwen2.5-0.5B, teacher online" in runs(capsys, "plan", "--config", PAPER, *folder)
+
+
 def test_a_checkpoint_of_another_model_is_refused_naming_both_sides_and_each_fix_works(tmp_path, capsys):
     start = checkpoint(tmp_path / "start", STUDENT)
     typed_dir = ["--initial_checkpoint_dir", str(start)]

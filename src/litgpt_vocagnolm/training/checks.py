@@ -13,7 +13,7 @@ from typing import Any, Collection, Literal, NamedTuple
 import torch
 import yaml
 from litgpt.args import EvalArgs, TrainArgs
-from litgpt.config import Config
+from litgpt.config import Config, name_to_config
 from litgpt.data import DataModule
 from litgpt.utils import instantiate_torch_optimizer
 
@@ -64,12 +64,6 @@ def model_config_text(value: str) -> str:
     return path.read_text(encoding="utf-8") if path is not None and path.is_file() else value
 
 
-def named_fields(model_name: str) -> dict:
-    """The fields of LitGPT's config named `model_name`."""
-    register()  # the paper's teachers that LitGPT lacks
-    return asdict(config_named(model_name, "--model_name"))
-
-
 class Student(NamedTuple):
     """A model a command line gives, and where it came from."""
 
@@ -79,6 +73,25 @@ class Student(NamedTuple):
     """Its `litgpt.Config` fields."""
     named: bool = False
     """Whether it is LitGPT's config of a name as it is (no field changed)."""
+
+
+def named_fields(model_name: str) -> dict:
+    """The fields of LitGPT's config named `model_name`."""
+    register()  # the paper's teachers that LitGPT lacks
+    return asdict(config_named(model_name, "--model_name"))
+
+
+def checkpoint_model(checkpoint_dir: Path) -> Student | None:
+    """A checkpoint folder's model as LitGPT's `Config.from_checkpoint` finds it: its model_config.yaml, else (before
+    downloading) LitGPT's config of the folder's name, as `litgpt download` names folders; None without either."""
+    if (checkpoint_dir / "model_config.yaml").is_file():
+        config = read_config(checkpoint_dir, "--initial_checkpoint_dir")
+        return Student(str(checkpoint_dir / "model_config.yaml"), asdict(config))
+    register()
+    if checkpoint_dir.name in name_to_config:
+        by_name = f"{checkpoint_dir} (no model_config.yaml there yet: its name)"
+        return Student(by_name, named_fields(checkpoint_dir.name), named=True)
+    return None
 
 
 def choose_student(
@@ -95,8 +108,8 @@ def choose_student(
 
     - `--model_name NAME` typed: LitGPT's config of that name (typed with `--model_config FILE` too: refused);
     - `--model_config FILE` typed: that config;
-    - neither, `--initial_checkpoint_dir DIR` typed: DIR's model_config.yaml where it differs from the recipe's model,
-      as `litgpt generate` and `litgpt finetune` build a checkpoint's model;
+    - neither, `--initial_checkpoint_dir DIR` typed: DIR's model (`checkpoint_model`) where it differs from the
+      recipe's, as `litgpt generate` and `litgpt finetune` build a checkpoint's model;
     - else the recipe's model_config, then its model_name.
 
     Each `--model_config.KEY VALUE` typed changes that field of the student. A model of the recipe that the student
@@ -124,10 +137,10 @@ def choose_student(
         student = Student(f"--model_name {model_name}", named_fields(model_name) | changed, not fields)
     elif config_typed or student is None and model_config is not None:  # a file, or fields typed alone
         student = Student("--model_config" if config_typed else typed_fields, model_config)
-    elif "--initial_checkpoint_dir" in typed and (initial_checkpoint_dir / "model_config.yaml").is_file():
-        checkpoint = asdict(read_config(initial_checkpoint_dir, "--initial_checkpoint_dir")) | changed
-        if student is None or architecture(checkpoint) != architecture(student.fields):
-            student = Student(str(initial_checkpoint_dir / "model_config.yaml"), checkpoint)
+    elif "--initial_checkpoint_dir" in typed and (checkpoint := checkpoint_model(initial_checkpoint_dir)):
+        checkpoint = checkpoint._replace(fields=checkpoint.fields | changed, named=checkpoint.named and not fields)
+        if student is None or architecture(checkpoint.fields) != architecture(student.fields):
+            student = checkpoint
     if student is None:
         return model_name, model_config  # no student: `resolve_model_config` asks for one
     source = f"{student.source} with {typed_fields}" if fields and student.source != typed_fields else student.source
@@ -140,7 +153,7 @@ def choose_student(
         if given not in typed:
             given = f"the initial_checkpoint_dir of {recipe.get('initial_checkpoint_dir', 'the recipe')}"
         check_weights_fit(Config(**student.fields), initial_checkpoint_dir, given, source)
-    return (model_name, None) if student.named else (None, student.fields)
+    return (student.fields["name"], None) if student.named else (None, student.fields)
 
 
 def architecture(fields: dict) -> dict:
