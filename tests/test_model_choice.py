@@ -134,12 +134,15 @@ def test_a_model_config_file_replaces_the_recipes_and_a_field_typed_changes_it(t
         (["--model_config.block_size", "64", "--model_name", "pythia-14m"], ("pythia-14m", 64, 6)),  # either order
         (["--config", PAPER, "--model_config.block_size", "4096"], ("tiny-llama-1.1b", 4096, 22)),
         (["--config", "demo-cpu", "--model_config.block_size", "256"], ("demo-cpu-student", 256, 2)),
+        (["--config", "demo-cpu", "--model_config", "null", "--model_name", "pythia-14m"], ("pythia-14m", None, None)),
     ],
 )
 def test_a_field_typed_changes_the_student_however_it_is_named(argv, student, capsys):
-    settings, _ = printed(capsys, "pretrain", *argv)
-    config = settings["model_config"]
-    assert settings["model_name"] is None and (config["name"], config["block_size"], config["n_layer"]) == student
+    """(`--model_config null` clears the recipe's config: the name alone then gives the student.)"""
+    settings, said = printed(capsys, "pretrain", *argv)
+    assert (settings["model_name"] is None) == (settings["model_config"] is not None)  # one of them
+    config = settings["model_config"] or {"name": settings["model_name"], "block_size": None, "n_layer": None}
+    assert (config["name"], config["block_size"], config["n_layer"]) == student and "is not used" not in said
 
 
 @pytest.mark.parametrize(

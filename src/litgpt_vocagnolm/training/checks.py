@@ -117,7 +117,9 @@ def choose_student(
     the student (`check_weights_fit`), or the refusal names where each came from."""
     if model_name == "list":  # `setup` lists the names
         return model_name, None
-    name_typed, config_typed = "--model_name" in typed, "--model_config" in typed
+    # typed as null, an option only clears the recipe's
+    name_typed = "--model_name" in typed and model_name is not None
+    config_typed = "--model_config" in typed and model_config is not None
     if name_typed and config_typed:
         raise InvalidArgument(
             f"--model_name {model_name} and --model_config both give the student: give one, a LitGPT config name or a"
@@ -127,9 +129,9 @@ def choose_student(
     changed = {key: model_config[key] for key in fields}  # jsonargparse put them in a model_config
     typed_fields = ", ".join(f"--model_config.{key}" for key in fields)
     recipes = []  # the recipe's models: its model_config, then its model_name (those not typed over)
-    if "model_config" in recipe and not config_typed:
+    if "model_config" in recipe and model_config is not None and not config_typed:
         recipes.append(Student(f"the model_config of {recipe['model_config']}", model_config))
-    if "model_name" in recipe and not name_typed:
+    if "model_name" in recipe and model_name is not None and not name_typed:
         named = named_fields(model_name)
         recipes.append(Student(f"the model_name of {recipe['model_name']}", named | changed, not fields))
     student = recipes[0] if recipes else None
