@@ -126,7 +126,7 @@ def choose_student(
             " config file (--model_config.KEY VALUE changes one field of either)."
         )
     fields = sorted({option.split(".")[1] for option in typed if option.startswith("--model_config.")})
-    changed = {key: model_config[key] for key in fields}  # jsonargparse put them in a model_config
+    changed = {key: model_config[key] for key in fields} if model_config else {}  # jsonargparse put them there
     typed_fields = ", ".join(f"--model_config.{key}" for key in fields)
     recipes = []  # the recipe's models: its model_config, then its model_name (those not typed over)
     if "model_config" in recipe and model_config is not None and not config_typed:
