@@ -3,20 +3,32 @@ save the file system refuses (a file past `ulimit -f`, a read-only or failing di
 numbers were edited by hand, out-of-range seeds, names too long, folders that mislead."""
 
 import errno
+import json
 import os
 import resource
+import shutil
 import subprocess
+from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
-from conftest import BIN, ROOT, TINYLLAMA, tiny_config
+from conftest import BIN, MISTRAL, ROOT, TINYLLAMA, tiny_config
+from litgpt.args import TrainArgs
+from test_checkpoints import setup_args
 from test_disk_full import resize, small_disk  # noqa: F401 (a fixture)
+from test_docs import Parsed, parse_only  # noqa: F401 (a fixture)
 from test_recipe import recipe_config
+from test_user_errors_training import demo_cpu_data  # noqa: F401 (a fixture)
 
-from litgpt_vocagnolm.errors import WriteFailed
+import litgpt_vocagnolm.training.recipe as recipe
+from litgpt_vocagnolm.data.prepare import prepare
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, WriteFailed
+from litgpt_vocagnolm.files import file_sha256
 from litgpt_vocagnolm.models import gpt
-from litgpt_vocagnolm.training.checkpoints import Checkpointer, verify_checkpoint
+from litgpt_vocagnolm.models.weights import UnreadableCheckpoint
+from litgpt_vocagnolm.training.checkpoints import Checkpointer, check_train_state, verify_checkpoint
+from litgpt_vocagnolm.training.recipe import setup
 
 CONTINUES = "then run again with --resume auto: it continues from step-00000001."
 
@@ -129,3 +141,167 @@ def test_a_run_under_ulimit_f_ends_in_one_line_and_leaves_no_unfinished_step(tmp
         " unlimited` before the command), then run again with --resume auto: it starts afresh."
     )
     assert not [p.name for p in out_dir.iterdir() if p.name.startswith((".partial-", "step-", "final"))]
+
+
+# Folders that mislead
+
+
+@pytest.fixture(scope="module")
+def one_step_run(tmp_path_factory, tinyllama_mistral_data) -> Path:
+    """A finished one-step `ce` run of 2 blocks a step: its out_dir (step-00000001/ and final/)."""
+    tmp_path = tmp_path_factory.mktemp("run")
+    train = TrainArgs(
+        global_batch_size=2, micro_batch_size=2, max_tokens=2 * 64, max_norm=1.0, max_seq_length=64, save_interval=1
+    )
+    setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train))
+    return tmp_path / "out"
+
+
+def test_a_run_folder_given_as_data_is_named_with_the_data_it_trained_on(
+    one_step_run, tinyllama_mistral_data, tmp_path
+):
+    """Before: "No prepared data in OUT. Make it with `vocagnolm prepare ... --output OUT`", which prepare refuses."""
+    for given in (one_step_run, one_step_run / "step-00000001"):
+        with pytest.raises(PathMissing) as error:
+            setup(**setup_args(tmp_path, given))
+        newest = (
+            one_step_run / "final" / "hyperparameters.yaml" if given == one_step_run else given / "hyperparameters.yaml"
+        )
+        assert str(error.value) == (
+            f"{given} is a training run's folder, not prepared data (no manifest.json): {newest} records that the run"
+            f" trained on {tinyllama_mistral_data}: give that folder."
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def edited_manifest(tmp_path: Path, data: Path, edit) -> Path:
+    """A copy of the prepared `data` whose manifest `edit` changed, as a hand does."""
+    copy = shutil.copytree(data, tmp_path / "edited")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    edit(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def more_blocks(manifest: dict) -> None:
+    manifest["splits"]["train"]["blocks"] += 10
+
+
+def more_blocks_and_padding(manifest: dict) -> None:  # the sums made to agree: only the index tells
+    manifest["splits"]["train"]["blocks"] += 10
+    manifest["splits"]["train"]["padding"] += 10 * manifest["block_size"]
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (
+            more_blocks,
+            r"manifest.json: splits.train.blocks is {blocks}, where `vocagnolm prepare` writes the blocks of 65 tokens"
+            r" that its [\d,]+ student tokens and [\d,]+ of padding fill, {true}: the manifest was edited or damaged\.",
+        ),
+        (
+            more_blocks_and_padding,
+            r"manifest.json records {blocks} train blocks, and .*train/index.json lists {true}: the manifest was",
+        ),
+        (
+            lambda manifest: manifest.update(max_seq_length=-1),
+            r"manifest.json: max_seq_length is -1, where `vocagnolm prepare` writes a whole number of at least 1:",
+        ),
+        (
+            lambda manifest: manifest.update(mapped_share=1.5),
+            r"manifest.json: mapped_share is 1.5, where `vocagnolm prepare` writes a share between 0 and 1:",
+        ),
+    ],
+    ids=["blocks", "blocks and padding", "max_seq_length", "mapped_share"],
+)
+def test_a_manifest_edited_by_hand_is_refused_at_start(tmp_path, tinyllama_mistral_data, edit, says):
+    """Before: a block count raised by hand was accepted, and step 1 raised IndexError reading past the blocks."""
+    data = edited_manifest(tmp_path, tinyllama_mistral_data, edit)
+    blocks = json.loads((tinyllama_mistral_data / "manifest.json").read_text())["splits"]["train"]["blocks"]
+    with pytest.raises(InvalidArgument, match=says.format(blocks=blocks + 10, true=blocks)) as error:
+        setup(**setup_args(tmp_path, data))
+    assert str(error.value).endswith(
+        f"Copy {data} again, whole, or prepare the data again: `vocagnolm prepare ... --output NEW_DIR`."
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_train_state_edited_with_its_checksum_is_refused_at_start(
+    one_step_run, tinyllama_mistral_data, tmp_path, monkeypatch, capsys
+):
+    """Before: `position: -5`, its checksum updated to match, passed the checks and raised ValueError in data/order.py
+    once the models were built."""
+    out_dir = shutil.copytree(one_step_run, tmp_path / "out")
+    step = out_dir / "step-00000001"
+    train_state = json.loads((step / "train_state.json").read_text())
+    (step / "train_state.json").write_text(json.dumps(train_state | {"position": -5}))
+    sums = json.loads((step / "checksums.json").read_text())
+    (step / "checksums.json").write_text(
+        json.dumps(sums | {"train_state.json": file_sha256(step / "train_state.json")})
+    )
+    monkeypatch.setattr(recipe, "build_student", lambda *args: pytest.fail("a model was built"))
+    train = TrainArgs(global_batch_size=2, micro_batch_size=2, max_tokens=4 * 64, max_norm=1.0, max_seq_length=64)
+    with pytest.raises(UnreadableCheckpoint) as error:
+        setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train, resume=step))
+    assert str(error.value) == f"--resume {str(step)!r} can't be resumed from: see the line above."
+    assert f"Skipping {step}: {step / 'train_state.json'}: position is -5, where a run saves" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"position": -5}, "position is -5, where a run saves a whole number of at least 0"),
+        (
+            {"position": 6},
+            "position is 6, where a run saves the blocks of its 1 steps of 2 (train.global_batch_size), 2",
+        ),
+        (
+            {"iter_num": 0},
+            "iter_num is 0, where a run saves at least step_count, 1 (a step is one micro-batch or more)",
+        ),
+        ({"step_count": 1.5}, "step_count is 1.5, where a run saves a whole number of at least 0"),
+        ({"world_size": 0}, "world_size is 0, where a run saves a whole number of at least 1"),
+        (
+            {"train_dataloader": [None, None]},
+            "train_dataloader is [None, None], where a run saves a list of one loader state per rank, 1",
+        ),
+    ],
+)
+def test_every_number_of_a_train_state_is_checked(tmp_path, change, says):
+    train_state = {"iter_num": 1, "step_count": 1, "position": 2, "world_size": 1} | change
+    with pytest.raises(UnreadableCheckpoint) as error:
+        check_train_state(tmp_path, train_state, {"train": {"global_batch_size": 2}})
+    assert str(error.value) == (
+        f"{tmp_path / 'train_state.json'}: {says}: the file was edited or damaged. Resume from another checkpoint"
+        " (--resume auto skips this one), or put back this one's file."
+    )
+
+
+def test_preparing_into_a_copy_of_prepared_data_compares_contents_not_paths(
+    tmp_path, tinyllama_mistral_data, gsm8k_sample, capsys
+):
+    """The data, its tokenizers and its input copied elsewhere: the same data, nothing to do. Before: refused with
+    "student: X there, Y now" for the tokenizer's path alone."""
+    data = shutil.copytree(tinyllama_mistral_data, tmp_path / "data")
+    student, teacher = shutil.copytree(TINYLLAMA, tmp_path / "student"), shutil.copytree(MISTRAL, tmp_path / "teacher")
+    corpus = Path(shutil.copy(gsm8k_sample, tmp_path / "corpus.jsonl"))
+    stamps = {p: p.stat().st_mtime_ns for p in data.rglob("*")}
+    args = dict(student=student, teacher=teacher, input=[corpus], output=data, max_seq_length=64, num_workers=1)
+    args |= dict(text_key="question,answer", val_fraction=0.1)
+    prepare(**args)
+    assert "nothing to do" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in data.rglob("*")} == stamps
+
+    recorded = json.loads((data / "manifest.json").read_text())["settings"]
+    with corpus.open("a") as f:
+        f.write(json.dumps({"question": "1 + 1?", "answer": "2"}) + "\n")
+    with pytest.raises(PathTaken) as error:
+        prepare(**args | dict(student=teacher))
+    assert str(error.value) == (
+        f"--output {data} holds data prepared with other settings (student: {recorded['student']['path']} (sha256"
+        f" {recorded['student']['sha256'][:12]}...) there, {teacher / 'tokenizer.json'} (sha256"
+        f" {recorded['teacher']['sha256'][:12]}...) now; --input: {corpus} changed (bytes, sha256, recorded as"
+        f" {recorded['input'][0]['path']})). Give another --output, or delete {data} to prepare it again."
+    )
+    assert {p: p.stat().st_mtime_ns for p in data.rglob("*")} == stamps

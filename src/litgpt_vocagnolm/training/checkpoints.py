@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Literal, NamedTuple, NoReturn, Sequence
 
 import lightning as L
 import torch
@@ -130,15 +130,17 @@ def check_resume_path(path: Path, flag: str = "--resume") -> None:
 
 def verify_checkpoint(step_dir: Path, rank: int = 0, world_size: int = 1) -> None:
     """Raises `UnreadableCheckpoint`, naming the file, unless `step_dir` is a complete sharded checkpoint whose files
-    match checksums.json (every rank hashes its share of the files: a whole checkpoint is read once over the ranks)
-    and whose index and train state load."""
+    match checksums.json (every rank hashes its share of the files: a whole checkpoint is read once over the ranks),
+    whose index loads and whose train state holds what a run saves (`check_train_state`)."""
     if not (step_dir / CHECKSUMS).is_file():
         raise UnreadableCheckpoint(f"Cannot read {step_dir / CHECKSUMS}: missing, so the checkpoint is incomplete.")
     try:
         expected = json.loads((step_dir / CHECKSUMS).read_text())
-        json.loads((step_dir / TRAIN_STATE).read_text())
-    except (OSError, ValueError) as error:
+        train_state = json.loads((step_dir / TRAIN_STATE).read_text())
+        hparams = yaml.safe_load((step_dir / "hyperparameters.yaml").read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError) as error:
         raise UnreadableCheckpoint(f"Cannot read {step_dir}: {error}") from error
+    check_train_state(step_dir, train_state, hparams)
     names = sorted(expected)[rank::world_size]
     try:
         found = files_sha256([step_dir / name for name in names])
@@ -150,6 +152,39 @@ def verify_checkpoint(step_dir: Path, rank: int = 0, world_size: int = 1) -> Non
                 f"{step_dir / name} does not match its checksum in {CHECKSUMS}: the file is damaged."
             )
     SafeReader(step_dir).read_metadata()
+
+
+def check_train_state(step_dir: Path, train_state: Any, hparams: Any) -> None:
+    """Raises `UnreadableCheckpoint`, naming the field, unless every number of `step_dir`'s train state is one a run
+    saves: its counters and data position whole and at least 0, a step at least one micro-batch (iter_num at least
+    step_count), a world size of at least 1 with a loader state per rank where there are any, and the data position
+    the blocks of its steps (step_count x the train.global_batch_size of its hyperparameters.yaml, `hparams`). Its
+    checksum says only that the file is the one checksums.json records, and an edit can update both."""
+
+    def refuse(field: str, should: str) -> NoReturn:
+        value = train_state.get(field) if isinstance(train_state, dict) else train_state
+        raise UnreadableCheckpoint(
+            f"{step_dir / TRAIN_STATE}: {field} is {value!r}, where a run saves {should}: the file was edited or"
+            " damaged. Resume from another checkpoint (--resume auto skips this one), or put back this one's file."
+        )
+
+    if not isinstance(train_state, dict):
+        refuse("the train state", "a JSON object of counters")
+    for field, least in (("iter_num", 0), ("step_count", 0), ("world_size", 1), ("position", 0)):
+        value = train_state.get(field)
+        whole = isinstance(value, int) and not isinstance(value, bool) and value >= least
+        if not whole and (field != "position" or field in train_state):  # no position: saved before it was
+            refuse(field, f"a whole number of at least {least}")
+    steps = train_state["step_count"]
+    if train_state["iter_num"] < steps:
+        refuse("iter_num", f"at least step_count, {steps} (a step is one micro-batch or more)")
+    loaders = train_state.get("train_dataloader")
+    if loaders is not None and (not isinstance(loaders, list) or len(loaders) != train_state["world_size"]):
+        refuse("train_dataloader", f"a list of one loader state per rank, {train_state['world_size']}")
+    train = hparams.get("train") if isinstance(hparams, dict) else None
+    batch = train.get("global_batch_size") if isinstance(train, dict) else None  # None: saved outside the recipe
+    if "position" in train_state and isinstance(batch, int) and train_state["position"] != steps * batch:
+        refuse("position", f"the blocks of its {steps} steps of {batch} (train.global_batch_size), {steps * batch}")
 
 
 def saved_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
@@ -212,11 +247,12 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
 
 
 def final_step(final: Path) -> int:
-    """The step a `final` checkpoint holds, by its train state; -1 where there is none or it can't be read."""
+    """The step a `final` checkpoint holds, by its train state; -1 where there is none, or none a run saves."""
     try:
-        return json.loads((final / TRAIN_STATE).read_text())["step_count"]
-    except (OSError, ValueError, KeyError):
+        step = json.loads((final / TRAIN_STATE).read_text())["step_count"]
+    except (OSError, ValueError, KeyError, TypeError):
         return -1
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else -1
 
 
 def check_left_to_train(checkpoint_dir: Path, max_steps: int, tokens_per_step: int) -> None:
