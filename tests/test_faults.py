@@ -5,7 +5,9 @@ numbers were edited by hand, out-of-range seeds, names too long, folders that mi
 import errno
 import json
 import os
+import re
 import resource
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,13 +24,18 @@ from test_recipe import recipe_config
 from test_user_errors_training import demo_cpu_data  # noqa: F401 (a fixture)
 
 import litgpt_vocagnolm.training.recipe as recipe
+from litgpt_vocagnolm import files
+from litgpt_vocagnolm.cli import main
 from litgpt_vocagnolm.data.prepare import prepare
+from litgpt_vocagnolm.data.prepared import VocAgnoData
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, WriteFailed
 from litgpt_vocagnolm.files import file_sha256
 from litgpt_vocagnolm.models import gpt
 from litgpt_vocagnolm.models.weights import UnreadableCheckpoint
 from litgpt_vocagnolm.training.checkpoints import Checkpointer, check_train_state, verify_checkpoint
+from litgpt_vocagnolm.training.checks import check_out_dir_apart, check_seed
 from litgpt_vocagnolm.training.recipe import setup
+from litgpt_vocagnolm.training.teacher import TeacherArgs
 
 CONTINUES = "then run again with --resume auto: it continues from step-00000001."
 
@@ -143,7 +150,7 @@ def test_a_run_under_ulimit_f_ends_in_one_line_and_leaves_no_unfinished_step(tmp
     assert not [p.name for p in out_dir.iterdir() if p.name.startswith((".partial-", "step-", "final"))]
 
 
-# Folders that mislead
+# Records edited by hand
 
 
 @pytest.fixture(scope="module")
@@ -155,23 +162,6 @@ def one_step_run(tmp_path_factory, tinyllama_mistral_data) -> Path:
     )
     setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train))
     return tmp_path / "out"
-
-
-def test_a_run_folder_given_as_data_is_named_with_the_data_it_trained_on(
-    one_step_run, tinyllama_mistral_data, tmp_path
-):
-    """Before: "No prepared data in OUT. Make it with `vocagnolm prepare ... --output OUT`", which prepare refuses."""
-    for given in (one_step_run, one_step_run / "step-00000001"):
-        with pytest.raises(PathMissing) as error:
-            setup(**setup_args(tmp_path, given))
-        newest = (
-            one_step_run / "final" / "hyperparameters.yaml" if given == one_step_run else given / "hyperparameters.yaml"
-        )
-        assert str(error.value) == (
-            f"{given} is a training run's folder, not prepared data (no manifest.json): {newest} records that the run"
-            f" trained on {tinyllama_mistral_data}: give that folder."
-        )
-    assert not (tmp_path / "out").exists()
 
 
 def edited_manifest(tmp_path: Path, data: Path, edit) -> Path:
@@ -278,6 +268,96 @@ def test_every_number_of_a_train_state_is_checked(tmp_path, change, says):
     )
 
 
+# Numbers out of range, names too long
+
+
+def typed(capsys, *argv: str | Path) -> tuple[int, str]:
+    """`vocagnolm ARGV` in this process, as the console script runs it: its exit status and stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main([str(arg) for arg in argv])
+    return exit_.value.code, capsys.readouterr().err
+
+
+def test_a_seed_lightning_would_refuse_is_refused_before_any_model(tmp_path, monkeypatch, capsys):
+    """Before: `--seed=-1` passed the checks, built the student and teacher, then `seed_everything` raised."""
+    monkeypatch.chdir(tmp_path)
+    for seed in ("-1", str(2**32)):
+        status, err = typed(capsys, "pretrain", "--config", "demo-cpu", f"--seed={seed}")
+        assert (status, err) == (
+            1,
+            f"vocagnolm pretrain: error: --seed must lie between 0 and 4294967295 (2**32 - 1: NumPy's seeds, which"
+            f" Lightning seeds from), got {seed}.\n",
+        )
+    check_seed(0)
+    check_seed(2**32 - 1)  # the bounds are Lightning's own
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_data_seed_below_0_is_refused_before_any_model(tmp_path, tinyllama_mistral_data):
+    with pytest.raises(InvalidArgument, match=r"^--data.seed must be at least 0, got -1\.$"):
+        setup(**setup_args(tmp_path, tinyllama_mistral_data) | {"data": VocAgnoData(tinyllama_mistral_data, seed=-1)})
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_dir_name_too_long_for_its_file_system_is_one_line(tmp_path, monkeypatch, capsys):
+    """Before: `OSError: [Errno 36] File name too long` from `check_writable`."""
+    monkeypatch.chdir(tmp_path)
+    name = "x" * 300
+    status, err = typed(capsys, "pretrain", "--config", "demo-cpu", "--out_dir", f"runs/{name}")
+    assert (status, err) == (
+        1,
+        f"vocagnolm pretrain: error: --out_dir {tmp_path / 'runs' / name}: the name {'x' * 40}... is 300 bytes long,"
+        " and its file system takes at most 255. Give a shorter one.\n",
+    )
+    deep = tmp_path.joinpath(*["y" * 200] * 25)
+    status, err = typed(
+        capsys, "prepare", "--student", TINYLLAMA, "--teacher", TINYLLAMA, "--input", ".", "--output", deep
+    )
+    assert (status, err) == (
+        1,
+        f"vocagnolm prepare: error: --output {deep}: the path is {len(str(deep))} bytes long, and its file system takes"
+        " fewer than 4096. Give a shorter one.\n",
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+# Folders that mislead
+
+
+def test_an_out_dir_in_the_prepared_data_is_refused_and_data_in_the_out_dir_is_not(tmp_path, tinyllama_mistral_data):
+    """Before: accepted, and the run's checkpoints sat among the shards."""
+    held = sorted(p.name for p in tinyllama_mistral_data.iterdir())
+    for out_dir, where in ((tinyllama_mistral_data, "is"), (tinyllama_mistral_data / "train" / "run", "lies inside")):
+        with pytest.raises(InvalidArgument) as error:
+            setup(**setup_args(tmp_path, tinyllama_mistral_data, out_dir=out_dir))
+        assert str(error.value) == (
+            f"--out_dir {out_dir} {where} --data.path {tinyllama_mistral_data}: the run's checkpoints, logs and lock"
+            " would sit among its shards. Give an --out_dir outside it, such as"
+            f" {tinyllama_mistral_data.parent / 'tl-mistral-run'}."
+        )
+    assert sorted(p.name for p in tinyllama_mistral_data.iterdir()) == held
+    data = shutil.copytree(tinyllama_mistral_data, tmp_path / "out" / "data")  # demo-cpu's layout
+    check_out_dir_apart(tmp_path / "out", VocAgnoData(data), TeacherArgs())
+
+
+def test_a_run_folder_given_as_data_is_named_with_the_data_it_trained_on(
+    one_step_run, tinyllama_mistral_data, tmp_path
+):
+    """Before: "No prepared data in OUT. Make it with `vocagnolm prepare ... --output OUT`", which prepare refuses."""
+    for given in (one_step_run, one_step_run / "step-00000001"):
+        with pytest.raises(PathMissing) as error:
+            setup(**setup_args(tmp_path, given))
+        newest = (
+            one_step_run / "final" / "hyperparameters.yaml" if given == one_step_run else given / "hyperparameters.yaml"
+        )
+        assert str(error.value) == (
+            f"{given} is a training run's folder, not prepared data (no manifest.json): {newest} records that the run"
+            f" trained on {tinyllama_mistral_data}: give that folder."
+        )
+    assert not (tmp_path / "out").exists()
+
+
 def test_preparing_into_a_copy_of_prepared_data_compares_contents_not_paths(
     tmp_path, tinyllama_mistral_data, gsm8k_sample, capsys
 ):
@@ -305,3 +385,43 @@ def test_preparing_into_a_copy_of_prepared_data_compares_contents_not_paths(
         f" {recorded['input'][0]['path']})). Give another --output, or delete {data} to prepare it again."
     )
     assert {p: p.stat().st_mtime_ns for p in data.rglob("*")} == stamps
+
+
+def test_the_demo_cpu_recipe_outside_a_clone_says_exactly_what_to_give(
+    tmp_path,
+    monkeypatch,
+    capsys,
+    request,
+    demo_cpu_data,  # noqa: F811 (the fixture)
+):
+    """Before: "Tokenizer path 'tests/fixtures/tokenizers/tinyllama-1.1b' does not exist", naming neither
+    --tokenizer_dir nor a way on. Now the line gives the commands that run it anywhere; they are followed as worded,
+    the download stood in for by the tokenizer it fetches, the data by the GSM8K sample prepared at 128 tokens with it
+    (the prepare command only parsed: all of GSM8K takes a while)."""
+    monkeypatch.chdir(tmp_path)
+    status, err = typed(capsys, "pretrain", "--config", "demo-cpu")
+    student = "checkpoints/TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"
+    corpus = files.shipped("demo/data", "data") / "gsm8k" / "train.jsonl"
+    assert (status, err) == (
+        1,
+        "vocagnolm pretrain: error: --tokenizer_dir tests/fixtures/tokenizers/tinyllama-1.1b is a folder of a clone of"
+        f" litgpt-vocagnolm (demo-cpu names it from the clone's root), and the working folder, {tmp_path}, is not one."
+        " Run it from a clone's root (`make demo-cpu` there prepares its data, then trains), or anywhere: 1) `litgpt"
+        " download TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T --tokenizer_only true`; 2) `vocagnolm prepare"
+        f" --student {student} --teacher {student} --input {corpus} --text_key question,answer --output"
+        " out/demo-cpu/data --max_seq_length 128` (demo-cpu trains plain cross-entropy: its data's teacher is not"
+        f" used); 3) this command with --tokenizer_dir {student}.\n",
+    )
+    assert corpus.is_file() and list(tmp_path.iterdir()) == []
+    download, prepare_command = re.findall(r"`((?:litgpt download|vocagnolm prepare) [^`]+)`", err)
+    assert shlex.split(download)[2] == "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"
+    (tmp_path / student).parent.mkdir(parents=True)
+    (tmp_path / student).symlink_to(TINYLLAMA)  # what `litgpt download --tokenizer_only true` leaves there
+    (tmp_path / "out" / "demo-cpu").mkdir(parents=True)
+    (tmp_path / "out" / "demo-cpu" / "data").symlink_to(demo_cpu_data)
+    monkeypatch.setattr(recipe, "fit", lambda *args: None)  # the steps are another test's
+    main(["pretrain", "--config", "demo-cpu", "--tokenizer_dir", student])
+    assert (tmp_path / "out" / "demo-cpu" / "final" / "lit_model.pth").is_file()
+    request.getfixturevalue("parse_only")  # the prepare command as worded: its own parser takes it
+    with pytest.raises(Parsed):
+        main(shlex.split(prepare_command)[1:])

@@ -65,7 +65,9 @@ from litgpt_vocagnolm.training.checkpoints import (
 from litgpt_vocagnolm.training.checks import (
     check_budget,
     check_optimizer,
+    check_out_dir_apart,
     check_run_args,
+    check_seed,
     check_seq_len,
     check_setup,
     check_start,
@@ -193,7 +195,9 @@ def setup(
         print("Available values:\n" + "\n".join(sorted(name_to_config)))
         return
     check_run_args(train, eval, devices, num_nodes)
+    check_seed(seed)
     check_writable(init_out_dir(out_dir), "--out_dir")  # a read-only one fails now, not at the first checkpoint
+    check_out_dir_apart(init_out_dir(out_dir), data, teacher)
     config = resolve_model_config(model_name, model_config)
     devices = parse_devices(devices)
     check_start(config, initial_checkpoint_dir, resume)
