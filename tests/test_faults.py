@@ -300,8 +300,8 @@ def test_a_data_seed_below_0_is_refused_before_any_model(tmp_path, tinyllama_mis
     assert not (tmp_path / "out").exists()
 
 
-def test_an_out_dir_name_too_long_for_its_file_system_is_one_line(tmp_path, monkeypatch, capsys):
-    """Before: `OSError: [Errno 36] File name too long` from `check_writable`."""
+def test_a_name_too_long_for_its_file_system_is_one_line(tmp_path, monkeypatch, capsys):
+    """Before: `OSError: [Errno 36] File name too long` from `check_writable`, and from reading --data.path."""
     monkeypatch.chdir(tmp_path)
     name = "x" * 300
     status, err = typed(capsys, "pretrain", "--config", "demo-cpu", "--out_dir", f"runs/{name}")
@@ -318,6 +318,12 @@ def test_an_out_dir_name_too_long_for_its_file_system_is_one_line(tmp_path, monk
         1,
         f"vocagnolm prepare: error: --output {deep}: the path is {len(str(deep))} bytes long, and its file system takes"
         " fewer than 4096. Give a shorter one.\n",
+    )
+    with pytest.raises(PathMissing) as error:
+        setup(**setup_args(tmp_path, tmp_path / name))
+    assert str(error.value) == (
+        f"No prepared data in {tmp_path / name}: the name {'x' * 40}... is 300 bytes long, and its file system takes at"
+        " most 255. Give the folder `vocagnolm prepare` wrote."
     )
     assert list(tmp_path.iterdir()) == []
 

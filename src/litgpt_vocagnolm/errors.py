@@ -73,7 +73,7 @@ def check_writable(folder: Path, flag: str) -> None:
     be a writable directory (a read-only disk or another user's folder fails here, not after hours of work)."""
     folder = Path(folder).absolute()
     existing = next(p for p in (folder, *folder.parents) if os.path.exists(p))  # False for a name too long
-    too_long = name_too_long(folder, existing)
+    too_long = name_too_long(folder)
     if too_long:
         raise InvalidArgument(f"{flag} {folder}: {too_long}. Give a shorter one.")
     if not existing.is_dir():
@@ -83,9 +83,11 @@ def check_writable(folder: Path, flag: str) -> None:
         raise InvalidArgument(f"{flag} {folder} {what} by this user. Give a folder you can write to.")
 
 
-def name_too_long(path: Path, existing: Path) -> str | None:
-    """Why the file system of `existing`, an existing folder above `path`, can't name `path` (ENAMETOOLONG: a name of
-    more bytes than it takes, 255 on most, or a whole path of more than its PATH_MAX), or None where it can."""
+def name_too_long(path: Path) -> str | None:
+    """Why the file system under `path` can't name it (ENAMETOOLONG: a name of more bytes than it takes, 255 on most,
+    or a whole path of more than its PATH_MAX), or None where it can."""
+    path = Path(path).absolute()
+    existing = next(p for p in (path, *path.parents) if os.path.exists(p))  # os.path's: False for a name too long
     most = os.pathconf(existing, "PC_NAME_MAX")
     for name in path.relative_to(existing).parts:
         if len(os.fsencode(name)) > most:

@@ -29,7 +29,7 @@ from litgpt_vocagnolm.alignment.tokenizer_files import (
     tokenizer_sha256,
 )
 from litgpt_vocagnolm.data.teacher_cache import TeacherLossCache
-from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, name_too_long
 from litgpt_vocagnolm.files import LOCK, file_sha256, inside
 
 # LitData asks PyPI for a newer version of itself whenever a dataset is written or opened (30 s timeout): a network
@@ -178,6 +178,9 @@ def load_manifest(path: Path) -> dict:
             f"{path} is a file, not prepared data: give the folder `vocagnolm prepare --output DIR` wrote (a text file"
             f" such as this one is what it reads: `vocagnolm prepare ... --input {path} --output DIR`)."
         )
+    too_long = name_too_long(path)
+    if too_long:
+        raise PathMissing(f"No prepared data in {path}: {too_long}. Give the folder `vocagnolm prepare` wrote.")
     if not os.path.isfile(path / MANIFEST):
         run = run_record(path)
         if run is not None:
@@ -210,6 +213,8 @@ def copy_again(path: Path) -> str:
 def run_record(path: Path) -> str | None:
     """Where `path` is a training run's folder, or one of its checkpoints (the recipe writes a `RUN_RECORD` into each
     `step-*/` and `final/`): which data the newest of them trained on, as a sentence. None elsewhere."""
+    if not path.is_dir():
+        return None
     records = [path / RUN_RECORD] if os.path.isfile(path / RUN_RECORD) else list(path.glob(f"*/{RUN_RECORD}"))
     if not records:
         return None

@@ -114,7 +114,7 @@ def check_resume_path(path: Path, flag: str = "--resume") -> None:
     """`--resume PATH` (or the checkpoint that option `flag` names), before any process starts: a sharded checkpoint
     directory (or a file in one) whose index loads. Its checksums are checked once the processes run, each rank a share
     of the files (`find_resume_checkpoint`)."""
-    if not path.exists():
+    if not os.path.exists(path):  # os.path's: False, not an error, for a name too long
         raise PathMissing(f"{flag} {str(path)!r} does not exist: pass a step-* (or final) directory the recipe saved.")
     if path.is_file():
         read_weights(path)  # a crafted or damaged weight file: refused, naming it
