@@ -21,9 +21,10 @@ from litgpt_vocagnolm.loss.methods import GuidanceArgs
 from litgpt_vocagnolm.models import gpt
 from litgpt_vocagnolm.models.weights import CHECKSUMS, UnreadableCheckpoint, read_weights
 from litgpt_vocagnolm.training import checkpoints
-from litgpt_vocagnolm.training.checkpoints import TRAIN_STATE, file_checksums, find_resume_checkpoint
+from litgpt_vocagnolm.training.checkpoints import file_checksums, find_resume_checkpoint
 from litgpt_vocagnolm.training.recipe import setup
 from litgpt_vocagnolm.training.score_teacher import score_teacher
+from litgpt_vocagnolm.training.train_state import TRAIN_STATE
 
 
 class Payload:

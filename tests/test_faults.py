@@ -32,10 +32,11 @@ from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken, Wri
 from litgpt_vocagnolm.files import file_sha256
 from litgpt_vocagnolm.models import gpt
 from litgpt_vocagnolm.models.weights import UnreadableCheckpoint
-from litgpt_vocagnolm.training.checkpoints import Checkpointer, check_train_state, verify_checkpoint
+from litgpt_vocagnolm.training.checkpoints import Checkpointer, verify_checkpoint
 from litgpt_vocagnolm.training.checks import check_out_dir_apart, check_seed
 from litgpt_vocagnolm.training.recipe import setup
 from litgpt_vocagnolm.training.teacher import TeacherArgs
+from litgpt_vocagnolm.training.train_state import check_train_state
 
 CONTINUES = "then run again with --resume auto: it continues from step-00000001."
 

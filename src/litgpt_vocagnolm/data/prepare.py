@@ -53,8 +53,8 @@ from litgpt_vocagnolm.data.documents import (
     split_documents,
 )
 from litgpt_vocagnolm.data.dry_run import Packing, format_dry_run, measure_prepare
+from litgpt_vocagnolm.data.manifest import FORMAT, MANIFEST, PARTIAL, SPLITS, output_progress
 from litgpt_vocagnolm.data.packing import BlockDtypes, aligned_streams, pack_blocks
-from litgpt_vocagnolm.data.prepared import FORMAT, MANIFEST, PARTIAL, SPLITS, output_progress
 from litgpt_vocagnolm.data.workers import START_METHOD, optimize_environment
 from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_writable, failed_writes
 from litgpt_vocagnolm.files import file_fingerprint, file_sha256, hold_folder, write_json

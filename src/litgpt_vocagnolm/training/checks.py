@@ -28,8 +28,9 @@ from litgpt_vocagnolm.loss.methods import GuidanceArgs, method_names
 from litgpt_vocagnolm.models.gpt import GPT, check_per_token_loss
 from litgpt_vocagnolm.models.model_configs import config_named
 from litgpt_vocagnolm.models.weights import check_checkpoint_dir, check_vocab_size, read_weights
-from litgpt_vocagnolm.training.checkpoints import TRAIN_STATE, check_resume_path
+from litgpt_vocagnolm.training.checkpoints import check_resume_path
 from litgpt_vocagnolm.training.teacher import TeacherArgs, teacher_mode
+from litgpt_vocagnolm.training.train_state import TRAIN_STATE
 
 CLONE_FIXTURES = Path("tests/fixtures")  # a clone's test files: demo-cpu names a tokenizer there
 TINYLLAMA = "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"  # the paper's student, the README's download

@@ -11,12 +11,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from litgpt_vocagnolm.errors import PathTaken, WriteFailed, check_writable, failed_writes
 from litgpt_vocagnolm.files import file_sha256, hold_folder
 from litgpt_vocagnolm.models.weights import CHECKSUMS, MODEL_FILES, SafeReader
-from litgpt_vocagnolm.training.checkpoints import (
-    TRAIN_STATE,
-    check_resume_path,
-    export_lit_model,
-    verify_checkpoint,
-)
+from litgpt_vocagnolm.training.checkpoints import check_resume_path, export_lit_model, verify_checkpoint
+from litgpt_vocagnolm.training.train_state import TRAIN_STATE
 
 
 def export(checkpoint_dir: Path, out_dir: Path) -> None:

@@ -54,9 +54,7 @@ from litgpt_vocagnolm.models.model_configs import register
 from litgpt_vocagnolm.models.weights import load_weights
 from litgpt_vocagnolm.training.checkpoints import (
     Checkpointer,
-    check_left_to_train,
     check_out_dir,
-    data_position,
     find_resume_checkpoint,
     hyperparameters,
     previous_checkpoints,
@@ -87,6 +85,7 @@ from litgpt_vocagnolm.training.micro_batch import Guide
 from litgpt_vocagnolm.training.slurm import StopRequest, exit_after_stop, keep_workers, stop_signal
 from litgpt_vocagnolm.training.step import Loop, Step, format_metrics, log_step, run_steps, train_step
 from litgpt_vocagnolm.training.teacher import Teacher, TeacherArgs, teachers_of
+from litgpt_vocagnolm.training.train_state import check_left_to_train, data_position
 
 
 @dataclass
