@@ -72,10 +72,10 @@ def check_writable(folder: Path, flag: str) -> None:
     """Refuses a folder this process can't create or write into, before any work: its nearest existing ancestor must
     be a writable directory (a read-only disk or another user's folder fails here, not after hours of work)."""
     folder = Path(folder).absolute()
-    existing = next(p for p in (folder, *folder.parents) if os.path.exists(p))  # False for a name too long
     too_long = name_too_long(folder)
     if too_long:
         raise InvalidArgument(f"{flag} {folder}: {too_long}. Give a shorter one.")
+    existing = nearest_existing(folder)
     if not existing.is_dir():
         raise PathTaken(f"{flag} {folder}: {existing} is a file, not a folder. Give a folder path.")
     if not os.access(existing, os.W_OK | os.X_OK):
@@ -83,11 +83,16 @@ def check_writable(folder: Path, flag: str) -> None:
         raise InvalidArgument(f"{flag} {folder} {what} by this user. Give a folder you can write to.")
 
 
+def nearest_existing(path: Path) -> Path:
+    """`path` (absolute), or the nearest folder above it, that exists."""
+    return next(p for p in (path, *path.parents) if os.path.exists(p))  # os.path's: False for a name too long
+
+
 def name_too_long(path: Path) -> str | None:
     """Why the file system under `path` can't name it (ENAMETOOLONG: a name of more bytes than it takes, 255 on most,
     or a whole path of more than its PATH_MAX), or None where it can."""
     path = Path(path).absolute()
-    existing = next(p for p in (path, *path.parents) if os.path.exists(p))  # os.path's: False for a name too long
+    existing = nearest_existing(path)
     most = os.pathconf(existing, "PC_NAME_MAX")
     for name in path.relative_to(existing).parts:
         if len(os.fsencode(name)) > most:
