@@ -1008,7 +1008,7 @@ def test_loader_resumes_at_the_next_sample(prepared, num_workers):
 
 
 def test_data_of_another_format_fails_naming_both_versions_and_the_fix(prepared, tmp_path):
-    from litgpt_vocagnolm.data.prepared import FORMAT, MANIFEST, load_manifest
+    from litgpt_vocagnolm.data.manifest import FORMAT, MANIFEST, load_manifest
 
     copy = tmp_path / "old"
     copy.mkdir()

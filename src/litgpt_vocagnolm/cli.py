@@ -166,7 +166,7 @@ def _optimizer_option() -> type:
 @cache
 def _model_config_option() -> type:
     """The recipe's `model_config: Config | None` option, on which `--model_config FILE` reads a YAML or JSON file of
-    `litgpt.Config` fields (`checks.model_config_text`: such as a checkpoint's model_config.yaml) and, as inline JSON
+    `litgpt.Config` fields (`student.model_config_text`: such as a checkpoint's model_config.yaml) and, as inline JSON
     does, replaces the config given before it. jsonargparse 4.41 takes no file for an optional dataclass (it adds a
     `__path__` key that the dataclass refuses) and merges a whole config into the one before it, keeping the recipe's
     fields that a file lacks. `--model_config.KEY VALUE` is jsonargparse's."""
@@ -177,23 +177,33 @@ def _model_config_option() -> type:
         def __call__(self, parser, cfg, value: str, option: str) -> None:
             if option == f"--{self.dest}":
                 cfg[self.dest] = None
-                value = import_module("litgpt_vocagnolm.training.checks").model_config_text(value)
+                value = import_module("litgpt_vocagnolm.training.student").model_config_text(value)
             super().__call__(parser, cfg, value, option)
 
     return ModelConfigOption
 
 
+def _own_actions(parser) -> None:
+    """jsonargparse builds each parameter's action itself: LitGPT's `optimizer: str | dict` and the recipe's
+    `model_config` get ours (`_optimizer_option`, `_model_config_option`)."""
+    optimizer = _action(parser, "optimizer")
+    if optimizer is not None and get_args(getattr(optimizer, "_typehint", None)) == (str, dict):
+        optimizer.__class__ = _optimizer_option()
+    if _action(parser, "model_config") is not None:
+        _action(parser, "model_config").__class__ = _model_config_option()
+
+
 def _choose_student(parser, cfg) -> None:
-    """The student the command line gives (`checks.choose_student`: what is typed wins over the recipe), set in `cfg`
+    """The student the command line gives (`student.choose_student`: what is typed wins over the recipe), set in `cfg`
     as `model_name` or `model_config`, the other None: what --print_config shows, what runs and what
     hyperparameters.yaml records."""
     from jsonargparse import Namespace
 
-    checks = import_module("litgpt_vocagnolm.training.checks")
+    student = import_module("litgpt_vocagnolm.training.student")
     typed = [arg.split("=", 1)[0] for arg in parser.args if arg.startswith("--")]
     model_config = cfg.model_config.as_dict() if cfg.model_config is not None else None
     recipe = _recipe_options(parser.args, ("model_name", "model_config", "initial_checkpoint_dir"))
-    name, config = checks.choose_student(cfg.model_name, model_config, cfg.initial_checkpoint_dir, typed, recipe)
+    name, config = student.choose_student(cfg.model_name, model_config, cfg.initial_checkpoint_dir, typed, recipe)
     cfg["model_name"] = name
     if config != model_config:  # the fields of a dataclass, as jsonargparse holds them
         cfg["model_config"] = None if config is None else Namespace(**config)
@@ -219,10 +229,7 @@ def _recipe_options(args: list[str], keys: tuple[str, ...]) -> dict[str, str]:
 def _configure(debug: bool = False) -> type:
     """What `litgpt.__main__.main` sets up before its CLI call; returns the parser class to build parsers with, which
     prints a refused option in one line (jsonargparse's usage and full message with `debug`)."""
-    import warnings
-
-    import torch
-    from jsonargparse import ArgumentParser, set_config_read_mode, set_docstring_parse_options
+    from jsonargparse import ArgumentParser
 
     class Parser(ArgumentParser):
         """Whole numbers as people write them, options only by their whole names, LitGPT's `--optimizer` as one
@@ -239,13 +246,7 @@ def _configure(debug: bool = False) -> type:
             self.given: dict[str, str] = {}  # each option's value as typed (or in a config), for the error line
 
         def parse_args(self, *args, **kwargs):
-            # jsonargparse builds each parameter's action itself: LitGPT's `optimizer: str | dict` and the recipe's
-            # `model_config` get ours
-            optimizer = _action(self, "optimizer")
-            if optimizer is not None and get_args(getattr(optimizer, "_typehint", None)) == (str, dict):
-                optimizer.__class__ = _optimizer_option()
-            if _action(self, "model_config") is not None:
-                _action(self, "model_config").__class__ = _model_config_option()
+            _own_actions(self)
             return super().parse_args(*args, **kwargs)
 
         def _positional_optionals(self, cfg, unknown):  # jsonargparse: once the command line is read, before
@@ -280,13 +281,23 @@ def _configure(debug: bool = False) -> type:
             print(f"{self.prog}: error: {_one_line(self, message)} See --help.", file=sys.stderr)
             self.exit(2)
 
+    _litgpt_settings()
+    return Parser
+
+
+def _litgpt_settings() -> None:
+    """The settings `litgpt.__main__.main` makes before its CLI call."""
+    import warnings
+
+    import torch
+    from jsonargparse import set_config_read_mode, set_docstring_parse_options
+
     set_docstring_parse_options(attribute_docstrings=True)
     set_config_read_mode(urls_enabled=True)
     warnings.filterwarnings(
         "ignore", message=r"The epoch parameter in `scheduler.step\(\)` was not necessary", category=UserWarning
     )
     torch.set_float32_matmul_precision("high")
-    return Parser
 
 
 def _whole_numbers_only(typehint: object) -> bool:

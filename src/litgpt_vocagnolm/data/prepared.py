@@ -1,9 +1,10 @@
-"""Prepared data, read back: the manifest, the blocks of a split, and `VocAgnoData`, the DataModule training streams.
+"""Prepared data, read back: the blocks of a split, and `VocAgnoData`, the DataModule training streams.
 
-`vocagnolm prepare` (prepare.py) writes DIR/manifest.json, DIR/train and DIR/val (LitData shards of blocks; packing.py
-describes a stored block). Here they are checked against the manifest, decoded to plain arrays (`iter_blocks`, the
-contract of docs/design.md, "Prepared data") and batched for training (`collate_blocks`), with the teacher's cached
-per-token losses attached when training reads a loss cache (teacher_cache.py).
+`vocagnolm prepare` (prepare.py) writes DIR/manifest.json (read and checked by manifest.py), DIR/train and DIR/val
+(LitData shards of blocks; packing.py describes a stored block). Here they are checked against the manifest, decoded to
+plain arrays (`iter_blocks`, the contract of docs/design.md, "Prepared data") and batched for training
+(`collate_blocks`), with the teacher's cached per-token losses attached when training reads a loss cache
+(teacher_cache.py).
 """
 
 import functools
@@ -26,83 +27,16 @@ from litgpt_vocagnolm.alignment.tokenizer_files import (
     same_vocabulary,
     tokenizer_sha256,
 )
+from litgpt_vocagnolm.data.manifest import MANIFEST, SPLITS, copy_again, load_manifest
 from litgpt_vocagnolm.data.teacher_cache import TeacherLossCache
-from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, PathTaken
-from litgpt_vocagnolm.files import LOCK, file_sha256, inside
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
+from litgpt_vocagnolm.files import file_sha256, inside
 
 # LitData asks PyPI for a newer version of itself whenever a dataset is written or opened (30 s timeout): a network
 # call in every run and loader worker, which stalls firewalled cluster nodes. Nothing here should reach the network.
 litdata.helpers._get_newer_version = lambda version: None
 
-# 2: the student's EOS maps to the teacher's EOS, and `mapped_share` counts prediction targets (`documents.Stats`).
-FORMAT = "vocagnolm-blocks/2"
-MANIFEST = "manifest.json"
-PARTIAL = ".partial"  # where an unfinished `prepare` works; renamed into place at the end
-SPLITS = ("val", "train")  # written in this order: the small split first, so an empty one fails fast
 WINDOW_MULTIPLE = 64  # teacher windows are padded to a multiple of this: one shape per run, friendly to matmul tiles
-
-
-def _differences(recorded: dict, settings: dict) -> str:
-    def show(value: Any) -> str:
-        text = json.dumps(value)
-        return text if len(text) <= 60 else "..."
-
-    keys = [key for key in settings if recorded.get(key) != settings[key]]
-    return "; ".join(
-        _changed_files(key, recorded.get(key) or [], settings[key])
-        if key in ("input", "val_input")
-        else f"{key}: {show(recorded.get(key))} there, {show(settings[key])} now"
-        for key in keys
-    )
-
-
-def _changed_files(key: str, recorded: list, now: list[dict]) -> str:
-    """Which --input (or --val_input) files differ from those recorded (`files.file_fingerprint`), and how."""
-    before = {(r["path"] if isinstance(r, dict) else r[0]): r for r in recorded}  # older versions: [path, size]
-    changes = [f"{r['path']} is new" for r in now if r["path"] not in before]
-    changes += [f"{path} is gone" for path in before.keys() - {r["path"] for r in now}]
-    for new in now:
-        old = before.get(new["path"], new)
-        if isinstance(old, list):
-            changes.append(f"{new['path']} was recorded without its content hash (by an older version)")
-        elif old != new:
-            fields = sorted(field for field in old.keys() | new.keys() if old.get(field) != new.get(field))
-            changes.append(f"{new['path']} changed ({', '.join(fields)})")
-    more = f"; and {len(changes) - 3} more" if len(changes) > 3 else ""
-    return f"--{key}: " + ("; ".join(changes[:3]) + more if changes else "the same files in another order")
-
-
-def output_progress(output: Path, settings: dict) -> Literal["new", "done", "resume"]:
-    """What `--output` holds: nothing, this very dataset, or an unfinished run of it. Refuses anything else."""
-    if output.exists() and not output.is_dir():
-        raise PathTaken(f"--output {output} is a file; give a directory.")
-    entries = sorted(p.name for p in output.iterdir() if p.name != LOCK) if output.is_dir() else []
-    if not entries:
-        return "new"
-    if MANIFEST in entries:
-        recorded = json.loads((output / MANIFEST).read_text(encoding="utf-8"))["settings"]
-        if recorded == settings:
-            return "done"
-        raise PathTaken(
-            f"--output {output} holds data prepared with other settings ({_differences(recorded, settings)})."
-            f" Give another --output, or delete {output} to prepare it again."
-        )
-    if PARTIAL in entries and set(entries) <= {PARTIAL, *SPLITS}:
-        settings_file = output / PARTIAL / "settings.json"
-        recorded = json.loads(settings_file.read_text(encoding="utf-8"))["settings"] if settings_file.is_file() else {}
-        if recorded == settings:
-            return "resume"
-        if not any((output / PARTIAL / f"{split}.json").is_file() for split in SPLITS):
-            return "new"  # an unfinished run that finished no split (it failed, or was killed early): start over
-        raise PathTaken(
-            f"--output {output} holds an unfinished `vocagnolm prepare` with other settings"
-            f" ({_differences(recorded, settings)}). Re-run that command to finish it, give another --output, or"
-            f" delete {output}."
-        )
-    raise PathTaken(
-        f"--output {output} is not empty and holds no prepared data (it has: {', '.join(entries[:5])}"
-        f"{', ...' if len(entries) > 5 else ''}). Give a new or empty directory."
-    )
 
 
 def block_tokens(manifest: dict) -> int:
@@ -123,29 +57,6 @@ def padded_window(manifest: dict, teacher_block_size: Optional[int] = None) -> i
     padding is the price."""
     rounded = -(-manifest["teacher_max_length"] // WINDOW_MULTIPLE) * WINDOW_MULTIPLE
     return min(rounded, teacher_block_size or rounded)
-
-
-def load_manifest(path: Path) -> dict:
-    path = Path(path)
-    if path.is_file():
-        raise InvalidArgument(
-            f"{path} is a file, not prepared data: give the folder `vocagnolm prepare --output DIR` wrote (a text file"
-            f" such as this one is what it reads: `vocagnolm prepare ... --input {path} --output DIR`)."
-        )
-    if not (path / MANIFEST).is_file():
-        unfinished = " An interrupted run left it unfinished: run it again." if (path / PARTIAL).exists() else ""
-        raise PathMissing(
-            f"No prepared data in {path} (no {MANIFEST}). Make it with `vocagnolm prepare ... --output {path}`."
-            + unfinished
-        )
-    manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    if manifest.get("format") != FORMAT:
-        raise InvalidArgument(
-            f"{path / MANIFEST} is format {manifest.get('format')!r}; this version of litgpt-vocagnolm reads"
-            f" {FORMAT!r}. Prepare the data again: `vocagnolm prepare` with the arguments it was prepared with (its"
-            f' "settings" in the manifest) and a new --output (or delete {path} first).'
-        )
-    return manifest
 
 
 class BlockDataset(StreamingDataset):
@@ -181,8 +92,7 @@ class BlockDataset(StreamingDataset):
         except (IndexError, ValueError, OverflowError) as error:  # LitData on a chunk damaged in place (same size)
             raise InvalidArgument(
                 f"Block {position} of {self.path / self.split} can't be read (LitData raised {type(error).__name__}):"
-                f" {chunk_file(self.path / self.split, position)} is damaged. Copy {self.path} again, whole, or"
-                " prepare the data again: `vocagnolm prepare ... --output NEW_DIR`."
+                f" {chunk_file(self.path / self.split, position)} is damaged. {copy_again(self.path)}"
             ) from error
         if self.teacher_losses is not None:
             item["teacher_loss"] = self.teacher_losses[position]
@@ -210,9 +120,9 @@ def chunk_file(folder: Path, position: int) -> Path:
 
 def check_split(path: Path, split: str, manifest: dict) -> None:
     """Fails, naming the file and the fix, unless the split's index is the one the manifest recorded, is one that
-    `prepare` writes (`check_index`), and every chunk file it lists is inside the split's folder, there with the size
-    it records: a missing or cut chunk would otherwise surface only when the loader reaches it, maybe hours into
-    training. Costs a `stat` per chunk (64 MB each)."""
+    `prepare` writes (`check_index`) and holds as many blocks as the manifest says, and every chunk file it lists is
+    inside the split's folder, there with the size it records: a missing or cut chunk would otherwise surface only when
+    the loader reaches it, maybe hours into training. Costs a `stat` per chunk (64 MB each)."""
     folder = Path(path) / split
     index = folder / "index.json"
     if not index.is_file() or file_sha256(index) != manifest["splits"][split]["index_sha256"]:
@@ -220,9 +130,15 @@ def check_split(path: Path, split: str, manifest: dict) -> None:
             f"{index} is missing or not the one {Path(path) / MANIFEST} recorded: the folder mixes two preparations."
             " Prepare the data again into a new --output."
         )
-    fix = f"Copy {path} again, whole, or prepare the data again: `vocagnolm prepare ... --output NEW_DIR`."
+    fix = copy_again(path)
     listing = json.loads(index.read_text(encoding="utf-8"))
     check_index(index, listing, fix)
+    indexed, recorded = sum(chunk["chunk_size"] for chunk in listing["chunks"]), manifest["splits"][split]["blocks"]
+    if indexed != recorded:
+        raise InvalidArgument(
+            f"{Path(path) / MANIFEST} records {recorded:,} {split} blocks, and {index} lists {indexed:,}: the manifest"
+            f" was edited or damaged. {fix}"
+        )
     for chunk in listing["chunks"]:
         file, recorded = folder / chunk["filename"], chunk["chunk_bytes"]
         if not file.is_file():
@@ -233,11 +149,15 @@ def check_split(path: Path, split: str, manifest: dict) -> None:
 
 
 def check_index(index: Path, listing: dict, fix: str) -> None:
-    """Fails, naming `index` (a split's LitData index.json, read as `listing`), unless it is one `prepare` writes:
-    every chunk it lists a file inside its folder (a name without `..`, not absolute, not a link out of it), and its
-    blocks rebuilt by LitData's own loader as plain dicts (LitData imports whatever callable the `data_spec` names)."""
+    """Fails, naming `index` (a split's LitData index.json, read as `listing`), unless it is one `prepare` writes: every
+    chunk it lists of a whole number of blocks, a file inside its folder (a name without `..`, not absolute, not a link
+    out of it), and its blocks rebuilt by LitData's own loader as plain dicts (LitData imports whatever callable the
+    `data_spec` names)."""
     folder = index.parent
     for chunk in listing["chunks"]:
+        size = chunk.get("chunk_size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise InvalidArgument(f"{index} lists a chunk of {size!r} blocks, not a whole number above 0. {fix}")
         if not inside(folder, chunk["filename"]):
             raise InvalidArgument(
                 f"{index} lists the chunk {chunk['filename']!r}, which is not a file inside {folder}: prepared data is"

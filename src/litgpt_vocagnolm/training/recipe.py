@@ -54,9 +54,7 @@ from litgpt_vocagnolm.models.model_configs import register
 from litgpt_vocagnolm.models.weights import load_weights
 from litgpt_vocagnolm.training.checkpoints import (
     Checkpointer,
-    check_left_to_train,
     check_out_dir,
-    data_position,
     find_resume_checkpoint,
     hyperparameters,
     previous_checkpoints,
@@ -65,12 +63,12 @@ from litgpt_vocagnolm.training.checkpoints import (
 from litgpt_vocagnolm.training.checks import (
     check_budget,
     check_optimizer,
-    check_resumed_model,
+    check_out_dir_apart,
     check_run_args,
+    check_seed,
     check_seq_len,
     check_setup,
     check_start,
-    resolve_model_config,
     resume_history,
     tokenizer_pair_summary,
 )
@@ -85,7 +83,9 @@ from litgpt_vocagnolm.training.distributed import (
 from litgpt_vocagnolm.training.micro_batch import Guide
 from litgpt_vocagnolm.training.slurm import StopRequest, exit_after_stop, keep_workers, stop_signal
 from litgpt_vocagnolm.training.step import Loop, Step, format_metrics, log_step, run_steps, train_step
+from litgpt_vocagnolm.training.student import check_resumed_model, resolve_model_config
 from litgpt_vocagnolm.training.teacher import Teacher, TeacherArgs, teachers_of
+from litgpt_vocagnolm.training.train_state import check_left_to_train, data_position
 
 
 @dataclass
@@ -199,7 +199,9 @@ def setup(
         print("Available values:\n" + "\n".join(sorted(name_to_config)))
         return
     check_run_args(train, eval, devices, num_nodes)
+    check_seed(seed)
     check_writable(init_out_dir(out_dir), "--out_dir")  # a read-only one fails now, not at the first checkpoint
+    check_out_dir_apart(init_out_dir(out_dir), data, teacher)
     config = resolve_model_config(model_name, model_config)
     devices = parse_devices(devices)
     check_start(
