@@ -26,7 +26,6 @@ from litgpt.model import CausalSelfAttention, LLaMAMLP, RMSNorm
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.loss.cross_entropy import linear_cross_entropy
 from litgpt_vocagnolm.models.weights import load_weights
 
@@ -41,12 +40,14 @@ class GPT(litgpt.model.GPT):
         targets: Tensor | None = None,
     ) -> Tensor:
         """LitGPT's forward, (B, T, V) logits, or with `targets` (B, T) (-100: nothing to predict) the (B, T) float32
-        cross-entropy of each target, the head computed a tile of rows at a time (forward and backward). LitGPT's
+        cross-entropy of each target, the head (its bias and its logits' soft cap, where the config has them) computed a
+        tile of rows at a time (forward and backward). LitGPT's
         `lm_head_chunk_size`, which returns a list of logit chunks, is left out: the per-token loss tiles the head."""
         if targets is None:
             return super().forward(idx, input_pos, input_pos_maxp1)
-        check_per_token_loss(self.config, "the model")
-        return linear_cross_entropy(self.hidden_states(idx), self.lm_head.weight, targets)
+        head = self.lm_head
+        softcap = self.config.final_logit_softcapping
+        return linear_cross_entropy(self.hidden_states(idx), head.weight, targets, bias=head.bias, softcap=softcap)
 
     def hidden_states(self, idx: Tensor) -> Tensor:
         """(B, T, n_embd) after the final norm: `litgpt.model.GPT.forward` up to its head, without a KV cache.
@@ -67,16 +68,6 @@ class GPT(litgpt.model.GPT):
             else:
                 x = block(x, cos, sin, None, None, None)  # no mask: causal
         return self.transformer.ln_f(x)
-
-
-def check_per_token_loss(config: Config, what: str) -> None:
-    """Refuses, before any model is built, a model whose per-token loss `GPT.forward` does not compute (its tiled head
-    has no logit soft-capping and no bias): `what` names where it came from."""
-    if config.final_logit_softcapping is not None or config.lm_head_bias:
-        raise InvalidArgument(
-            f"{what} ({config.name}) caps its logits or adds a bias in its head, which the per-token loss here does not"
-            " compute: choose a model without final_logit_softcapping or lm_head_bias."
-        )
 
 
 def new_model(fabric: L.Fabric, config: Config, tie_embeddings: bool, model_class: type = GPT) -> nn.Module:
