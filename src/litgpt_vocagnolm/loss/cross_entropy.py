@@ -91,7 +91,7 @@ def logit_gradient(z: Tensor, targets: Tensor, lse: Tensor, grad: Tensor, softca
         tanh = z.div_(softcap).tanh_()
         g = torch.mul(tanh, softcap).sub_(lse[:, None]).exp_()
     g.scatter_add_(1, targets[:, None], torch.full_like(lse[:, None], -1.0)).mul_(grad[:, None])
-    return g if softcap is None else g.mul_(tanh.square_().neg_().add_(1.0))
+    return g if softcap is None else g.addcmul_(g, tanh.square_(), value=-1.0)  # g (1 - tanh^2), in two passes
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
