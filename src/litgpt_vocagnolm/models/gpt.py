@@ -22,7 +22,7 @@ import litgpt.model
 import torch
 from lightning.fabric.strategies import DDPStrategy
 from litgpt.config import Config
-from litgpt.model import CausalSelfAttention, LLaMAMLP, RMSNorm
+from litgpt.model import CausalSelfAttention, GroupedTopkRouter, LLaMAMLP, RMSNorm
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -88,10 +88,12 @@ def initialize_weights(model: nn.Module, seed: int) -> None:
 
     LitGPT's GPT-NeoX initialisation (litgpt/pretrain.py 0.5.13 `initialize_weights`): Linear and Embedding weights
     normal with std sqrt(2 / 5 / n_embd), the output projection (`proj`) of attention and of LLaMA's MLP
-    1 / sqrt(n_embd) / n_layer, biases 0, norm weights 1. Its rules are copied rather than called, as it draws from the
-    global generator on each rank's shard, so the values depended on the number of processes. Here every tensor is
-    drawn whole on the CPU (one at a time: at most the embedding, 262 MB for TinyLlama) from a generator seeded by
-    (seed, its name), and each rank keeps its shard, as torchtitan's seed checkpoint gives every layout one start.
+    1 / sqrt(n_embd) / n_layer, biases 0, norm weights 1; a grouped router's weight (`GroupedTopkRouter`, a linear map
+    that is no `nn.Linear`, which LitGPT's rules leave undrawn) as a Linear's. Its rules are copied rather than called, as it
+    draws from the global generator on each rank's shard, so the values depended on the number of processes. Here every
+    tensor is drawn whole on the CPU (one at a time: at most the embedding, 262 MB for TinyLlama) from a generator
+    seeded by (seed, its name), and each rank keeps its shard, as torchtitan's seed checkpoint gives every layout one
+    start.
     """
     model = getattr(model, "module", model)  # Fabric's wrapper
     config = model.config
@@ -104,7 +106,7 @@ def initialize_weights(model: nn.Module, seed: int) -> None:
             drawn.add(id(param))
             key = canonical_name(f"{module_name}.{name}")
             value = torch.zeros(param.shape)  # biases
-            if isinstance(module, (nn.Linear, nn.Embedding)) and name == "weight":
+            if isinstance(module, (nn.Linear, nn.Embedding, GroupedTopkRouter)) and name == "weight":
                 std = 1 / math.sqrt(config.n_embd) / config.n_layer if id(module) in projections else None
                 std = std or math.sqrt(2.0 / 5 / config.n_embd)
                 value.normal_(0.0, std, generator=torch.Generator().manual_seed(name_seed(seed, key)))

@@ -155,9 +155,11 @@ def block_bytes_per_token(config: Config, train: bool) -> tuple[float, float]:
     The block is measured with its attention as SDPA runs it (causal, no mask): what LitGPT's sliding windows and
     attention soft-capping hold beyond, in the square of the length, is `attention_square_bytes`. A mixture of experts
     is measured with `n_expert_per_token` experts (each token meets as many as in the model; the model's n_expert
-    would all be built at full width here), the bf16 copies of the others' weights added.
+    would all be built at full width here), the bf16 copies of the others' weights added; a grouped router needs its
+    groups' experts, and keeps them. Its first block is a mixture even where the model's first layers are dense
+    (`first_k_dense_replace`).
     """
-    experts = min(config.n_expert, config.n_expert_per_token)
+    experts = config.n_expert if config.n_expert_groups else min(config.n_expert, config.n_expert_per_token)
     one_block = dataclasses.replace(
         config,
         n_layer=1,
@@ -166,6 +168,7 @@ def block_bytes_per_token(config: Config, train: bool) -> tuple[float, float]:
         sliding_window_size=None,
         attention_logit_softcapping=None,
         n_expert=experts,
+        first_k_dense_replace=None,
     )
     per_token, per_block = _block_bytes_per_token(json.dumps(dataclasses.asdict(one_block), sort_keys=True), train)
     if train and experts < config.n_expert:  # autocast keeps a bf16 copy of every expert's weights for backward
