@@ -89,11 +89,11 @@ def initialize_weights(model: nn.Module, seed: int) -> None:
     LitGPT's GPT-NeoX initialisation (litgpt/pretrain.py 0.5.13 `initialize_weights`): Linear and Embedding weights
     normal with std sqrt(2 / 5 / n_embd), the output projection (`proj`) of attention and of LLaMA's MLP
     1 / sqrt(n_embd) / n_layer, biases 0, norm weights 1; a grouped router's weight (`GroupedTopkRouter`, a linear map
-    that is no `nn.Linear`, which LitGPT's rules leave undrawn) as a Linear's. Its rules are copied rather than called, as it
-    draws from the global generator on each rank's shard, so the values depended on the number of processes. Here every
-    tensor is drawn whole on the CPU (one at a time: at most the embedding, 262 MB for TinyLlama) from a generator
-    seeded by (seed, its name), and each rank keeps its shard, as torchtitan's seed checkpoint gives every layout one
-    start.
+    that is no `nn.Linear`, which LitGPT's rules leave undrawn) as a Linear's. Its rules are copied rather than called,
+    as it draws from the global generator on each rank's shard, so the values depended on the number of processes.
+    Here every tensor is drawn whole on the CPU (one at a time: at most the embedding, 262 MB for TinyLlama) from a
+    generator seeded by (seed, its name), and each rank keeps its shard, as torchtitan's seed checkpoint gives every
+    layout one start.
     """
     model = getattr(model, "module", model)  # Fabric's wrapper
     config = model.config
