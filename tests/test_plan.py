@@ -338,3 +338,45 @@ def test_plan_warns_when_the_prepared_data_is_for_another_sequence_length(capsys
         ]
     )
     assert "Warning:" not in capsys.readouterr().out
+
+
+MODELS_PAGE = ROOT / "docs" / "models.md"
+
+
+def test_the_teacher_costs_that_docs_models_quotes_are_what_plan_prints(capsys):
+    """docs/models.md's table of teachers, each cell from `plan` of the paper's recipe with that teacher, and its
+    whole plan of Gemma-2-9b as `plan` prints it (the recipe's path aside), and the figures its prose gives."""
+    from litgpt_vocagnolm import cli
+    from litgpt_vocagnolm.loss.cross_entropy import TILE_ELEMENTS
+    from litgpt_vocagnolm.models.model_configs import config_named
+    from litgpt_vocagnolm.planning.memory import SOFTCAPPED_SCORE_BYTES
+
+    page = MODELS_PAGE.read_text(encoding="utf-8")
+    rows = [line.strip("|").split(" | ") for line in page.splitlines() if re.match(r"\| \w+/\S+ \|", line)]
+    assert [row[0].strip() for row in rows] == [
+        "Qwen/Qwen2.5-Math-7B-Instruct",
+        "google/gemma-2-9b",
+        "google/gemma-3-12b-it",
+        "google/gemma-2-27b",
+    ]
+    printed = {}
+    for teacher, vocabulary, teacher_gb, total_gb, largest, fastest, scoring_gb in (map(str.strip, r) for r in rows):
+        recipe = ["--config", "tinyllama-qwen2.5-math-7b-instruct"]  # as typed: the packaged recipe's name
+        cli.main(["plan", *recipe, "--teacher.checkpoint_dir", f"checkpoints/{teacher}"])
+        printed[teacher] = out = capsys.readouterr().out
+        assert f"{config_named(teacher.split('/')[1], teacher).padded_vocab_size:,}" == vocabulary
+        assert re.search(rf"  teacher parameters +{teacher_gb} GB", out), teacher
+        assert re.search(rf"  total +{total_gb} GB", out), teacher
+        assert f"Largest micro-batch that fits 80 GB: {largest}\n" in out, teacher
+        assert re.search(rf"^  {' +'.join(fastest.split(', '))} .*<- fastest that fits", out, re.MULTILINE), teacher
+        assert f"(the whole teacher on each GPU): {scoring_gb} GB\n" in out, teacher
+
+    transcript = page[page.index("$ vocagnolm plan") :].split("```")[0].splitlines()
+    assert transcript[0].endswith("--teacher.checkpoint_dir checkpoints/google/gemma-2-9b")
+    lines = printed["google/gemma-2-9b"].splitlines()
+    assert lines[0].endswith(transcript[1].removeprefix("...")) and lines[1:] == transcript[2:]
+
+    gemma, prose = Config.from_name("Gemma-2-9b"), " ".join(page.split())
+    assert f"2 x {gemma.padded_vocab_size:,} x {gemma.n_embd:,}" in prose
+    assert f"a tile of {TILE_ELEMENTS // gemma.padded_vocab_size} rows of {gemma.padded_vocab_size:,} logits" in prose
+    assert f"({SOFTCAPPED_SCORE_BYTES['forward']} bytes each at their peak" in prose
