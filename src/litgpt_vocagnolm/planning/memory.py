@@ -92,7 +92,7 @@ def parameter_counts(config: Config) -> tuple[int, int, int]:
 @functools.lru_cache(maxsize=16)
 def _parameter_counts(config_json: str) -> tuple[int, int, int]:
     config = Config(**json.loads(config_json))  # (a Config is not hashable: cached by its JSON)
-    with torch.device("meta"):  # Qwen3-235B's 12,000 experts take ~12 s to build here, Mixtral's 0.2 s
+    with torch.device("meta"):  # the cost: ~12 s for Qwen3-235B's 12,032 experts, a fraction of one for most models
         model = GPT(config)
     total = sum(p.numel() for p in model.parameters())
     matmul = sum(p.numel() for p in model.parameters() if p.dim() == 2) - model.transformer.wte.weight.numel()
@@ -216,11 +216,12 @@ def _block_bytes_per_token(config_json: str, train: bool, lengths: tuple[int, in
 
 # LitGPT's attention with logit soft-capping (Gemma-2's `attention_logit_softcapping`) runs eager, not SDPA: it makes
 # the (B, n_head, T, T) scores. Per score, backward keeps the tanh's bf16 output, the float32 softmax and its bf16 copy
-# (8 bytes); at the forward's peak 10 bytes are alive. A sliding-window layer (without soft-capping) builds a (1, 1, T,
-# T) mask in bf16 at every forward (2 bytes per pair of positions, per micro-batch), which SDPA keeps for backward; a
-# soft-capped layer builds one causal mask of that size and drops it after the scores. Measured with saved-tensor hooks
-# and `cpu_peak_bytes` on one Gemma-2 block at 64-256 tokens, micro-batch 1 and 2 (tests/test_plan.py): exactly these
-# on top of the same block run by SDPA, less SDPA's own output and log-sum-exp that backward keeps there.
+# (8 bytes); at the forward's peak 10 bytes are alive. A sliding-window layer (without soft-capping) builds a
+# (1, 1, T, T) mask in bf16 at every forward (2 bytes per pair of positions, per micro-batch), which SDPA keeps for
+# backward; a soft-capped layer builds one causal mask of that size and drops it after the scores. Measured with
+# saved-tensor hooks and `cpu_peak_bytes` on one Gemma-2 block at 64-256 tokens, micro-batch 1 and 2: exactly these on
+# top of the same block run by SDPA, less SDPA's own output and log-sum-exp, which backward keeps there
+# (tests/test_plan.py checks each kind of layer).
 SOFTCAPPED_SCORE_BYTES = {"saved": 8, "forward": 10}
 MASK_BYTES = 2
 
@@ -366,7 +367,8 @@ def student_memory(student: Config, step: StepShape) -> tuple[dict[str, float], 
     if accumulation > 1:  # the earlier micro-batches' whole float32 gradients, and the hidden states'
         head_gradients = 4 * (P + N * D)
     else:  # head, hidden states, a block's whole gradient before its reduce-scatter
-        head_gradients = 4 * (V * (D + student.lm_head_bias) + N * D) + (4 * block if W > 1 else 0)
+        head = V * D + (V if student.lm_head_bias else 0)  # its weight and bias
+        head_gradients = 4 * (head + N * D) + (4 * block if W > 1 else 0)
     moments["the head's backward"] = {
         "student activations": saved,
         "bf16 weight copies": copies,
