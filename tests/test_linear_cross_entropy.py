@@ -173,3 +173,8 @@ def test_teacher_loss_at_qwen_vocabulary_in_bf16_without_whole_logits(monkeypatc
 def test_bad_shapes_are_named():
     with pytest.raises(ValueError, match=r"hidden must be \(B, T, D\)"):
         linear_cross_entropy(torch.randn(2, 3, 4), torch.randn(5, 6), torch.zeros(2, 3, dtype=torch.long))
+    hidden, weight, targets = torch.randn(2, 3, 4), torch.randn(5, 4), torch.zeros(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"bias must be \(V,\) = \(5,\), got \(4,\)"):
+        linear_cross_entropy(hidden, weight, targets, bias=torch.zeros(4))
+    with pytest.raises(ValueError, match="softcap must be above 0, got 0.0"):
+        linear_cross_entropy(hidden, weight, targets, softcap=0.0)
