@@ -14,7 +14,6 @@ through what a user runs, each against LitGPT's own `GPT.forward`:
 
 import dataclasses
 import functools
-import json
 import math
 import re
 from pathlib import Path
@@ -23,12 +22,13 @@ import litgpt.model
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import MISTRAL, RECIPES, ROOT, TINYLLAMA, make_checkpoint, prepare_pair
+from conftest import MISTRAL, ROOT, TINYLLAMA, make_checkpoint, prepare_pair
 from litgpt.config import Config
 from litgpt.tokenizer import Tokenizer
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from litgpt_vocagnolm import cli
 from litgpt_vocagnolm.data.prepared import Batch, VocAgnoData
 from litgpt_vocagnolm.evaluation.generation import generate_greedy
 from litgpt_vocagnolm.loss import cross_entropy
@@ -36,7 +36,6 @@ from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss
 from litgpt_vocagnolm.models.gpt import GPT, initialize_weights, load_model
 from litgpt_vocagnolm.planning.flops import forward_flops
 from litgpt_vocagnolm.planning.memory import StepShape, estimate_memory, parameters
-from litgpt_vocagnolm.planning.plan import plan
 from litgpt_vocagnolm.training.micro_batch import Guide, forward_and_loss, teacher_scores
 from litgpt_vocagnolm.training.score_teacher import score_teacher
 from litgpt_vocagnolm.training.teacher import Teacher
@@ -276,15 +275,14 @@ def test_a_guided_student_step_and_an_online_teacher_step(name, checkpoint, cach
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_plan_plans_the_family_as_student_and_teacher(name, checkpoint, tmp_path, capsys):
-    """`vocagnolm plan` of the tiny recipe with the family as its student (a recipe YAML's `model_config`) and as its
-    online teacher (its checkpoint): both counted with the checkpoint's parameters, FLOPs as PyTorch counts them."""
-    config = family_config(name)
-    student = tmp_path / "student.yaml"
-    student.write_text(json.dumps({"model_config": dataclasses.asdict(config)}))
-    ckpt = checkpoint(name)
+def test_plan_plans_the_family_as_student_and_teacher(name, checkpoint, capsys):
+    """`vocagnolm plan` of the tiny recipe with the family as its student (`--model_config` its checkpoint's
+    model_config.yaml) and as its online teacher (its checkpoint): both counted with the checkpoint's parameters,
+    FLOPs as PyTorch counts them."""
+    config, ckpt = family_config(name), checkpoint(name)
+    student = ["--model_config", str(ckpt / "model_config.yaml")]
     teacher = ["--teacher.checkpoint_dir", str(ckpt), "--guidance.method", "vocagnolm"]
-    plan(["--config", str(RECIPES / "demo-cpu.yaml"), "--config", str(student), *teacher])
+    cli.main(["plan", "--config", "demo-cpu", *student, *teacher])  # as typed
     printed = capsys.readouterr().out
     assert f"student {name}, teacher online ({name})" in printed
     assert re.search(r"teacher parameters +\d", printed) and re.search(r"  total +[\d.]+ GB: fits in 80 GB", printed)
