@@ -25,7 +25,6 @@ from litgpt_vocagnolm.data.teacher_cache import check_cache, weights_sha256
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, at_least, check_devices, given_by
 from litgpt_vocagnolm.files import same_folder, shipped
 from litgpt_vocagnolm.loss.methods import GuidanceArgs, method_names
-from litgpt_vocagnolm.models.gpt import check_per_token_loss
 from litgpt_vocagnolm.models.weights import check_checkpoint_dir, check_vocab_size
 from litgpt_vocagnolm.training.checkpoints import check_resume_path
 from litgpt_vocagnolm.training.student import check_weights_fit
@@ -125,12 +124,10 @@ def check_prepared_length(data: VocAgnoData, length: int, block_size: int, block
 
 
 def check_teacher_config(manifest: dict, teacher_dir: Path, flag: str, data: Path) -> None:
-    """Fails, before any model is loaded, unless the teacher (its model_config.yaml) scores per token
-    (`gpt.check_per_token_loss`) and its block size holds the prepared data's teacher windows (`teacher_max_length`
-    tokens at most): a longer window would be cut, or refused in a loader worker mid-run."""
-    config = Config.from_file(teacher_dir / "model_config.yaml")
-    check_per_token_loss(config, f"{flag} {str(teacher_dir)!r}")
-    block_size = config.block_size
+    """Fails, before any model is loaded, unless the teacher's block size (its model_config.yaml's) holds the
+    prepared data's teacher windows (`teacher_max_length` tokens at most): a longer window would be cut, or refused in
+    a loader worker mid-run."""
+    block_size = Config.from_file(teacher_dir / "model_config.yaml").block_size
     if manifest["teacher_max_length"] > block_size:
         raise InvalidArgument(
             f"{flag} {str(teacher_dir)!r} has a block size of {block_size} tokens, shorter than the teacher windows of"
@@ -255,7 +252,6 @@ def check_setup(
     check_data_and_budget(data, train, world_size)
     if tokenizer_dir is not None:
         check_vocab_size(config, tokenizer_dir, "--tokenizer_dir", fix="train the model this tokenizer belongs to.")
-    check_per_token_loss(config, "The student")
     method = guidance.spec
     if method.needs_prepared_data and not isinstance(data, VocAgnoData):
         raise InvalidArgument(
