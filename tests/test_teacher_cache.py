@@ -151,7 +151,9 @@ def test_training_with_the_cache_follows_the_online_teacher(tmp_path, cache, tin
     only move a token across the top-k threshold when its excess loss lies within that distance of it. A token that
     crosses changes the step's loss, a mean over the ~100 selected tokens (40% of a step's 4 x 64), by the difference
     of its cross-entropy and the one it displaces over that count: 0.012 (1.1e-3 relative) for one step here.
-    The teachers' losses agree to 1e-3 and the curves to 2e-3 (two swaps in a step), not bit for bit.
+    The teachers' losses agree to 1e-3 and the first step's loss to 2e-3 (two swaps in a step), not bit for bit. From
+    the second step on the two students' weights differ by what those swaps trained, and the curves drift apart slowly:
+    within 1% over the 12 steps (0.34% at most when last measured, since each document's EOS maps to the teacher's).
     """
     curves = {}
     for name, teacher in (("online", {"checkpoint_dir": str(mistral_teacher)}), ("cached", {"cache": str(cache)})):
@@ -159,9 +161,10 @@ def test_training_with_the_cache_follows_the_online_teacher(tmp_path, cache, tin
         litgpt_pretrain(recipe_config(tmp_path / name, tinyllama_mistral_data, None, teacher=teacher))
         curves[name] = metrics(tmp_path / name / "out")
     assert len(curves["online"]) == len(curves["cached"]) == 12
+    assert curves["cached"][0]["loss"] == pytest.approx(curves["online"][0]["loss"], rel=2e-3)
     for online, cached in zip(curves["online"], curves["cached"]):
         assert cached["selected_fraction"] == pytest.approx(online["selected_fraction"], abs=1e-6)
-        assert cached["loss"] == pytest.approx(online["loss"], rel=2e-3)
+        assert cached["loss"] == pytest.approx(online["loss"], rel=1e-2)
         assert cached["teacher_loss"] == pytest.approx(online["teacher_loss"], rel=1e-3)
 
 

@@ -204,6 +204,27 @@ def lock_file(lock: Path) -> int | None:
         os.close(fd)  # the holder released it (and deleted the file) while this process opened it: again
 
 
+def in_use(folder: Path, holder: dict[str, Any]) -> FolderInUse:
+    """The refusal of a command into `folder`, which `holder` holds."""
+    return FolderInUse(
+        f"{folder} is in use by {holder_text(holder)}: wait for it to end, or choose another folder. (If it died with"
+        f" a lost node, its lock lasts until the file server notices; delete {folder / LOCK} to go on now.)"
+    )
+
+
+def check_not_held(folder: Path) -> None:
+    """Refuses, as `hold_folder` would, a `folder` that another command holds now: checked before what the folder
+    holds, which the holder may be writing this very moment (a file on its way to its name). Holds nothing."""
+    lock = Path(folder).absolute() / LOCK
+    if os.environ.get(NO_LOCK_ENV, "") not in ("", "0") or not first_process() or not lock.is_file():
+        return
+    fd = lock_file(lock)
+    if fd is not None:
+        os.close(fd)  # nobody holds it
+    elif not earlier_attempt(holder := read_holder(lock)):
+        raise in_use(lock.parent, holder)
+
+
 @contextmanager
 def hold_folder(folder: Path, command: str) -> Iterator[None]:
     """Holds `folder` (created) for `command` while inside: a second command into it is refused in one line that
@@ -222,10 +243,7 @@ def hold_folder(folder: Path, command: str) -> Iterator[None]:
     if fd is None:
         holder = read_holder(lock)
         if not earlier_attempt(holder):
-            raise FolderInUse(
-                f"{folder} is in use by {holder_text(holder)}: wait for it to end, or choose another folder. (If it"
-                f" died with a lost node, its lock lasts until the file server notices; delete {lock} to go on now.)"
-            )
+            raise in_use(folder, holder)
         print(f"Taking {folder} back from this job's earlier attempt (restart {holder['slurm_restart_count']}).")
         lock.unlink(missing_ok=True)  # its lock stays with the old file; new commands find the new one
         fd = lock_file(lock)

@@ -37,7 +37,7 @@ from litgpt_vocagnolm.errors import (
     check_writable,
     failed_writes,
 )
-from litgpt_vocagnolm.files import LOCK, file_sha256, write_json
+from litgpt_vocagnolm.files import LOCK, check_not_held, file_sha256, write_json
 from litgpt_vocagnolm.models.weights import check_checkpoint_dir
 from litgpt_vocagnolm.training.checks import check_teacher_config
 from litgpt_vocagnolm.training.distributed import compile_blocks, hold_run_folder
@@ -162,6 +162,7 @@ class Scoring:
         batch_size = usable_batch_size(batch_size, blocks_per_shard, prepared.manifest)
         precision = precision or default_precision(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         settings = cache_settings(teacher, data, precision, blocks_per_shard)
+        check_not_held(output)  # before what it holds, which a command scoring into it is writing
         if (output / CACHE_MANIFEST).is_file():
             check_same_settings(json.loads((output / CACHE_MANIFEST).read_text()), settings, output)
             check_cache(output, data / MANIFEST, None)  # every shard file there, at its recorded size
