@@ -26,6 +26,7 @@ import ctypes
 import dataclasses
 import gc
 import io
+import os
 import tempfile
 import threading
 import time
@@ -112,6 +113,23 @@ class Measured:
     flops: float
     peak: float
     """Bytes (`PeakMemory`)."""
+
+
+def device_name(device: torch.device) -> str:
+    """The device the work runs on, by its name and memory: "NVIDIA H100 80GB HBM3 (cuda:0, 85.0 GB)", "cpu (2
+    threads, 134.9 GB of memory)"."""
+    if device.type == "cuda":
+        memory = torch.cuda.get_device_properties(device).total_memory
+        return f"{torch.cuda.get_device_name(device)} ({device}, {memory / GB:.1f} GB)"
+    threads = torch.get_num_threads()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return f"cpu ({threads} thread{'s' if threads > 1 else ''}, {memory / GB:.1f} GB of memory)"
+
+
+def devices(count: int, device: torch.device) -> str:
+    """`count` of the run's devices as measured here: GPUs, or on a CPU, the processes `recipe.setup` runs there."""
+    kind = "GPU" if device.type == "cuda" else "CPU process"
+    return f"{count} {kind}" + ("" if count == 1 else "es" if kind.endswith("s") else "s")
 
 
 def synchronize(device: torch.device) -> None:
@@ -482,11 +500,11 @@ def measure(setting: Setting) -> None:
     works += ["online"] if spec.needs_teacher and setting.teachers and configured != "online" else []
     works += ["cached"] if spec.needs_teacher and not spec.teacher_logits and configured != "cached" else []
     data = prepared(setting)
-    name = torch.cuda.get_device_name(device) if cuda else f"a CPU ({torch.get_num_threads()} threads)"
     source = f"from {data.path}" if data else "random, of the prepared shapes (no prepared data)"
+    share = "one GPU's share" if cuda else "one process's share"
     print(
-        f"\nMeasured here, on one device, {name}: one GPU's share of the run ({setting.accumulation} x micro-batch"
-        f" {B} x {setting.seq_len} tokens per optimizer step), {precision}, compile"
+        f"\nMeasured here, on one device, {device_name(device)}: {share} of the run ({setting.accumulation} x"
+        f" micro-batch {B} x {setting.seq_len} tokens per optimizer step), {precision}, compile"
         f" {'on' if args.compile else 'off'}, {warmup_steps(args.compile)} warm-up and {TIMED_STEPS} timed optimizer"
         f" steps per work; batches {source}. Measuring ...",
         flush=True,
@@ -527,10 +545,11 @@ def report(setting: Setting, results: list[Measured], device: torch.device, save
     measured = largest_micro_batch(lambda b: step.peak + slope * (b - step.micro_batch), setting.gpu_memory)
     planned = largest_micro_batch(lambda b: setting.planned(step.work, b), setting.gpu_memory)
     print(
-        f"Largest micro-batch that fits {setting.gpu_memory / GB:g} GB on this device: planned {planned}, measured"
-        f" {measured} (the peaks at micro-batch {min(sizes)} and {max(sizes)}, extrapolated linearly)."
+        f"Largest micro-batch that fits {setting.gpu_memory / GB:g} GB (--gpu_memory, the job's GPUs) at the peaks"
+        f" measured here: planned {planned}, measured {measured} (the peaks at micro-batch {min(sizes)} and"
+        f" {max(sizes)}, extrapolated linearly)."
     )
-    print_projection(setting, step, peak_flops)
+    print_projection(setting, step, peak_flops, device)
     reference = next((r for r in results if r.work == "cached"), step)  # else the configured step
     print(
         f"{reference.work.capitalize()} step / LitGPT's step, tokens/s at micro-batch {litgpt.micro_batch}:"
@@ -566,25 +585,26 @@ def print_measured(setting: Setting, results: list[Measured], device: torch.devi
         )
 
 
-def print_projection(setting: Setting, step: Measured, peak_flops: float | None) -> None:
-    """The budget's wall-clock time and GPU-hours at the configured `step`'s pace, planned and measured."""
+def print_projection(setting: Setting, step: Measured, peak_flops: float | None, device: torch.device) -> None:
+    """The budget's wall-clock time and GPU-hours (CPU-hours on a CPU) at the configured `step`'s pace, planned and
+    measured."""
     args = setting.args
     steps, world = budget_steps(setting), setting.world_size
     share = H100_MFU[(step.work, args.compile)]
+    unit = "GPU-hours" if device.type == "cuda" else "CPU-hours"
     if peak_flops:
         planned_s = step.flops / (share * peak_flops)
-        projection = f"{steps:,} steps x {planned_s:.4f} s = {hours(steps * planned_s, world)}"
+        projection = f"{steps:,} steps x {planned_s:.4f} s = {hours(steps * planned_s, world, unit)}"
     else:
         projection = "n/a (no bf16 peak is known for this device)"
     print(
-        f"Projection of the budget ({step.work} steps on {world} GPUs): planned {projection}; measured {steps:,}"
-        f" steps x {step.seconds:.4f} s = {hours(steps * step.seconds, world)}. Communication between GPUs is not"
-        f" in it:"
-        f" the plan's lower bound adds {setting.communication_s:.3f} s per step."
+        f"Projection of the budget ({step.work} steps on {devices(world, device)}): planned {projection}; measured"
+        f" {steps:,} steps x {step.seconds:.4f} s = {hours(steps * step.seconds, world, unit)}. Communication between"
+        f" devices is not in it: the plan's lower bound adds {setting.communication_s:.3f} s per step."
     )
 
 
-def hours(wall: float, world: int) -> str:
-    """`wall` s wall-clock (in hours from an hour on), and its GPU-hours on `world` GPUs."""
+def hours(wall: float, world: int, unit: str) -> str:
+    """`wall` s wall-clock (in hours from an hour on), and its hours of `world` devices (`unit`: "GPU-hours")."""
     clock = f"{wall:,.1f} s" + (f" ({wall / 3600:,.2f} h)" if wall >= 3600 else "")
-    return f"{clock} wall-clock, {wall / 3600 * world:,.2f} GPU-hours"
+    return f"{clock} wall-clock, {wall / 3600 * world:,.2f} {unit}"
