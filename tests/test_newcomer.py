@@ -1,7 +1,10 @@
 """What a newcomer meets first: a plan made before the data exists, a misspelt recipe, how soon a command answers."""
 
+import subprocess
+import sys
+
 import pytest
-from conftest import RECIPES
+from conftest import BIN, RECIPES
 
 PAPER_RECIPE = RECIPES / "tinyllama-qwen2.5-math-7b-instruct.yaml"
 
@@ -42,3 +45,42 @@ def test_plan_says_nothing_of_the_data_when_the_window_is_given_or_read_or_unuse
     ):
         plan(args)
         assert notes(capsys.readouterr().out) == [], args
+
+
+REGISTERED = "Registered recipes (litgpt.recipes entry points): vocagnolm."
+
+
+@pytest.mark.parametrize(
+    "command, argv",
+    [
+        ("litgpt pretrain", [str(BIN / "litgpt"), "pretrain"]),
+        ("litgpt pretrain", [sys.executable, "-m", "litgpt", "pretrain"]),
+        ("vocagnolm pretrain", [str(BIN / "vocagnolm"), "pretrain"]),
+    ],
+    ids=["litgpt", "python -m litgpt", "vocagnolm"],
+)
+def test_a_misspelt_recipe_is_refused_in_one_line_with_the_closest_name(command, argv):
+    """As a misspelt option is: the command, `error:`, what is wrong and the closest name, then the registered ones."""
+    out = subprocess.run([*argv, "--recipe", "vocagnlm"], capture_output=True, text=True, timeout=300)
+    line = f"{command}: error: unknown recipe 'vocagnlm': did you mean vocagnolm? {REGISTERED}\n"
+    assert (out.returncode, out.stdout, out.stderr) == (2, "", line)
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--recipe=qwen"], f"litgpt pretrain: error: unknown recipe 'qwen'. {REGISTERED}\n"),
+        (["--recipe"], f"litgpt pretrain: error: --recipe needs a name. {REGISTERED}\n"),
+    ],
+)
+def test_a_recipe_name_close_to_none_or_missing_gets_the_registered_ones(args, line):
+    out = subprocess.run([str(BIN / "litgpt"), "pretrain", *args], capture_output=True, text=True, timeout=300)
+    assert (out.returncode, out.stdout, out.stderr) == (2, "", line)
+
+
+def test_a_misspelt_command_is_refused_in_one_line_with_the_closest_name():
+    out = subprocess.run([str(BIN / "vocagnolm"), "prepar"], capture_output=True, text=True, timeout=300)
+    assert (out.returncode, out.stderr) == (
+        2,
+        "vocagnolm: error: unknown command 'prepar': did you mean prepare? See vocagnolm --help.\n",
+    )

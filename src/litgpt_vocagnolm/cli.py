@@ -68,22 +68,29 @@ def registered_recipes() -> dict[str, object]:
     return {ep.name: ep for ep in entry_points(group=RECIPE_GROUP)}
 
 
-def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
-    """Takes `--recipe NAME` / `--recipe=NAME` out of `args` (a copy: Fabric's children re-read `sys.argv`)."""
+def _split_recipe(args: list[str], command: str) -> tuple[str | None, list[str]]:
+    """Takes `--recipe NAME` / `--recipe=NAME` out of `args` (a copy: Fabric's children re-read `sys.argv`); `command`
+    is what the user typed before them, for the error line."""
     rest = list(args)
     for i, arg in enumerate(rest):
         if arg == "--recipe":
             if i + 1 >= len(rest):
-                _fail("--recipe needs a name", registered_recipes())
+                _fail(command, "--recipe needs a name", registered_recipes())
             return rest[i + 1], rest[:i] + rest[i + 2 :]
         if arg.startswith("--recipe="):
             return arg.split("=", 1)[1], rest[:i] + rest[i + 1 :]
     return None, rest
 
 
-def _fail(message: str, recipes: dict) -> NoReturn:
+def _fail(command: str, message: str, recipes: dict, given: str = "") -> NoReturn:
+    """A refused `--recipe` in one line, as a misspelt option is refused: the command, what is wrong, the registered
+    recipe closest to the name `given` and every registered one; exit status 2."""
+    closest = difflib.get_close_matches(given, recipes, n=1) if given else []
+    hint = f": did you mean {closest[0]}?" if closest else "."
     names = ", ".join(sorted(recipes)) or "(none: is litgpt-vocagnolm installed in this environment?)"
-    print(f"error: {message}. Registered recipes ({RECIPE_GROUP} entry points): {names}", file=sys.stderr)
+    print(
+        f"{command}: error: {message}{hint} Registered recipes ({RECIPE_GROUP} entry points): {names}.", file=sys.stderr
+    )
     raise SystemExit(2)
 
 
@@ -121,14 +128,14 @@ def plain_user_errors(prog: str, debug: bool) -> Iterator[None]:
         raise SystemExit(130) from None
 
 
-def run_recipe(name: str, args: list[str], prog: str | None = None) -> None:
+def run_recipe(name: str, args: list[str], command: str = "litgpt pretrain", prog: str | None = None) -> None:
     """Runs the recipe `name` on `args`; its errors name the command as the user typed it, `prog` (by default
-    `litgpt pretrain --recipe NAME`)."""
+    `COMMAND --recipe NAME`), an unknown name the `command` alone."""
     recipes = registered_recipes()
     if name not in recipes:
-        _fail(f"unknown recipe {name!r}", recipes)
+        _fail(command, f"unknown recipe {name!r}", recipes, given=name)
     debug, args = _split_debug(args)
-    prog = prog or f"litgpt pretrain --recipe {name}"
+    prog = prog or f"{command} --recipe {name}"
     with plain_user_errors(prog, debug):
         _run(recipes[name].load(), _packaged_configs(args), prog=prog, debug=debug)
 
@@ -312,7 +319,7 @@ def litgpt_main(upstream_main: Callable[[], None]) -> None:
     """Replaces `litgpt.__main__.main` (see _hook.py): `pretrain --recipe NAME` runs the recipe, all else is
     LitGPT's."""
     if sys.argv[1:2] == ["pretrain"]:
-        name, rest = _split_recipe(sys.argv[2:])
+        name, rest = _split_recipe(sys.argv[2:], "litgpt pretrain")
         if name is not None:
             return run_recipe(name, rest)
     return upstream_main()
@@ -335,11 +342,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"error: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        closest = difflib.get_close_matches(command, COMMANDS, n=1)
+        hint = f": did you mean {closest[0]}?" if closest else "."
+        print(f"vocagnolm: error: unknown command {command!r}{hint} See vocagnolm --help.", file=sys.stderr)
         raise SystemExit(2)
     if command == "pretrain":
-        name, rest = _split_recipe(rest)
-        return run_recipe(name or "vocagnolm", rest, prog="vocagnolm pretrain" + (f" --recipe {name}" if name else ""))
+        name, rest = _split_recipe(rest, "vocagnolm pretrain")
+        prog = None if name else "vocagnolm pretrain"  # the default recipe, as typed
+        return run_recipe(name or "vocagnolm", rest, command="vocagnolm pretrain", prog=prog)
     module, function = COMMANDS[command][0].split(":")
     debug, rest = _split_debug(rest)
     prog = f"vocagnolm {command}"
