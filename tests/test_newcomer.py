@@ -1,5 +1,6 @@
 """What a newcomer meets first: a plan made before the data exists, a misspelt recipe, how soon a command answers."""
 
+import re
 import subprocess
 import sys
 
@@ -45,6 +46,24 @@ def test_plan_says_nothing_of_the_data_when_the_window_is_given_or_read_or_unuse
     ):
         plan(args)
         assert notes(capsys.readouterr().out) == [], args
+
+
+def test_plan_measure_names_the_device_and_what_one_of_the_run_s_devices_is_there():
+    """On a GPU the run's devices are GPUs and their hours GPU-hours; on a CPU each is a process of the recipe."""
+    import torch
+
+    from litgpt_vocagnolm.planning.device import device_hours, device_name, devices
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert [devices(1, cpu), devices(32, cpu), devices(1, cuda), devices(32, cuda)] == [
+        "1 CPU process",
+        "32 CPU processes",
+        "1 GPU",
+        "32 GPUs",
+    ]
+    assert (device_hours(cpu), device_hours(cuda)) == ("CPU-hours", "GPU-hours")
+    threads = torch.get_num_threads()
+    assert re.fullmatch(rf"cpu \({threads} threads?, \d+\.\d GB\)", device_name(cpu))
 
 
 REGISTERED = "Registered recipes (litgpt.recipes entry points): vocagnolm."

@@ -182,7 +182,7 @@ def test_plan_measure_on_the_tiny_recipe_prints_measured_beside_planned():
     assert save > 0 and load > 0
     assert re.search(r"before the time limit .*: the step under way \([\d.]+ s\) and the save take [\d.]+ s", printed)
     # The device it ran on, by name, and what the run's one device is here: a CPU process, whose hours are CPU-hours.
-    device = r"^Measured here, on one device, cpu \(\d+ threads?, [\d.]+ GB of memory\): one process's share"
+    device = r"^Measured here, on one device, cpu \(\d+ threads?, [\d.]+ GB\): one process's share"
     assert re.search(device, printed)
     assert "GPUs) at the peaks measured here: planned 1024, measured" in printed  # 80 GB: the job's GPUs, not the CPU's
     assert "(student only steps on 1 CPU process)" in printed

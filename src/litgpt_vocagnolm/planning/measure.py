@@ -26,7 +26,6 @@ import ctypes
 import dataclasses
 import gc
 import io
-import os
 import tempfile
 import threading
 import time
@@ -46,6 +45,7 @@ from litgpt_vocagnolm.data.prepared import MANIFEST, Batch, TeacherSide, VocAgno
 from litgpt_vocagnolm.data.teacher_cache import CACHE_MANIFEST
 from litgpt_vocagnolm.models.gpt import frozen_model, initialize_weights, load_model, new_model
 from litgpt_vocagnolm.models.weights import load_weights
+from litgpt_vocagnolm.planning.device import device_hours, device_name, devices
 from litgpt_vocagnolm.planning.flops import forward_flops, training_flops
 from litgpt_vocagnolm.training.checkpoints import Checkpointer
 from litgpt_vocagnolm.training.checks import optimizer_spec
@@ -113,23 +113,6 @@ class Measured:
     flops: float
     peak: float
     """Bytes (`PeakMemory`)."""
-
-
-def device_name(device: torch.device) -> str:
-    """The device the work runs on, by its name and memory: "NVIDIA H100 80GB HBM3 (cuda:0, 85.0 GB)", "cpu (2
-    threads, 134.9 GB of memory)"."""
-    if device.type == "cuda":
-        memory = torch.cuda.get_device_properties(device).total_memory
-        return f"{torch.cuda.get_device_name(device)} ({device}, {memory / GB:.1f} GB)"
-    threads = torch.get_num_threads()
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return f"cpu ({threads} thread{'s' if threads > 1 else ''}, {memory / GB:.1f} GB of memory)"
-
-
-def devices(count: int, device: torch.device) -> str:
-    """`count` of the run's devices as measured here: GPUs, or on a CPU, the processes `recipe.setup` runs there."""
-    kind = "GPU" if device.type == "cuda" else "CPU process"
-    return f"{count} {kind}" + ("" if count == 1 else "es" if kind.endswith("s") else "s")
 
 
 def synchronize(device: torch.device) -> None:
@@ -501,12 +484,11 @@ def measure(setting: Setting) -> None:
     works += ["cached"] if spec.needs_teacher and not spec.teacher_logits and configured != "cached" else []
     data = prepared(setting)
     source = f"from {data.path}" if data else "random, of the prepared shapes (no prepared data)"
-    share = "one GPU's share" if cuda else "one process's share"
     print(
-        f"\nMeasured here, on one device, {device_name(device)}: {share} of the run ({setting.accumulation} x"
-        f" micro-batch {B} x {setting.seq_len} tokens per optimizer step), {precision}, compile"
-        f" {'on' if args.compile else 'off'}, {warmup_steps(args.compile)} warm-up and {TIMED_STEPS} timed optimizer"
-        f" steps per work; batches {source}. Measuring ...",
+        f"\nMeasured here, on one device, {device_name(device)}: one {'GPU' if cuda else 'process'}'s share of the"
+        f" run ({setting.accumulation} x micro-batch {B} x {setting.seq_len} tokens per optimizer step), {precision},"
+        f" compile {'on' if args.compile else 'off'}, {warmup_steps(args.compile)} warm-up and {TIMED_STEPS} timed"
+        f" optimizer steps per work; batches {source}. Measuring ...",
         flush=True,
     )
     with warnings.catch_warnings():  # what a single process's run says of itself (DCP without a process group)
@@ -588,10 +570,9 @@ def print_measured(setting: Setting, results: list[Measured], device: torch.devi
 def print_projection(setting: Setting, step: Measured, peak_flops: float | None, device: torch.device) -> None:
     """The budget's wall-clock time and GPU-hours (CPU-hours on a CPU) at the configured `step`'s pace, planned and
     measured."""
-    args = setting.args
+    args, unit = setting.args, device_hours(device)
     steps, world = budget_steps(setting), setting.world_size
     share = H100_MFU[(step.work, args.compile)]
-    unit = "GPU-hours" if device.type == "cuda" else "CPU-hours"
     if peak_flops:
         planned_s = step.flops / (share * peak_flops)
         projection = f"{steps:,} steps x {planned_s:.4f} s = {hours(steps * planned_s, world, unit)}"
