@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BIN, RECIPES
+from conftest import BIN, RECIPES, TINYLLAMA
 
 PAPER_RECIPE = RECIPES / "tinyllama-qwen2.5-math-7b-instruct.yaml"
 
@@ -103,3 +103,39 @@ def test_a_misspelt_command_is_refused_in_one_line_with_the_closest_name():
         2,
         "vocagnolm: error: unknown command 'prepar': did you mean prepare? See vocagnolm --help.\n",
     )
+
+
+# What a command that needs no model must not load: each costs seconds of CPU to import, far more on a loaded machine.
+HEAVY = ("torch", "lightning", "litgpt", "litdata", "transformers", "matplotlib")
+# `vocagnolm ARGS` in this interpreter, then its exit status and the modules of HEAVY it loaded.
+RUN_AND_LIST = """
+import sys
+from litgpt_vocagnolm.cli import main
+try:
+    main(sys.argv[1:])
+    status = 0
+except SystemExit as stop:
+    status = stop.code or 0
+print(status, sorted(name for name in {heavy} if name in sys.modules))
+"""
+MISSING_INPUT = ["--student", str(TINYLLAMA), "--teacher", str(TINYLLAMA), "--input", "nosuch.jsonl", "--output", "out"]
+
+
+@pytest.mark.parametrize(
+    "args, status, said",
+    [
+        (["prepare", "--help"], 0, "usage: vocagnolm prepare"),
+        (["prepare", *MISSING_INPUT], 1, "vocagnolm prepare: error: --input nosuch.jsonl does not exist."),
+        (["prepare", *MISSING_INPUT, "--max_seq_len", "64"], 2, "--max_seq_len is not an option: did you mean"),
+        (["inspect", "--help"], 0, "usage: vocagnolm inspect"),
+        (["recipes"], 0, "tinyllama-qwen2.5-math-7b-instruct"),
+    ],
+    ids=["prepare --help", "prepare, no such input", "prepare, a misspelt option", "inspect --help", "recipes"],
+)
+def test_a_command_that_needs_no_model_answers_without_loading_torch_or_litgpt(tmp_path, args, status, said):
+    """Its --help, its listing and its refusals, in a fresh interpreter: what it printed, and which of HEAVY it loaded
+    (none)."""
+    code = RUN_AND_LIST.format(heavy=HEAVY)
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert said in out.stdout + out.stderr, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-1] == f"{status} []"

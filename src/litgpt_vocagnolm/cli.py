@@ -20,6 +20,10 @@ RECIPE_GROUP = "litgpt.recipes"
 DEBUG_FLAG, DEBUG_ENV = "--debug", "VOCAGNOLM_DEBUG"  # either shows a user error's traceback
 UNION_OF_NO_TYPES = "Cannot take a Union of no types."
 INT64_MAX = 2**63 - 1  # the largest whole number an option takes
+# Commands that run no model: they skip LitGPT's torch setting (`_configure`), so that those whose modules need no
+# torch (inspect, prepare, recipes) show --help, parse and refuse without importing it (2 s of CPU, far more on a
+# loaded machine).
+NO_MODEL = {"inspect", "prepare", "recipes", "export", "convert_to_litgpt"}
 
 # name -> ("module:function", one-line help). `pretrain` is dispatched through the recipe registry instead.
 COMMANDS: dict[str, tuple[str | None, str]] = {
@@ -145,10 +149,10 @@ def _packaged_configs(args: list[str]) -> list[str]:
     return import_module("litgpt_vocagnolm.training.recipes").with_packaged_configs(args)
 
 
-def _run(function: Callable, args: list[str], prog: str, debug: bool) -> None:
+def _run(function: Callable, args: list[str], prog: str, debug: bool, model: bool = True) -> None:
     from jsonargparse import CLI
 
-    CLI(function, args=args, prog=prog, parser_class=_configure(debug))
+    CLI(function, args=args, prog=prog, parser_class=_configure(debug, model))
 
 
 @cache
@@ -169,12 +173,12 @@ def _optimizer_option() -> type:
     return OptimizerOption
 
 
-def _configure(debug: bool = False) -> type:
-    """What `litgpt.__main__.main` sets up before its CLI call; returns the parser class to build parsers with, which
-    prints a refused option in one line (jsonargparse's usage and full message with `debug`)."""
+def _configure(debug: bool = False, model: bool = True) -> type:
+    """What `litgpt.__main__.main` sets up before its CLI call (its torch setting only for a command that runs a
+    `model`); returns the parser class to build parsers with, which prints a refused option in one line (jsonargparse's
+    usage and full message with `debug`)."""
     import warnings
 
-    import torch
     from jsonargparse import ArgumentParser, set_config_read_mode, set_docstring_parse_options
 
     class Parser(ArgumentParser):
@@ -228,7 +232,10 @@ def _configure(debug: bool = False) -> type:
     warnings.filterwarnings(
         "ignore", message=r"The epoch parameter in `scheduler.step\(\)` was not necessary", category=UserWarning
     )
-    torch.set_float32_matmul_precision("high")
+    if model:
+        import torch
+
+        torch.set_float32_matmul_precision("high")
     return Parser
 
 
@@ -358,4 +365,4 @@ def main(argv: list[str] | None = None) -> None:
             return getattr(import_module(module), function)(
                 _packaged_configs(rest), prog=prog, parser_class=_configure(debug)
             )
-        _run(getattr(import_module(module), function), rest, prog=prog, debug=debug)
+        _run(getattr(import_module(module), function), rest, prog=prog, debug=debug, model=command not in NO_MODEL)
