@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BIN, RECIPES, TINYLLAMA
+from conftest import BIN, RECIPES, ROOT, TINYLLAMA
 
 PAPER_RECIPE = RECIPES / "tinyllama-qwen2.5-math-7b-instruct.yaml"
 
@@ -139,3 +139,21 @@ def test_a_command_that_needs_no_model_answers_without_loading_torch_or_litgpt(t
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert said in out.stdout + out.stderr, out.stderr[-2000:]
     assert out.stdout.splitlines()[-1] == f"{status} []"
+
+
+# How the demo's last line states its cost, and how README.md and docs/demo.md quote it.
+COST = r"in \d+ s, (\d+) s of CPU time \((\d+) s of it starting its (\d+) processes: Python and imports\)"
+QUOTED = r"(\d+) s of CPU time \((\d+) s of it starting its (\d+) processes"
+
+
+def test_the_docs_quote_the_quick_demo_s_cost_as_it_prints_it(quick_demo):
+    """The quick demo prints its wall-clock time, its CPU time (its processes' together) and what starting them cost;
+    README.md and docs/demo.md quote the CPU time and the start-up of as many processes as it starts, in its words."""
+    printed = " ".join((quick_demo / "printed.txt").read_text().split())
+    cpu, starting, processes = map(int, re.search(COST, printed).groups())
+    assert 0 < starting <= cpu and processes == 3  # this process and the 2 training processes (`--workers 2`)
+    demo_md = " ".join((ROOT / "docs" / "demo.md").read_text().split())
+    assert re.search(COST, demo_md), "docs/demo.md quotes the demo's last line in its words"
+    for doc in (ROOT / "README.md", ROOT / "docs" / "demo.md"):
+        quotes = [tuple(map(int, q)) for q in re.findall(QUOTED, " ".join(doc.read_text().split()))]
+        assert quotes and all(0 < s <= c and p == processes for c, s, p in quotes), (doc.name, quotes)
