@@ -129,8 +129,18 @@ MISSING_INPUT = ["--student", str(TINYLLAMA), "--teacher", str(TINYLLAMA), "--in
         (["prepare", *MISSING_INPUT, "--max_seq_len", "64"], 2, "--max_seq_len is not an option: did you mean"),
         (["inspect", "--help"], 0, "usage: vocagnolm inspect"),
         (["recipes"], 0, "tinyllama-qwen2.5-math-7b-instruct"),
+        (["plan", "--config", "demo-cp"], 1, "vocagnolm plan: error: --config demo-cp: no such file"),
+        (["pretrain", "--config", "demo-cp", "--devices", "1"], 1, "Did you mean demo-cpu?"),
     ],
-    ids=["prepare --help", "prepare, no such input", "prepare, a misspelt option", "inspect --help", "recipes"],
+    ids=[
+        "prepare --help",
+        "prepare, no such input",
+        "prepare, a misspelt option",
+        "inspect --help",
+        "recipes",
+        "plan, a misspelt recipe",
+        "pretrain, a misspelt recipe",
+    ],
 )
 def test_a_command_that_needs_no_model_answers_without_loading_torch_or_litgpt(tmp_path, args, status, said):
     """Its --help, its listing and its refusals, in a fresh interpreter: what it printed, and which of HEAVY it loaded
@@ -157,3 +167,23 @@ def test_the_docs_quote_the_quick_demo_s_cost_as_it_prints_it(quick_demo):
     for doc in (ROOT / "README.md", ROOT / "docs" / "demo.md"):
         quotes = [tuple(map(int, q)) for q in re.findall(QUOTED, " ".join(doc.read_text().split()))]
         assert quotes and all(0 < s <= c and p == processes for c, s, p in quotes), (doc.name, quotes)
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--recipe", "vocagnlm"], "litgpt pretrain: error: unknown recipe 'vocagnlm': did you mean vocagnolm?"),
+        (["--recipe", "vocagnolm", "--config", "demo-cp"], "Did you mean demo-cpu?"),
+    ],
+)
+def test_litgpt_refuses_a_misspelt_recipe_or_config_before_loading_litgpt(args, said):
+    """LitGPT's console script would import LitGPT (torch, Lightning) before our hook ran: a misspelt recipe or
+    `--config` is refused as `litgpt` starts to load, before any module of it or of the rest of HEAVY (as `python -X
+    importtime` lists what a process imports; the two imports the console script's first line begins show there)."""
+    command = [sys.executable, "-X", "importtime", str(BIN / "litgpt"), "pretrain", *args]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert out.returncode in (1, 2) and said in out.stderr, out.stderr[-2000:]
+    loaded = re.findall(r"^import time: +\d+ \| +\d+ \| +([\w.]+)$", out.stderr, flags=re.MULTILINE)
+    assert "litgpt_vocagnolm.cli" in loaded
+    begun = {"litgpt", "litgpt.__main__"}  # `from litgpt.__main__ import main`: our hook refuses inside it
+    assert [name for name in loaded if name.split(".")[0] in HEAVY and name not in begun] == []
