@@ -2,11 +2,11 @@
 of a refusal), against `python -c "import torch"` on the same machine in the same run.
 
 A newcomer's mistakes each cost a command's start: a command or refusal that needs no model should import no torch,
-Lightning or LitGPT (cli.py, data/__init__.py). Each command runs as typed, through this environment's console scripts,
-in a fresh process with unbuffered output (as a terminal shows it), from an empty folder; the rounds are interleaved
-(each round runs every command once, in turn), so that a change in the machine's load reaches every command alike, and
-the median of the rounds is printed. One more run of each, under `python -X importtime`, says which of the heavy
-packages it loaded (not with `--no_imports`, as `--smoke` runs it: tests/test_newcomer.py checks what the commands
+Lightning or LitGPT (cli.py, data/__init__.py, _hook.py). Each command runs as typed, through this environment's console
+scripts, in a fresh process with unbuffered output (as a terminal shows it), from an empty folder; the rounds are
+interleaved (each round runs every command once, in turn), so that a change in the machine's load reaches every command
+alike, and the median of the rounds is printed. One more run of each, under `python -X importtime`, says which of the
+heavy packages it loaded (not with `--no_imports`, as `--smoke` runs it: tests/test_newcomer.py checks what the commands
 that need no model load).
 
     python benchmarks/bench_startup.py [--rounds 5] [--no_imports] [--smoke]
@@ -29,8 +29,9 @@ TINYLLAMA = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tok
 HEAVY = ("torch", "lightning", "litgpt", "litdata", "transformers", "matplotlib")
 BASELINE = 'python -c "import torch"'
 MISSING_INPUT = ["--student", str(TINYLLAMA), "--teacher", str(TINYLLAMA), "--input", "nosuch.jsonl", "--output", "out"]
-# label: (what it needs, the command line). "no model": answered without torch; "LitGPT": a recipe's parser (its
-# arguments are LitGPT's classes), LitGPT's own command line, or a command whose module runs a model.
+# label: (what it needs, the command line). "no model": answered without torch (LitGPT's console script refuses an
+# unknown recipe or --config before LitGPT loads: _hook.py); "LitGPT": a recipe's parser (its options are LitGPT's
+# classes), or a command whose module runs a model.
 COMMANDS = {
     BASELINE: ("baseline", [sys.executable, "-c", "import torch; print('imported')"]),
     "vocagnolm --help": ("no model", ["vocagnolm", "--help"]),
@@ -38,17 +39,17 @@ COMMANDS = {
     "vocagnolm prepare, no such --input": ("no model", ["vocagnolm", "prepare", *MISSING_INPUT]),
     "vocagnolm inspect --help": ("no model", ["vocagnolm", "inspect", "--help"]),
     "vocagnolm recipes": ("no model", ["vocagnolm", "recipes"]),
+    "litgpt pretrain --recipe vocagnlm": ("no model", ["litgpt", "pretrain", "--recipe", "vocagnlm"]),
+    "litgpt pretrain --recipe vocagnolm --config nosuch": (
+        "no model",
+        ["litgpt", "pretrain", "--recipe", "vocagnolm", "--config", "nosuch"],
+    ),
     "vocagnolm plan, a misspelt option": (
         "LitGPT",
         ["vocagnolm", "plan", "--config", "demo-cpu", "--gpu_memroy", "40"],
     ),
     "vocagnolm evaluate --help": ("LitGPT", ["vocagnolm", "evaluate", "--help"]),
     "litgpt pretrain --recipe vocagnolm --help": ("LitGPT", ["litgpt", "pretrain", "--recipe", "vocagnolm", "--help"]),
-    "litgpt pretrain --recipe vocagnolm --config nosuch": (
-        "LitGPT",
-        ["litgpt", "pretrain", "--recipe", "vocagnolm", "--config", "nosuch"],
-    ),
-    "litgpt pretrain --recipe vocagnlm": ("LitGPT", ["litgpt", "pretrain", "--recipe", "vocagnlm"]),
 }
 
 
@@ -74,11 +75,14 @@ def first_line_seconds(argv: list[str], cwd: str) -> float:
 
 
 def heavy_imports(argv: list[str], cwd: str) -> list[str]:
-    """Which of HEAVY the command imports, by `python -X importtime` (a console script is a Python file)."""
+    """Which of HEAVY the command loads, by `python -X importtime` (a console script is a Python file): those whose
+    modules it imported. A package's own name alone is an import begun (LitGPT's console script's `from
+    litgpt.__main__ import main`, which a refusal may end before any of LitGPT runs)."""
     script = command_line(argv)
     command = [sys.executable, "-X", "importtime", *(script[1:] if script[0] == sys.executable else script)]
     printed = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600).stderr
-    loaded = set(re.findall(r"^import time: +\d+ \| +\d+ \| +(\w+)$", printed, flags=re.MULTILINE))
+    names = re.findall(r"^import time: +\d+ \| +\d+ \| +([\w.]+)$", printed, flags=re.MULTILINE)
+    loaded = {name.split(".")[0] for name in names if "." in name and not name.endswith(".__main__")}
     return [name for name in HEAVY if name in loaded]
 
 
