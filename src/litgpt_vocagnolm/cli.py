@@ -144,8 +144,8 @@ def run_recipe(name: str, args: list[str], command: str = "litgpt pretrain", pro
 
 def _checked_recipe(name: str, args: list[str], command: str, prog: str, debug: bool) -> tuple[Any, list[str]]:
     """The entry point of the recipe `name` and `args` with each packaged recipe's name as its path, after the
-    refusals that need neither the recipe nor LitGPT (about 2.4 times torch's import): an unknown recipe, a `--config`
-    that is neither a file nor a packaged recipe."""
+    refusals that need neither the recipe nor LitGPT (whose import takes about 2.4 times torch's): an unknown recipe, a
+    `--config` that is neither a file nor a packaged recipe."""
     recipes = registered_recipes()
     if name not in recipes:
         _fail(command, f"unknown recipe {name!r}", recipes, given=name)
