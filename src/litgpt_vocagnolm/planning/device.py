@@ -17,9 +17,14 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({threads} thread{'s' * (threads > 1)}, {memory / GB:.1f} GB)"
 
 
+def gpus(count: int) -> str:
+    """A count of GPUs in words: "1 GPU", "32 GPUs"."""
+    return f"{count} GPU{'s' * (count != 1)}"
+
+
 def devices(count: int, device: torch.device) -> str:
     """`count` of the run's devices, measured on `device`: GPUs, or on a CPU the processes the recipe runs there."""
-    return f"{count} GPU{'s' * (count > 1)}" if device.type == "cuda" else f"{count} CPU process{'es' * (count > 1)}"
+    return gpus(count) if device.type == "cuda" else f"{count} CPU process{'es' * (count != 1)}"
 
 
 def device_hours(device: torch.device) -> str:

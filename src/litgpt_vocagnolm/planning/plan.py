@@ -16,6 +16,7 @@ import torch
 from litgpt.config import Config
 
 from litgpt_vocagnolm.errors import InvalidArgument, at_least
+from litgpt_vocagnolm.planning.device import gpus
 from litgpt_vocagnolm.planning.memory import (
     GB,
     MemoryEstimate,
@@ -319,10 +320,6 @@ def print_limits(
             f"Global batch {global_batch_size} = {gpus(world)} x {B} x {accumulation} accumulation steps;"
             f" {global_batch_size * T:,} tokens per optimizer step."
         )
-
-
-def gpus(count: int) -> str:
-    return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
 
 def planned_here(student: Config, teachers: list[Config], shape: StepShape, work: str, micro_batch: int) -> float:
