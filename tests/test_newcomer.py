@@ -151,24 +151,6 @@ def test_a_command_that_needs_no_model_answers_without_loading_torch_or_litgpt(t
     assert out.stdout.splitlines()[-1] == f"{status} []"
 
 
-# How the demo's last line states its cost, and how README.md and docs/demo.md quote it.
-COST = r"in \d+ s, (\d+) s of CPU time \((\d+) s of it starting its (\d+) processes: Python and imports\)"
-QUOTED = r"(\d+) s of CPU time \((\d+) s of it starting its (\d+) processes"
-
-
-def test_the_docs_quote_the_quick_demo_s_cost_as_it_prints_it(quick_demo):
-    """The quick demo prints its wall-clock time, its CPU time (its processes' together) and what starting them cost;
-    README.md and docs/demo.md quote the CPU time and the start-up of as many processes as it starts, in its words."""
-    printed = " ".join((quick_demo / "printed.txt").read_text().split())
-    cpu, starting, processes = map(int, re.search(COST, printed).groups())
-    assert 0 < starting <= cpu and processes == 3  # this process and the 2 training processes (`--workers 2`)
-    demo_md = " ".join((ROOT / "docs" / "demo.md").read_text().split())
-    assert re.search(COST, demo_md), "docs/demo.md quotes the demo's last line in its words"
-    for doc in (ROOT / "README.md", ROOT / "docs" / "demo.md"):
-        quotes = [tuple(map(int, q)) for q in re.findall(QUOTED, " ".join(doc.read_text().split()))]
-        assert quotes and all(0 < s <= c and p == processes for c, s, p in quotes), (doc.name, quotes)
-
-
 @pytest.mark.parametrize(
     "args, said",
     [
@@ -187,3 +169,21 @@ def test_litgpt_refuses_a_misspelt_recipe_or_config_before_loading_litgpt(args, 
     assert "litgpt_vocagnolm.cli" in loaded
     begun = {"litgpt", "litgpt.__main__"}  # `from litgpt.__main__ import main`: our hook refuses inside it
     assert [name for name in loaded if name.split(".")[0] in HEAVY and name not in begun] == []
+
+
+# How the demo's last line states its cost, and how README.md and docs/demo.md quote it.
+COST = r"in \d+ s, (\d+) s of CPU time \((\d+) s of it starting its (\d+) processes: Python and imports\)"
+QUOTED = r"(\d+) s of CPU time \((\d+) s of it starting its (\d+) processes"
+
+
+def test_the_docs_quote_the_quick_demo_s_cost_as_it_prints_it(quick_demo):
+    """The quick demo prints its wall-clock time, its CPU time (its processes' together) and what starting them cost;
+    README.md and docs/demo.md quote the CPU time and the start-up of as many processes as it starts, in its words."""
+    printed = " ".join((quick_demo / "printed.txt").read_text().split())
+    cpu, starting, processes = map(int, re.search(COST, printed).groups())
+    assert 0 < starting <= cpu and processes == 3  # this process and the 2 training processes (`--workers 2`)
+    demo_md = " ".join((ROOT / "docs" / "demo.md").read_text().split())
+    assert re.search(COST, demo_md), "docs/demo.md quotes the demo's last line in its words"
+    for doc in (ROOT / "README.md", ROOT / "docs" / "demo.md"):
+        quotes = [tuple(map(int, q)) for q in re.findall(QUOTED, " ".join(doc.read_text().split()))]
+        assert quotes and all(0 < s <= c and p == processes for c, s, p in quotes), (doc.name, quotes)
