@@ -1,11 +1,16 @@
-"""Teacher Guided Loss vs LitGPT's `chunked_cross_entropy` alone, and the distillation baselines' cost, on CPU.
+"""Teacher Guided Loss vs LitGPT's `chunked_cross_entropy` alone, the distillation baselines' cost, and the tiled
+head's with a bias and a logit soft cap, on CPU.
 
 Each row times forward + backward of ours and of the baseline side by side, interleaved, and prints the ratio of
 medians (goal for the guided loss: <= 1.10x at B=2, T=2048, V=32000), in wall-clock and in process CPU time (steadier
 when other processes share the cores). Teacher losses and ranges are given, as in training, where the teacher's
-forward is separate. Runs in about a minute on 2 idle cores:
+forward is separate. The head's rows time `linear_cross_entropy` (the head and the loss a tile of rows at a time)
+with Phi-2's head bias, Gemma-2's final soft cap (30) or both against the plain tiled head, and the plain and the
+capped and biased ones against the unfused head LitGPT runs (`F.linear`, `do_softcapping`, `chunked_cross_entropy`
+over the whole logits), in float32.
+Runs in a few minutes on 2 idle cores:
 
-    python benchmarks/bench_loss.py [--seq_len 2048] [--vocab_size 32000] [--smoke]
+    python benchmarks/bench_loss.py [--seq_len 2048] [--vocab_size 32000] [--head_vocab_size 32000] [--smoke]
 """
 
 import argparse
@@ -13,10 +18,12 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
+from litgpt.model import do_softcapping
 from litgpt.utils import chunked_cross_entropy
 from smoke import parse_args  # benchmarks/ is on sys.path when this file runs as a script
 
-from litgpt_vocagnolm.loss.cross_entropy import per_token_cross_entropy
+from litgpt_vocagnolm.loss.cross_entropy import linear_cross_entropy, per_token_cross_entropy
 from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss, LossInputs
 
 
@@ -63,10 +70,10 @@ def saved_bytes(run) -> int:
     return total
 
 
-def report(name: str, timings: dict[str, tuple[float, float]]) -> None:
+def report(name: str, timings: dict[str, tuple[float, float]], baseline_name: str = "chunked_cross_entropy") -> None:
     (ours, baseline), (ours_cpu, baseline_cpu) = timings["wall"], timings["cpu"]
     print(
-        f"{name + ':':<44} {ours * 1e3:8.0f} ms  vs chunked_cross_entropy {baseline * 1e3:7.0f} ms"
+        f"{name + ':':<44} {ours * 1e3:8.0f} ms  vs {baseline_name} {baseline * 1e3:7.0f} ms"
         f"  {ours / baseline:5.2f}x wall  {ours_cpu / baseline_cpu:5.2f}x cpu"
     )
 
@@ -95,8 +102,12 @@ def main() -> None:
     parser.add_argument("--vocab_size", type=int, default=32000, help="the student's (TinyLlama's)")
     parser.add_argument("--distill_seq_len", type=int, default=256, help="tokens of the distillation baselines' rows")
     parser.add_argument("--teacher_vocab_size", type=int, default=152064, help="ULD's teacher's (Qwen2.5's)")
+    parser.add_argument("--head_rows", type=int, default=1024, help="tokens of the head's rows")
+    parser.add_argument("--head_width", type=int, default=256, help="hidden width of the head's rows")
+    parser.add_argument("--head_vocab_size", type=int, default=32000, help="the head's rows' (Gemma-2's: 256000)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side, medians")
     smoke = {"seq_len": 128, "vocab_size": 512, "distill_seq_len": 16, "teacher_vocab_size": 1024, "repeats": 1}
+    smoke |= {"head_rows": 64, "head_width": 16, "head_vocab_size": 512}
     args = parse_args(parser, smoke)
     generator = torch.Generator().manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; forward + backward, interleaved medians")
@@ -164,6 +175,38 @@ def main() -> None:
     other_vocab = (torch.randn(B, T, Vt, generator=generator) * 3).bfloat16()
     uld = distill(GuidanceArgs(method="uld"), other_vocab)
     report("guided_loss uld (other vocabulary)", time_side_by_side(uld, baseline, args.repeats))
+    time_heads(args.head_rows, args.head_width, args.head_vocab_size, args.repeats, generator)
+
+
+def time_heads(N: int, D: int, V: int, repeats: int, generator: torch.Generator) -> None:
+    """The tiled head (`linear_cross_entropy`) with a bias, a soft cap or both against itself without, and the plain
+    and the capped and biased ones against LitGPT's unfused head: forward + backward over N rows of width D and a
+    vocabulary of V."""
+    print(f"head: {N} rows x width {D} x vocabulary {V}, float32, soft cap 30")
+    hidden = torch.randn(1, N, D, generator=generator).requires_grad_()
+    weight = (torch.randn(V, D, generator=generator) / D**0.5).requires_grad_()
+    bias = torch.randn(V, generator=generator).requires_grad_()
+    targets = torch.randint(0, V, (1, N), generator=generator)
+
+    def run(tiled: bool, biased: bool, softcap: float | None):
+        def step():
+            hidden.grad = weight.grad = bias.grad = None
+            b = bias if biased else None
+            if tiled:
+                linear_cross_entropy(hidden, weight, targets, bias=b, softcap=softcap).sum().backward()
+            else:  # LitGPT's `GPT.forward` head, then its loss over the whole logits
+                logits = F.linear(hidden, weight, b)
+                logits = logits if softcap is None else do_softcapping(logits, softcap)
+                chunked_cross_entropy(logits, targets).backward()
+
+        return step
+
+    plain = run(True, False, None)
+    for label, biased, softcap in (("biased", True, None), ("capped", False, 30.0), ("capped and biased", True, 30.0)):
+        report(f"tiled head {label} / plain", time_side_by_side(run(True, biased, softcap), plain, repeats), "plain")
+    for label, biased, softcap in (("plain", False, None), ("capped and biased", True, 30.0)):
+        timings = time_side_by_side(run(True, biased, softcap), run(False, biased, softcap), repeats)
+        report(f"tiled head {label} / unfused", timings, "unfused")
 
 
 if __name__ == "__main__":

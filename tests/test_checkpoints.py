@@ -21,9 +21,10 @@ from litgpt_vocagnolm.loss.methods import GuidanceArgs
 from litgpt_vocagnolm.models import gpt
 from litgpt_vocagnolm.models.weights import CHECKSUMS, UnreadableCheckpoint, read_weights
 from litgpt_vocagnolm.training import checkpoints
-from litgpt_vocagnolm.training.checkpoints import TRAIN_STATE, file_checksums, find_resume_checkpoint
+from litgpt_vocagnolm.training.checkpoints import file_checksums, find_resume_checkpoint
 from litgpt_vocagnolm.training.recipe import setup
 from litgpt_vocagnolm.training.score_teacher import score_teacher
+from litgpt_vocagnolm.training.train_state import TRAIN_STATE
 
 
 class Payload:
@@ -144,10 +145,13 @@ def test_damaged_files_are_named(tmp_path):
 
 
 def write_step(out_dir: Path, step: int, content: str = "good") -> Path:
-    """A sharded checkpoint directory as the recipe writes it (DCP shards and index, train state, checksums)."""
+    """A sharded checkpoint directory as the recipe writes it (DCP shards and index, train state, hyperparameters,
+    checksums): steps of 2 blocks."""
     path = out_dir / f"step-{step:08d}"
     dcp.save({"model": {"w": torch.full((4,), float(step))}}, checkpoint_id=path, no_dist=True)
-    (path / TRAIN_STATE).write_text(json.dumps({"step_count": step, "iter_num": step, "world_size": 1}))
+    train_state = {"step_count": step, "iter_num": step, "world_size": 1, "position": 2 * step}
+    (path / TRAIN_STATE).write_text(json.dumps(train_state))
+    (path / "hyperparameters.yaml").write_text("train:\n  global_batch_size: 2\n")
     if content == "crafted":  # an index that runs code when unpickled, with checksums to match (as a forger would)
         with open(path / ".metadata", "wb") as f:
             pickle.dump(Payload(out_dir / "payload-ran"), f)

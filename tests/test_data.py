@@ -37,6 +37,7 @@ from litgpt_vocagnolm.data.prepare import prepare
 from litgpt_vocagnolm.data.prepared import SPLITS, VocAgnoData, iter_blocks, padded_window
 from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.files import file_sha256
+from litgpt_vocagnolm.training.checks import tokenizer_pair_summary
 
 STUDENT, TEACHER = TINYLLAMA, QWEN
 # Documents as LitGPT's Tokenizer frames them: TinyLlama's <s> ... </s>, Qwen2.5's ... <|endoftext|>
@@ -180,7 +181,7 @@ def test_nothing_lost_and_every_range_covers_its_token(prepared, corpus, tokeniz
         assert 1 <= len(short) <= len(plan_units(find_input_files([root], "--input")[0]))
         assert sum(short) == counts["padding"]
         block_bytes = [0] * len(split_blocks)
-        first_token_bytes = overflow = 0
+        first_token_bytes = overflow = mapped = 0
         documents = documents_of(split_blocks)
         assert len(documents) == counts["documents"]
         for ids, places in documents:
@@ -207,14 +208,26 @@ def test_nothing_lost_and_every_range_covers_its_token(prepared, corpus, tokeniz
                     stop += 1
                 a, e = split_blocks[b]["ranges"][position].tolist()
                 assert first < stop  # the teacher's spans tile the text (Qwen's NFC "e\u0301" -> "é" included)
-                if a == e:  # no room left in the window
-                    overflow += 1
-                else:
+                if position > 0:  # a prediction target
+                    overflow, mapped = overflow + (a == e), mapped + (a < e)
+                if a < e:  # else no room left in the window
                     # The range is this document's run of teacher tokens overlapping the student token's characters,
                     # and they cover them.
                     assert split_blocks[b]["teacher_ids"][a:e].tolist() == t.ids[first:stop]
                     assert t_offsets[first][0] <= start and end <= t_offsets[stop - 1][1], text[start:end]
+            # The EOS maps to the teacher's EOS where both sides hold some token of the text (if the window has room).
+            b, position = places[-1]
+            a, e = split_blocks[b]["ranges"][position].tolist()
+            assert split_blocks[b]["teacher_ids"][a:e].tolist() == ([EOS] if a < e else [])
+            assert a == e or (encoding.ids and t.ids)
+            if position > 0 and encoding.ids and t.ids:
+                overflow, mapped = overflow + (a == e), mapped + (a < e)
         assert overflow == counts["overflow_unmapped"]
+        # Prediction targets: every token but each block's first, and the BOS.
+        bos_targets = sum(places[0][1] > 0 for _, places in documents)
+        targets = sum(block["num_tokens"] - 1 for block in split_blocks) - bos_targets
+        assert (targets, mapped) == (counts["targets"], counts["mapped"])
+        assert counts["mapped_share"] == mapped / targets
         assert block_bytes == [block["num_bytes"] for block in split_blocks]
         assert sum(block_bytes) + first_token_bytes == counts["bytes"]
 
@@ -225,6 +238,20 @@ def test_nothing_lost_and_every_range_covers_its_token(prepared, corpus, tokeniz
     assert manifest["alignment_bytes_per_student_token"] <= 4
     assert manifest["student"]["sha256"] == file_sha256(STUDENT / "tokenizer.json")
     assert manifest["teacher"]["path"] == str((TEACHER / "tokenizer.json.gz").resolve())
+
+
+def test_prepare_and_training_report_the_mapped_share_of_prediction_targets(prepared, capsys):
+    """`prepare`'s summary and the line training starts with give the share of prediction targets mapped (the counts
+    are checked against the blocks above)."""
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    splits = manifest["splits"].values()
+    assert manifest["mapped_share"] == sum(s["mapped"] for s in splits) / sum(s["targets"] for s in splits)
+    prepare_module.print_summary(prepared, manifest)
+    out = capsys.readouterr().out
+    for s in splits:
+        assert f"; {s['mapped_share']:.2%} of its {s['targets']:,} prediction targets (every token but the BOS" in out
+    line = tokenizer_pair_summary(VocAgnoData(prepared), STUDENT, TEACHER)
+    assert line.startswith(f"Tokenizer pair: {manifest['mapped_share']:.2%} of the prepared prediction targets (")
 
 
 def test_long_document_spans_many_blocks(prepared, corpus, tokenizers):
@@ -255,6 +282,9 @@ texts = st.text(alphabet=list("ab 1+=\n\té日😀∑\u0301"), max_size=30)
     cap=st.integers(1, 30),
 )
 def test_pack_blocks_keeps_every_token_and_its_teacher_tokens(tokenizers, documents, cuts, block_size, cap):
+    """Blocks hold each document as BOS, text, EOS; each text token maps to its own teacher tokens, the student's EOS to
+    the teacher's EOS (where both sides hold text) with the teacher's prediction of it in the window, the BOS to none;
+    and the counts are of prediction targets."""
     student, teacher = tokenizers
     encoded = [(encode(student, text), encode(teacher, text)) for text in documents]
     doc_ranges = [align(s_offsets, t_offsets) for (_, s_offsets), (_, t_offsets) in encoded]
@@ -269,50 +299,63 @@ def test_pack_blocks_keeps_every_token_and_its_teacher_tokens(tokenizers, docume
     for batch in batches:
         texts, ranges = [documents[d] for d in batch], [doc_ranges[d] for d in batch]
         student_encodings, teacher_ids = [encoded[d][0] for d in batch], [encoded[d][1][0] for d in batch]
-        streams.append(aligned_stream(texts, student_encodings, teacher_ids, ranges, (BOS, None), (None, EOS)))
-        expected_bytes = [[0] + brute_token_bytes(documents[d], encoded[d][0][1].tolist()) for d in batch]
+        streams.append(aligned_stream(texts, student_encodings, teacher_ids, ranges, (BOS, STUDENT_EOS), (None, EOS)))
+        expected_bytes = [[0] + brute_token_bytes(documents[d], encoded[d][0][1].tolist()) + [0] for d in batch]
         assert streams[-1].token_bytes.tolist() == sum(expected_bytes, [])
     dtypes = BlockDtypes.fitting(32000, 151665, cap)
     full, capped = Stats(), Stats()
     uncapped_blocks = list(pack_blocks(streams, block_size, 10**6, dtypes, full))
     blocks = list(pack_blocks(streams, block_size, cap, dtypes, capped))
 
-    stream = sum(([BOS] + s_ids.tolist() for (s_ids, _), _ in encoded), [])
+    stream = sum(([BOS] + s_ids.tolist() + [STUDENT_EOS] for (s_ids, _), _ in encoded), [])
     assert np.concatenate([b["student_ids"] for b in blocks]).tolist() == stream
     assert [len(b["student_ids"]) for b in blocks[:-1]] == [block_size] * (len(blocks) - 1)
-    # Where each stream position comes from: (document, token); token 0 is the BOS.
-    origin = [(d, k) for d, ((s_ids, _), _) in enumerate(encoded) for k in range(len(s_ids) + 1)]
-    overflow, position = 0, 0
+    # Where each stream position comes from: (document, token); token 0 is the BOS, the last the EOS.
+    origin = [(d, k) for d, ((s_ids, _), _) in enumerate(encoded) for k in range(len(s_ids) + 2)]
+    overflow = mapped = targets = position = 0
     for big, small in zip(uncapped_blocks, blocks):
         n = len(big["student_ids"])
         window = big["teacher_ids"].tolist()
         # The window: per document in the block, the teacher tokens overlapping the block's characters of it, and
-        # the teacher's EOS where the block holds the document's end.
+        # the teacher's EOS where the block holds the document's end, its EOS.
         expected_window = []
-        for d in dict.fromkeys(d for d, _ in origin[position : position + n]):
-            tokens = [k - 1 for dd, k in origin[position : position + n] if dd == d and k > 0]
+        held = origin[position : position + n]
+        for d in dict.fromkeys(d for d, _ in held):
             (_, s_offsets), (_, t_offsets) = encoded[d]
+            tokens = [k - 1 for dd, k in held if dd == d and 0 < k <= len(s_offsets)]
             if tokens:
                 lo, hi = s_offsets[tokens[0], 0], s_offsets[tokens[-1], 1]
                 overlapping = (t_offsets[:, 1] > lo) & (t_offsets[:, 0] < hi)
                 expected_window += [token for token, keep in zip(doc_teacher[d], overlapping) if keep]
-            if origin[position + n - 1] >= (d, len(s_offsets)):
+            if (d, len(s_offsets) + 1) in held:
                 expected_window.append(EOS)
         assert window == expected_window
         assert small["teacher_ids"].tolist() == window[:cap]
         for i in range(n):
             d, k = origin[position + i]
             a, b = big["range_starts"][i], big["range_starts"][i] + big["range_lengths"][i]
-            doc_a, doc_b = doc_ranges[d][k - 1] if k > 0 else (0, 0)  # the BOS is unmapped
+            text_tokens, teacher_tokens = len(encoded[d][0][0]), len(encoded[d][1][0])
+            if 0 < k <= text_tokens:
+                doc_a, doc_b = doc_ranges[d][k - 1]
+            elif k > text_tokens and text_tokens and teacher_tokens:  # the EOS
+                doc_a, doc_b = teacher_tokens, teacher_tokens + 1
+            else:  # the BOS, or the EOS of a document one side holds no token of
+                doc_a, doc_b = 0, 0
             assert window[a:b] == doc_teacher[d][doc_a:doc_b]  # the same teacher tokens
             assert (a < b) == (doc_a < doc_b)
             kept = b <= cap and b - a <= 255
-            overflow += a < b and not kept
             expected = (a, b) if a < b and kept else (0, 0)
             assert (small["range_starts"][i], small["range_starts"][i] + small["range_lengths"][i]) == expected
+            if i > 0:  # a prediction target, unless the BOS
+                targets += k > 0
+                overflow += a < b and not kept
+                mapped += a < b and kept
+                if k > text_tokens and a < b:
+                    assert a > 0  # the teacher's loss of its EOS, predicted from its window's token before it
         position += n
+    assert capped.targets == full.targets == targets
     assert capped.overflow_unmapped == overflow and full.overflow_unmapped == 0
-    assert capped.mapped + overflow == full.mapped
+    assert capped.mapped == mapped and capped.mapped + overflow == full.mapped
 
 
 def line_or_word_boundary(text: str, c: int, end: int) -> str:
@@ -687,15 +730,15 @@ def test_llemma_extends_tinyllama_and_aligns_one_to_one(tinyllama_llemma_data, t
 
     module = VocAgnoData(tinyllama_llemma_data)
     assert module.manifest["same_vocabulary"] is True and module.same_vocabulary(STUDENT, LLEMMA)
-    # Both tokenize the math text alike, so a student token maps to the one teacher token with its id; BOS and EOS,
-    # special tokens with empty spans, are unmapped. Tokens that share one character (the "▁" Metaspace puts before a
-    # document's first digit, the byte pieces of a character) each map to that character's tokens, as the alignment
-    # works on characters: here 2 of 42,097.
+    # Both tokenize the math text alike, so a student token maps to the one teacher token with its id, the EOS to the
+    # teacher's EOS (the same id); the BOS is unmapped. Tokens that share one character (the "▁" Metaspace puts before
+    # a document's first digit, the byte pieces of a character) each map to that character's tokens, as the alignment
+    # works on characters: here 2 of 42,305.
     one_to_one = text_tokens = 0
     for block in iter_blocks(tinyllama_llemma_data, "train"):
         ids, (starts, ends) = block["student_ids"][: block["num_tokens"]], block["ranges"][: block["num_tokens"]].T
-        text = ~np.isin(ids, [BOS, STUDENT_EOS])
-        assert (ends[~text] == starts[~text]).all()
+        text = ids != BOS
+        assert (ends[~text] == starts[~text]).all() and (ends[text] > starts[text]).all()
         assert all(i in block["teacher_ids"][a:e] for i, a, e in zip(ids[text], starts[text], ends[text]))
         single = text & (ends - starts == 1)
         assert np.array_equal(block["teacher_ids"][starts[single]], ids[single])
@@ -965,15 +1008,17 @@ def test_loader_resumes_at_the_next_sample(prepared, num_workers):
 
 
 def test_data_of_another_format_fails_naming_both_versions_and_the_fix(prepared, tmp_path):
-    from litgpt_vocagnolm.data.prepared import FORMAT, MANIFEST, load_manifest
+    from litgpt_vocagnolm.data.manifest import FORMAT, MANIFEST, load_manifest
 
     copy = tmp_path / "old"
     copy.mkdir()
     manifest = json.loads((prepared / MANIFEST).read_text(encoding="utf-8"))
-    (copy / MANIFEST).write_text(json.dumps({**manifest, "format": "vocagnolm-blocks/0"}), encoding="utf-8")
+    # Format 1 left the EOS unmapped and counted the BOS in mapped_share.
+    (copy / MANIFEST).write_text(json.dumps({**manifest, "format": "vocagnolm-blocks/1"}), encoding="utf-8")
     with pytest.raises(ValueError) as error:
         load_manifest(copy)
     message = str(error.value)
-    assert "'vocagnolm-blocks/0'" in message and repr(FORMAT) in message and "`vocagnolm prepare`" in message
-    with pytest.raises(ValueError, match="vocagnolm-blocks/0"):
+    assert "'vocagnolm-blocks/1'" in message and repr(FORMAT) in message and "`vocagnolm prepare`" in message
+    assert "\n" not in message
+    with pytest.raises(ValueError, match="vocagnolm-blocks/1"):
         VocAgnoData(copy).check_files()  # training reads it through the same check

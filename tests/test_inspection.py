@@ -15,7 +15,7 @@ from litgpt_vocagnolm.alignment.inspection import (
     mapping_groups,
     pair_report,
 )
-from litgpt_vocagnolm.alignment.lexical import chunk_span_ios_iou, encode
+from litgpt_vocagnolm.alignment.lexical import align, chunk_span_ios_iou, encode
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 from litgpt_vocagnolm.errors import UserError
 
@@ -136,23 +136,36 @@ def test_inspect_prints_the_report(capsys, tmp_path, tokenizers):
 
 
 def test_inspect_says_how_documents_are_framed_and_how_much_maps(capsys, tmp_path):
-    """Each side's BOS/EOS as `prepare` adds them (LitGPT's; or why prepare would refuse the tokenizer), and the share
-    of mapped tokens: 1 less the unmapped ones, on a text where Qwen's NFC folds a character away (its tiling span
-    still covers the accent, so every token maps)."""
+    """Each side's BOS/EOS as `prepare` adds them (LitGPT's; or why prepare would refuse the tokenizer), and the mapped
+    share of the prediction targets `prepare` makes of the text: its tokens and the EOS, the student's mapped to the
+    teacher's; the BOS is none. On a text where Qwen's NFC folds a character away (its tiling span still covers the
+    accent, so every token maps)."""
     (tmp_path / "tokenizer.json").write_bytes((TINYLLAMA / "tokenizer.json").read_bytes())  # no tokenizer_config.json
     text = "cafe\u0301 au lait"
+    student, teacher = load_tokenizer(TINYLLAMA), load_tokenizer(QWEN)
+    ranges = align(encode(student, text)[1], encode(teacher, text)[1])
+    mapped = sum(a < b for a, b in ranges.tolist())  # Qwen's "é" spans the "e" and its accent
+    assert mapped == len(ranges)
+
     inspect(student=tmp_path / "tokenizer.json", teacher=QWEN, text=text, rows=0)
     out = capsys.readouterr().out
     frame = re.search(r"Each document, as LitGPT's Tokenizer frames it: student (.*); teacher (.*)\n", out)
     assert frame[1].startswith("none: ") and "names no eos_token" in frame[1] and "is missing" in frame[1]
     assert frame[2] == "… <|endoftext|> (151643)"
+    assert "(mapped share of the prediction targets: the text's tokens; the BOS is none)" in out
+    assert pair_report(student, teacher, text, chunks=[])["targets"] == (len(ranges), len(encode(teacher, text)[0]))
+
     inspect(student=TINYLLAMA, teacher=QWEN, text=text, rows=0)
-    assert "student <s> (1) … </s> (2); teacher … <|endoftext|> (151643)\n" in capsys.readouterr().out
-    ranges = pair_report(load_tokenizer(TINYLLAMA), load_tokenizer(QWEN), text, chunks=[])["ranges"]
-    unmapped = sum(a == b for a, b in ranges.tolist())  # Qwen's "é" spans the "e" and its accent
-    assert unmapped == 0
+    out = capsys.readouterr().out
+    assert "student <s> (1) … </s> (2); teacher … <|endoftext|> (151643)\n" in out
+    report = pair_report(student, teacher, text, chunks=[], eos=True)
+    assert report["targets"][0] == report["mapped_targets"][0] == mapped + 1  # the EOS, mapped to the teacher's
     shown = re.search(r"mapped share +([\d.]+)% +([\d.]+)%\n", out)
-    assert shown[1] == f"{100 * (1 - unmapped / len(ranges)):.2f}" and shown[2] == "100.00"
+    assert shown[1] == shown[2] == "100.00"
+    assert "targets: the text's tokens and its EOS, mapped to the teacher's EOS; the BOS is none)" in out
+    # An empty document: its EOS is predicted from nothing of it, and maps to nothing.
+    empty = pair_report(student, teacher, "", chunks=[], eos=True)
+    assert (empty["targets"], empty["mapped_targets"]) == ((1, 1), (0, 0))
 
 
 def test_inspect_covers_characters_a_normalizer_folds(capsys, tmp_path):

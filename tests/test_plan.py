@@ -26,8 +26,21 @@ def bench_scale():
     return module
 
 
-@pytest.mark.parametrize("name", ["tiny-llama-1.1b", "Qwen2.5-Math-7B", "Mistral-7B-v0.1", "deepseek-math-7b-base"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "tiny-llama-1.1b",
+        "Qwen2.5-Math-7B",
+        "Mistral-7B-v0.1",
+        "deepseek-math-7b-base",
+        "Gemma-2-9b",
+        "phi-2",
+        "falcon-40b",
+    ],
+)
 def test_parameter_counts_equal_litgpt_models(name):
+    """Dense models, with their norms, biases, head bias and post-norms: every parameter, and those of the matrix
+    products (the 2-D ones but the embedding)."""
     import torch
     from litgpt.model import GPT
 
@@ -40,6 +53,73 @@ def test_parameter_counts_equal_litgpt_models(name):
     assert parameters(config) == sum(p.numel() for p in model.parameters())
     matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "wte" not in n)
     assert matmul_parameters(config) == matmul
+
+
+@pytest.mark.parametrize("name, total, active", [("Mixtral-8x7B-v0.1", 46.7, 12.9), ("Qwen3-30B-A3B", 30.5, 3.3)])
+def test_a_mixture_of_experts_counts_all_its_experts_and_computes_with_those_a_token_meets(name, total, active):
+    """The model cards' figures, in billions to one decimal: all parameters, and those a token goes through (its
+    experts, the embedding row included): Mixtral's "46.7B total, 12.9B active", Qwen3's "30.5B in total and 3.3B
+    activated"."""
+    config = Config.from_name(name)
+    assert abs(parameters(config) / 1e9 - total) < 0.06
+    assert abs((matmul_parameters(config) + config.padded_vocab_size * config.n_embd) / 1e9 - active) < 0.06
+
+
+@pytest.mark.parametrize("name", ["Gemma-2-9b", "Gemma-3-4b-it", "Mistral-7B-v0.1", "Mixtral-8x7B-v0.1"])
+def test_each_kind_of_layer_is_planned_as_measured(name):
+    """Tiny copies (tests/test_model_families.py) at 256 tokens, where the square of the length shows: each layer's
+    bytes saved for backward (soft-capped attention's scores, a sliding layer's mask, the experts a token meets) as
+    `block_bytes_per_token` and `attention_square_bytes` count them, within SDPA's own output, which the soft-capped
+    path does not keep (5%), and a few bytes of the router; each layer's forward peak (the teacher's) within the error
+    of fitting a peak (25%)."""
+    import torch
+    from test_model_families import family_config
+
+    from litgpt_vocagnolm.models.gpt import GPT
+    from litgpt_vocagnolm.planning.memory import attention_square_bytes, block_bytes_per_token, cpu_peak_bytes
+
+    config, B, T = family_config(name, vocab_size=64, block_size=T_LONG), 2, T_LONG
+    torch.manual_seed(0)
+    model = GPT(config)
+    for train, (low, high) in ((True, (0.999, 1.05)), (False, (0.9, 1.25))):
+        per_token, per_block = block_bytes_per_token(config, train)
+        squares = attention_square_bytes(config, B, T, train)
+        for layer, block in enumerate(model.transformer.h):
+            cos, sin = model.cos[:T].unsqueeze(0), model.sin[:T].unsqueeze(0)
+            if config.rope_indices is not None:
+                cos, sin = cos[..., config.rope_indices[layer]], sin[..., config.rope_indices[layer]]
+            if train:
+                measured = saved_bytes(block, torch.randn(B, T, config.n_embd, requires_grad=True), cos, sin)
+                planned = per_token * B * T + per_block + squares[layer]
+            else:
+                frozen = block.to(torch.bfloat16).requires_grad_(False)
+                x = torch.randn(B, T, config.n_embd, dtype=torch.bfloat16)
+                with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                    (measured,) = cpu_peak_bytes(lambda: frozen(x, cos, sin))
+                planned = per_token * B * T + squares[layer]
+            assert low <= planned / measured <= high, (train, layer, planned, measured)
+
+
+T_LONG = 256
+
+
+def saved_bytes(block, x, cos, sin) -> int:
+    """Bytes a block saves for backward under bf16 autocast, its parameters aside (as `block_bytes_per_token` counts
+    them)."""
+    import torch
+
+    parameters = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x, cos, sin)
+    return sum(saved.values())
 
 
 @pytest.mark.parametrize("activation_checkpointing", [False, True])
@@ -262,3 +342,47 @@ def test_plan_warns_when_the_prepared_data_is_for_another_sequence_length(capsys
         ]
     )
     assert "Warning:" not in capsys.readouterr().out
+
+
+MODELS_PAGE = ROOT / "docs" / "models.md"
+
+
+def test_the_teacher_costs_that_docs_models_quotes_are_what_plan_prints(capsys):
+    """docs/models.md's table of teachers, each cell from `plan` of the paper's recipe with that teacher, and its
+    whole plan of Gemma-2-9b as `plan` prints it (the recipe's path aside), and the figures its prose gives."""
+    from litgpt_vocagnolm import cli
+    from litgpt_vocagnolm.loss.cross_entropy import TILE_ELEMENTS
+    from litgpt_vocagnolm.models.model_configs import config_named
+    from litgpt_vocagnolm.planning.memory import SOFTCAPPED_SCORE_BYTES
+
+    page = MODELS_PAGE.read_text(encoding="utf-8")
+    rows = [line.strip("|").split(" | ") for line in page.splitlines() if re.match(r"\| \w+/\S+ \|", line)]
+    assert [row[0].strip() for row in rows] == [
+        "Qwen/Qwen2.5-Math-7B-Instruct",
+        "google/gemma-2-9b",
+        "google/gemma-3-12b-it",
+        "google/gemma-2-27b",
+    ]
+    printed = {}
+    for teacher, vocabulary, teacher_gb, total_gb, largest, fastest, scoring_gb in (map(str.strip, r) for r in rows):
+        recipe = ["--config", "tinyllama-qwen2.5-math-7b-instruct"]  # as typed: the packaged recipe's name
+        cli.main(["plan", *recipe, "--teacher.checkpoint_dir", f"checkpoints/{teacher}"])
+        printed[teacher] = out = capsys.readouterr().out
+        assert f"{config_named(teacher.split('/')[1], teacher).padded_vocab_size:,}" == vocabulary
+        assert re.search(rf"  teacher parameters +{teacher_gb} GB", out), teacher
+        assert re.search(rf"  total +{total_gb} GB", out), teacher
+        assert f"Largest micro-batch that fits 80 GB: {largest}\n" in out, teacher
+        assert re.search(rf"^  {' +'.join(fastest.split(', '))} .*<- fastest that fits", out, re.MULTILINE), teacher
+        assert f"(the whole teacher on each GPU): {scoring_gb} GB\n" in out, teacher
+
+    transcript = page[page.index("$ vocagnolm plan") :].split("```")[0].splitlines()
+    assert transcript[0].endswith("--teacher.checkpoint_dir checkpoints/google/gemma-2-9b")
+    lines = printed["google/gemma-2-9b"].splitlines()  # the recipe's path shortened to ".../" on the page
+    assert len(lines) == len(transcript) - 1
+    for line, quoted in zip(lines, transcript[1:]):
+        assert line.endswith(quoted[3:]) if quoted.startswith(".../") else line == quoted, quoted
+
+    gemma, prose = Config.from_name("Gemma-2-9b"), " ".join(page.split())
+    assert f"2 x {gemma.padded_vocab_size:,} x {gemma.n_embd:,}" in prose
+    assert f"a tile of {TILE_ELEMENTS // gemma.padded_vocab_size} rows of {gemma.padded_vocab_size:,} logits" in prose
+    assert f"({SOFTCAPPED_SCORE_BYTES['forward']} bytes each at their peak" in prose

@@ -20,8 +20,9 @@ from traced_data import trained
 
 from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.models.weights import CHECKSUMS, check_checkpoint_dir
-from litgpt_vocagnolm.training.checkpoints import TRAIN_STATE, data_position, find_resume_checkpoint
+from litgpt_vocagnolm.training.checkpoints import find_resume_checkpoint
 from litgpt_vocagnolm.training.recipe import setup
+from litgpt_vocagnolm.training.train_state import TRAIN_STATE, data_position
 
 
 def train(tmp_path: Path, data: Path, steps: int, **overrides) -> Path:

@@ -244,25 +244,26 @@ def test_a_teacher_shorter_than_the_windows_is_refused_before_any_model(tmp_path
     assert not (tmp_path / "out").exists()
 
 
-def test_a_teacher_whose_head_caps_its_logits_is_refused_before_any_model(tmp_path, tinyllama_mistral_data):
-    """The per-token loss tiles a plain head: a teacher with logit soft-capping (Gemma 2's) stopped at its first
-    forward with a NotImplementedError, after the models were built."""
-    from litgpt_vocagnolm.training.score_teacher import score_teacher
+def test_models_whose_head_caps_its_logits_and_adds_a_bias_are_no_error(tmp_path, tinyllama_mistral_data):
+    """The tiled head computes Gemma-2's final soft cap and Phi-2's head bias: a student and a teacher with both, once
+    refused before any model, train a step together (each family's losses against LitGPT's, and its `score-teacher`
+    cache: tests/test_model_families.py)."""
+    from test_recipe import metrics
+
     from litgpt_vocagnolm.training.teacher import TeacherArgs
 
-    config = tiny_config("capped", 32000)
-    config.final_logit_softcapping = 30.0
-    teacher = make_checkpoint(tmp_path / "capped", config, MISTRAL)
-    with pytest.raises(InvalidArgument, match="--teacher.checkpoint_dir .*capped.* caps its logits or adds a bias"):
-        setup(
-            **setup_args(
-                tmp_path, tinyllama_mistral_data, guidance=GuidanceArgs(), teacher=TeacherArgs(checkpoint_dir=teacher)
-            )
+    def capped(name: str, block_size: int):
+        config = tiny_config(name, 32000, block_size=block_size)
+        config.final_logit_softcapping, config.lm_head_bias = 30.0, True
+        return config
+
+    teacher = TeacherArgs(checkpoint_dir=make_checkpoint(tmp_path / "capped", capped("t", 256), MISTRAL))
+    setup(
+        **setup_args(
+            tmp_path, tinyllama_mistral_data, model_config=capped("s", 64), guidance=GuidanceArgs(), teacher=teacher
         )
-    assert not (tmp_path / "out").exists()
-    with pytest.raises(InvalidArgument, match="--teacher .*capped.* caps its logits or adds a bias"):
-        score_teacher(data=tinyllama_mistral_data, teacher=teacher, output=tmp_path / "cache")
-    assert not (tmp_path / "cache").exists()
+    )
+    assert [row["loss"] > 0 for row in metrics(tmp_path / "out")] == [True]
 
 
 # what the log says

@@ -13,6 +13,7 @@ from decimal import Decimal, InvalidOperation
 from functools import cache
 from importlib import import_module
 from importlib.metadata import entry_points
+from pathlib import Path
 from types import UnionType
 from typing import Any, Callable, Iterator, Literal, NoReturn, Union, get_args, get_origin
 
@@ -191,13 +192,74 @@ def _optimizer_option() -> type:
     return OptimizerOption
 
 
+@cache
+def _model_config_option() -> type:
+    """The recipe's `model_config: Config | None` option, on which `--model_config FILE` reads a YAML or JSON file of
+    `litgpt.Config` fields (`student.model_config_text`: such as a checkpoint's model_config.yaml) and, as inline JSON
+    does, replaces the config given before it. jsonargparse 4.41 takes no file for an optional dataclass (it adds a
+    `__path__` key that the dataclass refuses) and merges a whole config into the one before it, keeping the recipe's
+    fields that a file lacks. `--model_config.KEY VALUE` is jsonargparse's."""
+
+    from jsonargparse._typehints import ActionTypeHint  # the action of a typed parameter (not exported)
+
+    class ModelConfigOption(ActionTypeHint):
+        def __call__(self, parser, cfg, value: str, option: str) -> None:
+            if option == f"--{self.dest}":
+                cfg[self.dest] = None
+                value = import_module("litgpt_vocagnolm.training.student").model_config_text(value)
+            super().__call__(parser, cfg, value, option)
+
+    return ModelConfigOption
+
+
+def _own_actions(parser) -> None:
+    """jsonargparse builds each parameter's action itself: LitGPT's `optimizer: str | dict` and the recipe's
+    `model_config` get ours (`_optimizer_option`, `_model_config_option`)."""
+    optimizer = _action(parser, "optimizer")
+    if optimizer is not None and get_args(getattr(optimizer, "_typehint", None)) == (str, dict):
+        optimizer.__class__ = _optimizer_option()
+    if _action(parser, "model_config") is not None:
+        _action(parser, "model_config").__class__ = _model_config_option()
+
+
+def _choose_student(parser, cfg) -> None:
+    """The student the command line gives (`student.choose_student`: what is typed wins over the recipe), set in `cfg`
+    as `model_name` or `model_config`, the other None: what --print_config shows, what runs and what
+    hyperparameters.yaml records."""
+    from jsonargparse import Namespace
+
+    student = import_module("litgpt_vocagnolm.training.student")
+    typed = [arg.split("=", 1)[0] for arg in parser.args if arg.startswith("--")]
+    model_config = cfg.model_config.as_dict() if cfg.model_config is not None else None
+    recipe = _recipe_options(parser.args, ("model_name", "model_config", "initial_checkpoint_dir"))
+    name, config = student.choose_student(cfg.model_name, model_config, cfg.initial_checkpoint_dir, typed, recipe)
+    cfg["model_name"] = name
+    if config != model_config:  # the fields of a dataclass, as jsonargparse holds them
+        cfg["model_config"] = None if config is None else Namespace(**config)
+
+
+def _recipe_options(args: list[str], keys: tuple[str, ...]) -> dict[str, str]:
+    """Which `--config` of `args` gives each of `keys` (its last, as jsonargparse reads them), by name as the user
+    names it ("--config demo-cpu"); a key no --config gives (or gives as null) is absent."""
+    import yaml
+
+    recipes = import_module("litgpt_vocagnolm.training.recipes")
+    names = {str(path): name for name, path in recipes.packaged().items()}
+    given = {}
+    for _, _, value in recipes.config_values(args):
+        path = Path(value).expanduser() if recipes.PATH_LIKE.fullmatch(value) else None
+        with suppress(OSError, yaml.YAMLError):  # unreadable: jsonargparse says so
+            content = yaml.safe_load(path.read_text(encoding="utf-8") if path else value)
+            content = content if isinstance(content, dict) else {}
+            given |= {key: f"--config {names.get(value, value)}" for key in keys if content.get(key) is not None}
+    return given
+
+
 def _configure(debug: bool = False, model: bool = True) -> type:
     """What `litgpt.__main__.main` sets up before its CLI call (its torch setting only for a command that runs a
     `model`); returns the parser class to build parsers with, which prints a refused option in one line (jsonargparse's
     usage and full message with `debug`)."""
-    import warnings
-
-    from jsonargparse import ArgumentParser, set_config_read_mode, set_docstring_parse_options
+    from jsonargparse import ArgumentParser
 
     class Parser(ArgumentParser):
         """Whole numbers as people write them, options only by their whole names, LitGPT's `--optimizer` as one
@@ -214,11 +276,15 @@ def _configure(debug: bool = False, model: bool = True) -> type:
             self.given: dict[str, str] = {}  # each option's value as typed (or in a config), for the error line
 
         def parse_args(self, *args, **kwargs):
-            optimizer = _action(self, "optimizer")
-            if optimizer is not None and get_args(getattr(optimizer, "_typehint", None)) == (str, dict):
-                # jsonargparse builds each parameter's action itself: LitGPT's `optimizer: str | dict` gets ours
-                optimizer.__class__ = _optimizer_option()
+            _own_actions(self)
             return super().parse_args(*args, **kwargs)
+
+        def _positional_optionals(self, cfg, unknown):  # jsonargparse: once the command line is read, before
+            # --print_config shows it and the checks; the recipe's parser (and `plan`'s) chooses the student there
+            cfg, unknown = super()._positional_optionals(cfg, unknown)
+            if not unknown and _action(self, "model_config") is not None:
+                _choose_student(self, cfg)
+            return cfg, unknown
 
         def _get_values(self, action, arg_strings):  # argparse: the values of an option on the command line
             self.given[action.dest] = " ".join(map(str, arg_strings))
@@ -245,6 +311,17 @@ def _configure(debug: bool = False, model: bool = True) -> type:
             print(f"{self.prog}: error: {_one_line(self, message)} See --help.", file=sys.stderr)
             self.exit(2)
 
+    _litgpt_settings(model)
+    return Parser
+
+
+def _litgpt_settings(model: bool) -> None:
+    """The settings `litgpt.__main__.main` makes before its CLI call; its torch setting only for a command that runs a
+    `model`."""
+    import warnings
+
+    from jsonargparse import set_config_read_mode, set_docstring_parse_options
+
     set_docstring_parse_options(attribute_docstrings=True)
     set_config_read_mode(urls_enabled=True)
     warnings.filterwarnings(
@@ -254,7 +331,6 @@ def _configure(debug: bool = False, model: bool = True) -> type:
         import torch
 
         torch.set_float32_matmul_precision("high")
-    return Parser
 
 
 def _whole_numbers_only(typehint: object) -> bool:
@@ -314,6 +390,15 @@ def _one_line(parser, message: str) -> str:
         if os.path.isdir(value):
             return f"--{key[1]} {value} is a directory, not a file: give the path of a YAML file."
         return f"--{key[1]} {value}: {message[key.end() :].strip().rstrip('.')}."
+    if key and "litgpt.config.Config" in str(getattr(_action(parser, key[1]), "_typehint", None)):  # --model_config
+        errors = message.split("Errors:", 1)[-1].split("Given value type:")[0]
+        reasons = [_readable(line.strip(" -")) for line in errors.splitlines() if "NoneType" not in line]
+        reason = re.sub(r'Parser key "([^"]+)":', r"\1:", " ".join(filter(None, reasons)))
+        return (
+            f"--{key[1]}: {parser.given.get(key[1], 'the value')} is not a model config ({reason}): give a YAML or JSON"
+            " file of litgpt.Config fields (such as the model_config.yaml beside a checkpoint's lit_model.pth) or"
+            " inline JSON, or --model_name NAME."
+        )
     if key and _action(parser, key[1]) is not None:
         given = re.search(r"(?:Given|Got) value: (.*)$", message, re.MULTILINE)
         value = parser.given.get(key[1]) or (given[1] if given else "the value")

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
-from litgpt_vocagnolm.errors import FolderInUse, PathTaken, disk_full
+from litgpt_vocagnolm.errors import FolderInUse, PathTaken, failed_writes
 
 LOCK = ".vocagnolm.lock"  # in a folder a command writes into: who holds it, under an OS lock
 NO_LOCK_ENV = (
@@ -233,7 +233,7 @@ def hold_folder(folder: Path, command: str) -> Iterator[None]:
             raise FolderInUse(f"{folder} was taken by another command while this job took it back: run again.")
     HELD.add(folder)
     try:
-        with disk_full(folder, None, "run the command again"):
+        with failed_writes(folder, None, "run the command again", errnos=None):
             os.ftruncate(fd, 0)  # a record left by a holder killed with kill -9 may be longer than this one
             os.write(fd, json.dumps(holder_record(command)).encode())
             os.fsync(fd)

@@ -77,8 +77,9 @@ def _in_ranges(ranges: np.ndarray, size: int) -> np.ndarray:
     return np.cumsum(depth)[:size] > 0
 
 
-def pair_report(student: Tokenizer, teacher: Tokenizer, text: str, chunks: list[int]) -> dict:
-    """The figures `inspect` prints, for `text` encoded without special tokens."""
+def pair_report(student: Tokenizer, teacher: Tokenizer, text: str, chunks: list[int], eos: bool = False) -> dict:
+    """The figures `inspect` prints, for `text` encoded without special tokens; `eos`: whether `prepare` ends the
+    document with an EOS on both sides, the student's then mapped to the teacher's (if both sides hold a token)."""
     student_ids, student_offsets = encode(student, text)
     teacher_ids, teacher_offsets = encode(teacher, text)
     ranges = align(student_offsets, teacher_offsets)
@@ -88,6 +89,8 @@ def pair_report(student: Tokenizer, teacher: Tokenizer, text: str, chunks: list[
     teacher_vocab = teacher.get_vocab(with_added_tokens=True)
     nonempty = student_offsets[:, 0] < student_offsets[:, 1]
     spans = ranges[:, 1] - ranges[:, 0]  # teacher tokens per student token
+    teacher_unmapped = int((~_in_ranges(ranges, len(teacher_ids))).sum())
+    eos_mapped = eos and len(student_ids) > 0 and len(teacher_ids) > 0
     return {
         "text": text,
         "student_vocab": len(student_vocab),
@@ -105,7 +108,10 @@ def pair_report(student: Tokenizer, teacher: Tokenizer, text: str, chunks: list[
         "span_histogram": np.bincount(np.minimum(spans[nonempty], 5), minlength=6),  # 0, 1, 2, 3, 4, 5+
         "student_special": int((~nonempty).sum()),
         "student_unmapped": int((nonempty & (spans == 0)).sum()),
-        "teacher_unmapped": int((~_in_ranges(ranges, len(teacher_ids))).sum()),
+        "teacher_unmapped": teacher_unmapped,
+        # The prediction targets of the document `prepare` makes of the text: its tokens and the EOS, the BOS none.
+        "targets": (len(student_ids) + eos, len(teacher_ids) + eos),
+        "mapped_targets": (int((spans > 0).sum()) + eos_mapped, len(teacher_ids) - teacher_unmapped + eos_mapped),
         "student_covered": int(covered_characters(student_offsets, len(text)).sum()),
         "teacher_covered": int(covered_characters(teacher_offsets, len(text)).sum()),
         "token_level": ios_iou(student_offsets, teacher_offsets, ranges),
@@ -146,21 +152,24 @@ def _shown(text: str) -> str:
     return json_lib.dumps(text, ensure_ascii=False)[1:-1]
 
 
-def document_frame(path: Path, tokenizer: Tokenizer) -> str:
+def document_frame(path: Path, tokenizer: Tokenizer) -> tuple[str, bool]:
     """The special tokens `prepare` puts around each document for this tokenizer, those LitGPT's `Tokenizer` adds:
-    "<s> (1) … </s> (2)"; or why `prepare` would refuse the tokenizer."""
+    "<s> (1) … </s> (2)", or why `prepare` would refuse the tokenizer; and whether it ends documents with an EOS."""
     try:
         bos_id, eos_id = document_specials(find_tokenizer_file(path), tokenizer)
     except InvalidArgument as error:
-        return f"none: {error}"
+        return f"none: {error}", False
     bos = "" if bos_id is None else f"{tokenizer.id_to_token(bos_id)} ({bos_id}) "
-    return f"{bos}… {tokenizer.id_to_token(eos_id)} ({eos_id})"
+    return f"{bos}… {tokenizer.id_to_token(eos_id)} ({eos_id})", True
 
 
 def token_table(report: dict) -> list[str]:
-    """The report's lines on the text's tokens, student beside teacher: counts, coverage, unmapped and mapped share."""
+    """The report's lines on the text's tokens, student beside teacher: counts, coverage, unmapped tokens, and the
+    mapped share of the prediction targets of the document `prepare` makes of the text."""
     n_student, n_teacher, n_chars = len(report["student_ids"]), len(report["teacher_ids"]), len(report["text"])
     unmapped = report["student_unmapped"] + report["student_special"]
+    shares = [mapped / max(targets, 1) for mapped, targets in zip(report["mapped_targets"], report["targets"])]
+    eos = " and its EOS, mapped to the teacher's EOS" if report["targets"][0] > n_student else ""
     return [
         f"  {'':<22}{'student':>12}{'teacher':>12}",
         f"  {'tokens':<22}{n_student:>12,}{n_teacher:>12,}",
@@ -168,8 +177,8 @@ def token_table(report: dict) -> list[str]:
         f"  {'characters covered':<22}{report['student_covered'] / max(n_chars, 1):>12.2%}"
         f"{report['teacher_covered'] / max(n_chars, 1):>12.2%}",
         f"  {'unmapped tokens':<22}{unmapped:>12,}{report['teacher_unmapped']:>12,}",
-        f"  {'mapped share':<22}{1 - unmapped / max(n_student, 1):>12.2%}"
-        f"{1 - report['teacher_unmapped'] / max(n_teacher, 1):>12.2%}",
+        f"  {'mapped share':<22}{shares[0]:>12.2%}{shares[1]:>12.2%}",
+        f"  (mapped share of the prediction targets: the text's tokens{eos}; the BOS is none)",
     ]
 
 
@@ -393,9 +402,12 @@ def inspect(
     student_tokenizer, teacher_tokenizer = (
         load_tokenizer(str(find_tokenizer_file(p).resolve())) for p in (student, teacher)
     )
-    report = pair_report(student_tokenizer, teacher_tokenizer, text, chunks)
-    frames = document_frame(student, student_tokenizer), document_frame(teacher, teacher_tokenizer)
-    summary = format_report(report, str(student), str(teacher), source, frames)
+    (student_frame, student_eos), (teacher_frame, teacher_eos) = (
+        document_frame(student, student_tokenizer),
+        document_frame(teacher, teacher_tokenizer),
+    )
+    report = pair_report(student_tokenizer, teacher_tokenizer, text, chunks, eos=student_eos and teacher_eos)
+    summary = format_report(report, str(student), str(teacher), source, (student_frame, teacher_frame))
     print(summary)
     if rows:
         print()

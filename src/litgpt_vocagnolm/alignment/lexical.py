@@ -8,7 +8,8 @@ aligns many documents in one call.
 
 Special tokens: the BOS/EOS that the data pipeline adds carry empty spans (e.g. `(0, 0)`, or `(len(text), len(text))`
 for EOS). An empty student span is unmapped (`a == b`) and an empty teacher span never starts or ends a range, wherever
-it sits in the sequence. Unmapped rows are `(0, 0)`.
+it sits in the sequence. Unmapped rows are `(0, 0)`. (The data pipeline then maps the student's EOS to the teacher's
+EOS itself: `packing.aligned_stream`.)
 
 Tokenizers' offsets may skip characters (GPT-NeoX trims the spaces out of its offsets); `encode` gives them back to
 the tokens that hold them, so that both sides' spans tile the text (`tiling_spans`) and every student token with

@@ -1,7 +1,7 @@
 """Data: input files (`documents`), both tokenizations packed into blocks (`packing`), `vocagnolm prepare` (`prepare`,
-`dry_run`, `workers`, and the folder it writes: `folder`), the teacher loss cache (`teacher_cache`), the prepared data
-read back (`prepared`: the `VocAgnoData` DataModule a recipe's YAML names as `litgpt_vocagnolm.data.VocAgnoData`) and
-the order training reads it in (`order`). Builds on `alignment` and `models` (a teacher checkpoint's fingerprint).
+`dry_run`, `workers`), the teacher loss cache (`teacher_cache`), the manifest (`manifest`), the prepared data read back
+(`prepared`: the `VocAgnoData` DataModule a recipe's YAML names as `litgpt_vocagnolm.data.VocAgnoData`) and the order
+training reads it in (`order`). Builds on `alignment` and `models` (a teacher checkpoint's fingerprint).
 
 `VocAgnoData` and `iter_blocks` are handed on when first asked for: reading prepared data loads LitGPT, LitData and
 torch (about 4 s of CPU), which `vocagnolm prepare`, whose modules import this file first, needs only to write a split.

@@ -90,10 +90,13 @@ class Stats:
     """Added tokens included, padding not."""
     teacher_tokens: int = 0
     """Of the documents, added tokens included (windows overlap a little, so blocks hold a few more)."""
+    targets: int = 0
+    """Student tokens the student is trained to predict: each block's but its first (an input only), the BOS left
+    out (it starts a document, so nothing of its document comes before it)."""
     mapped: int = 0
-    """Student tokens with a teacher range."""
+    """Targets with a teacher range (the share `mapped / targets` is what prepare, inspect and training report)."""
     overflow_unmapped: int = 0
-    """Student tokens left unmapped because their teacher tokens lay past teacher_max_length (or were over 255)."""
+    """Targets left unmapped because their teacher tokens lay past teacher_max_length (or were over 255)."""
     blocks: int = 0
     padding: int = 0
     """Student positions padded in the last block of each unit."""

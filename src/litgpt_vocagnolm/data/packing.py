@@ -3,10 +3,13 @@
 A batch of documents, in segments of at most `documents.SEGMENT_CHARS` characters, is tokenized by both tokenizers
 (`encode_segments`), aligned (`lexical.align_batch`) and laid end to end as one `AlignedStream`, each document with
 the BOS/EOS that LitGPT's own `Tokenizer` gives it on each side (`tokenizer_files.document_specials`: BOS where LitGPT
-adds one, as for Llama, and always EOS, so that both sides see where documents meet). Added tokens are unmapped, and
-no student token maps into another document. `pack_blocks` cuts the streams into blocks of `block_tokens` student
-tokens (max_seq_length + 1: inputs and shifted targets), each with its teacher window: the teacher tokens covering the
-same characters, at most `teacher_max_length` of them.
+adds one, as for Llama, and always EOS, so that both sides see where documents meet). The student's EOS maps to the
+teacher's EOS of the same document, where both sides hold some token of its text: each is its model's prediction that
+the document ends, so the teacher's loss of its own EOS is the reference for the student's. The BOS is unmapped and
+never a prediction target (it starts a document, so nothing of that document comes before it). No student token maps
+into another document. `pack_blocks` cuts the streams into blocks of `block_tokens` student tokens (max_seq_length + 1:
+inputs and shifted targets), each with its teacher window: the teacher tokens covering the same characters, at most
+`teacher_max_length` of them.
 
 A block, as stored (one LitData item; n <= block_tokens, shorter only for the last block of a work unit):
     student_ids    (n,) uint16, or uint32 for a vocabulary over 65536
@@ -14,8 +17,8 @@ A block, as stored (one LitData item; n <= block_tokens, shorter only for the la
                    m <= teacher_max_length
     range_starts   (n,) uint16 (uint32 if teacher_max_length > 65536): first teacher token of each student token's
                    range, relative to the window
-    range_lengths  (n,) uint8, the range's length; 0 = unmapped (added tokens, and tokens whose teacher tokens lie
-                   past teacher_max_length or number more than 255)
+    range_lengths  (n,) uint8, the range's length; 0 = unmapped (the BOS, and tokens whose teacher tokens lie past
+                   teacher_max_length or number more than 255)
     num_bytes      int, the UTF-8 bytes of the text that the block's target tokens (positions 1..n-1) cover
 The alignment costs 3 bytes per student token. `prepared.decode_block` turns a block back into plain arrays.
 """
@@ -44,6 +47,8 @@ class AlignedStream(NamedTuple):
     """(N,) int32"""
     ranges: np.ndarray
     """(N, 2) int64 teacher ranges `[a, b)` into `teacher_ids`, within the token's own document; `(0, 0)` unmapped."""
+    bos: np.ndarray
+    """(N,) bool: the student's BOS, which starts a document and is never a prediction target."""
     cover: np.ndarray
     """(N, 2) int64 where each token sits among the teacher tokens: its range if mapped, else the empty range after
     the teacher tokens of the tokens before it; a document's first and last token stretch to its edges, so that
@@ -96,7 +101,8 @@ def aligned_stream(
     Arguments: per segment, its text, the student's (ids, offsets) and the teacher's ids without added tokens, and
     `align`'s ranges between the two; the (BOS, EOS) ids each side adds (or None); whether each segment starts and
     ends its document (default: every segment is a whole document), so that a document cut into segments
-    (`documents.segments`) gets one BOS and one EOS.
+    (`documents.segments`) gets one BOS and one EOS. The student's EOS maps to the teacher's where both sides add one
+    and hold tokens of the document's last segment (a document's last segment is empty only if the document is).
     """
     firsts = np.ones(len(texts), dtype=bool) if firsts is None else np.asarray(firsts, dtype=bool)  # (D,)
     lasts = np.ones(len(texts), dtype=bool) if lasts is None else np.asarray(lasts, dtype=bool)  # (D,)
@@ -110,12 +116,20 @@ def aligned_stream(
             pieces += [head[: first * len(head)], part, tail[: last * len(tail)]]
         return np.concatenate(pieces)
 
-    student_counts = np.array([len(ids) for ids, _ in student]) + len(s_head) * firsts + len(s_tail) * lasts  # (D,)
-    teacher_counts = np.array([len(ids) for ids in teacher_ids]) + len(t_head) * firsts + len(t_tail) * lasts  # (D,)
+    student_text = np.array([len(ids) for ids, _ in student])  # (D,) each segment's tokens of text
+    teacher_text = np.array([len(ids) for ids in teacher_ids])  # (D,)
+    student_counts = student_text + len(s_head) * firsts + len(s_tail) * lasts  # (D,)
+    teacher_counts = teacher_text + len(t_head) * firsts + len(t_tail) * lasts  # (D,)
     segment = np.repeat(np.arange(len(texts)), student_counts)  # (N,) each token's segment
     teacher_start = (np.cumsum(teacher_counts) - teacher_counts)[segment]  # (N,) its segment's first teacher token
-    # Ranges move past the teacher tokens of the segments before and the teacher's BOS; added tokens are unmapped.
-    stream_ranges = back_to_back(ranges, *no_ranges)  # (N, 2)
+    last = np.cumsum(student_counts) - 1  # (D,) each segment's last token
+    first = last - student_counts + 1  # (D,)
+    stream_ranges = back_to_back(ranges, *no_ranges)  # (N, 2) into each segment's teacher tokens of text
+    if len(s_tail) and len(t_tail):
+        # The student's EOS -> the teacher's EOS, which follows the segment's teacher tokens of text.
+        eos = lasts & (student_text > 0) & (teacher_text > 0)  # (D,)
+        stream_ranges[last[eos]] = np.stack([teacher_text[eos], teacher_text[eos] + 1], axis=1)
+    # Ranges move past the teacher tokens of the segments before and the teacher's BOS; the BOS is unmapped.
     mapped = stream_ranges[:, 0] < stream_ranges[:, 1]  # (N,)
     floor = teacher_start + (len(t_head) * firsts)[segment]  # (N,) the segment's first teacher token of its text
     stream_ranges[mapped] += floor[mapped, None]
@@ -124,8 +138,6 @@ def aligned_stream(
     ends = np.maximum.accumulate(np.where(mapped, stream_ranges[:, 1], floor))  # (N,)
     after = np.maximum(np.concatenate([[0], ends[:-1]]), floor)  # (N,)
     cover = np.where(mapped[:, None], stream_ranges, after[:, None])  # (N, 2)
-    last = np.cumsum(student_counts) - 1  # (D,) each segment's last token
-    first = last - student_counts + 1  # (D,)
     cover[first, 0] = teacher_start[first]
     cover[last, 1] = teacher_start[last] + teacher_counts
     # Added tokens get offsets (0, 0): they end where their segment starts, so they add no bytes. Bytes are counted per
@@ -133,9 +145,13 @@ def aligned_stream(
     offsets = back_to_back((o for _, o in student), *no_ranges)  # (N, 2)
     characters = np.array([len(text) for text in texts])  # (D,)
     character_starts = (np.cumsum(characters) - characters)[segment]  # (N,)
+    bos = np.zeros(len(stream_ranges), dtype=bool)  # (N,)
+    if len(s_head):
+        bos[first[firsts]] = True
     return AlignedStream(
         student_ids=back_to_back((ids for ids, _ in student), s_head, s_tail),
         ranges=stream_ranges,
+        bos=bos,
         cover=cover,
         token_bytes=token_bytes("".join(texts), offsets, character_starts),
         teacher_ids=back_to_back(teacher_ids, t_head, t_tail),
@@ -158,14 +174,18 @@ class BlockDtypes(NamedTuple):
 def make_block(
     stream: AlignedStream, p: int, q: int, teacher_max_length: int, dtypes: BlockDtypes, stats: Stats
 ) -> dict[str, Any]:
-    """The block of student tokens p..q-1 of `stream`: its teacher window, and ranges relative to it."""
+    """The block of student tokens p..q-1 of `stream`: its teacher window, and ranges relative to it. Counts its
+    prediction targets in `stats`: its tokens after the first (an input only), but the BOS."""
     cover, ranges = stream.cover[p:q], stream.ranges[p:q]  # (n, 2) each
     low, high = cover[:, 0].min(), cover[:, 1].max()
     starts, lengths = ranges[:, 0] - low, ranges[:, 1] - ranges[:, 0]  # (n,) each
     fits = (starts + lengths <= teacher_max_length) & (lengths <= MAX_RANGE_LENGTH)
-    stats.overflow_unmapped += int(((lengths > 0) & ~fits).sum())
+    lost = (lengths > 0) & ~fits  # (n,)
     lengths = np.where(fits, lengths, 0)
-    stats.mapped += int((lengths > 0).sum())
+    # Counts over positions 1.. (the targets); the BOS is never mapped, so only `targets` needs it left out.
+    stats.targets += int((~stream.bos[p + 1 : q]).sum())
+    stats.mapped += int((lengths[1:] > 0).sum())
+    stats.overflow_unmapped += int(lost[1:].sum())
     stats.blocks += 1
     return {
         "student_ids": stream.student_ids[p:q].astype(dtypes.student),
@@ -183,6 +203,7 @@ def rest_of(stream: AlignedStream, p: int) -> AlignedStream:
     return AlignedStream(
         student_ids=stream.student_ids[p:],
         ranges=np.where(mapped[:, None], stream.ranges[p:] - low, 0),
+        bos=stream.bos[p:],
         cover=stream.cover[p:] - low,
         token_bytes=stream.token_bytes[p:],
         teacher_ids=stream.teacher_ids[low:],
@@ -195,6 +216,7 @@ def joined(first: AlignedStream, second: AlignedStream) -> AlignedStream:
     return AlignedStream(
         student_ids=np.concatenate([first.student_ids, second.student_ids]),
         ranges=np.concatenate([first.ranges, np.where(mapped[:, None], second.ranges + shift, 0)]),
+        bos=np.concatenate([first.bos, second.bos]),
         cover=np.concatenate([first.cover, second.cover + shift]),
         token_bytes=np.concatenate([first.token_bytes, second.token_bytes]),
         teacher_ids=np.concatenate([first.teacher_ids, second.teacher_ids]),

@@ -11,7 +11,7 @@ hash); a run with the same settings finishes the work, a run with other settings
 (split by split, the manifest last) only once complete. The settings hold each input file's size and content hash
 (`files.file_fingerprint`), so an edited file is seen. Ctrl-C stops the workers and exits 130 (cli.py), leaving
 .partial to the next run. OUTPUT is held for the run (`files.hold_folder`): a second `prepare` into it is refused; a
-full disk ends in one line (`errors.disk_full`) and the next run keeps the finished splits.
+full disk ends in one line (`errors.failed_writes`) and the next run keeps the finished splits.
 
 Stages: the checks (`check_numbers`, `find_inputs`), the run's start (`start_run`), its splits (`write_splits`), the
 publishing (`publish`), the summary (`print_summary`).
@@ -52,9 +52,9 @@ from litgpt_vocagnolm.data.documents import (
     split_documents,
 )
 from litgpt_vocagnolm.data.dry_run import Packing, format_dry_run, measure_prepare
-from litgpt_vocagnolm.data.folder import FORMAT, MANIFEST, PARTIAL, SPLITS, output_progress
+from litgpt_vocagnolm.data.manifest import FORMAT, MANIFEST, PARTIAL, SPLITS, output_progress
 from litgpt_vocagnolm.data.packing import BlockDtypes, aligned_streams, pack_blocks
-from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_writable, disk_full
+from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_writable, failed_writes
 from litgpt_vocagnolm.files import file_fingerprint, file_sha256, hold_folder, write_json
 
 LITDATA_CHUNK_BYTES = "64MB"  # LitData's chunk (file) size; each worker holds one in memory while it fills it
@@ -262,7 +262,7 @@ def prepare(
     settings = recorded_settings(inputs, max_seq_length, teacher_max_length, val_fraction)
     output = Path(output)
     rerun = f"run the same command again: it keeps what {output / PARTIAL} holds of the finished splits"
-    with disk_full(output, None, rerun), hold_folder(output, "vocagnolm prepare"):
+    with failed_writes(output, None, rerun), hold_folder(output, "vocagnolm prepare"):
         progress = output_progress(output, settings)
         if progress == "done":
             print(f"{output} already holds this data, prepared with the same settings: nothing to do.")
@@ -505,7 +505,7 @@ def build_manifest(
         shard_bytes = sum(p.stat().st_size for p in (output / split).glob("*.bin"))
         splits[split] = {
             **counts.counts(),
-            "mapped_share": counts.mapped / max(counts.student_tokens, 1),
+            "mapped_share": counts.mapped / max(counts.targets, 1),
             "shard_bytes": shard_bytes,
             "bytes_per_student_token": shard_bytes / max(counts.student_tokens, 1),
             "index_sha256": file_sha256(output / split / "index.json"),
@@ -527,7 +527,7 @@ def build_manifest(
         "dtypes": dtypes._asdict(),
         "alignment_bytes_per_student_token": np.dtype(dtypes.starts).itemsize + 1,
         "bytes_per_student_token": sum(s["shard_bytes"] for s in splits.values()) / max(total.student_tokens, 1),
-        "mapped_share": total.mapped / max(total.student_tokens, 1),
+        "mapped_share": total.mapped / max(total.targets, 1),
         "splits": splits,
         "skipped_files": [list(f) for f in skipped_files + skips.skipped_files],
         "skipped_records": skips.skipped_records,
@@ -539,8 +539,9 @@ def print_summary(output: Path, manifest: dict) -> None:
     for split, s in manifest["splits"].items():
         print(
             f"{split}: {s['documents']:,} documents, {s['characters']:,} characters, {s['student_tokens']:,} student"
-            f" and {s['teacher_tokens']:,} teacher tokens in {s['blocks']:,} blocks; {s['mapped_share']:.2%} of student"
-            f" tokens mapped, {s['overflow_unmapped']:,} unmapped for lack of room in the teacher window."
+            f" and {s['teacher_tokens']:,} teacher tokens in {s['blocks']:,} blocks; {s['mapped_share']:.2%} of its"
+            f" {s['targets']:,} prediction targets (every token but the BOS and each block's first) mapped to teacher"
+            f" tokens, {s['overflow_unmapped']:,} unmapped for lack of room in the teacher window."
         )
     skipped = sum(manifest["skipped_records"].values())
     print(

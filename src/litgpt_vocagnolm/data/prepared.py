@@ -1,9 +1,10 @@
-"""Prepared data, read back: the manifest, the blocks of a split, and `VocAgnoData`, the DataModule training streams.
+"""Prepared data, read back: the blocks of a split, and `VocAgnoData`, the DataModule training streams.
 
-`vocagnolm prepare` (prepare.py) writes DIR/manifest.json, DIR/train and DIR/val (LitData shards of blocks; packing.py
-describes a stored block). Here they are checked against the manifest, decoded to plain arrays (`iter_blocks`, the
-contract of docs/design.md, "Prepared data") and batched for training (`collate_blocks`), with the teacher's cached
-per-token losses attached when training reads a loss cache (teacher_cache.py).
+`vocagnolm prepare` (prepare.py) writes DIR/manifest.json (read and checked by manifest.py), DIR/train and DIR/val
+(LitData shards of blocks; packing.py describes a stored block). Here they are checked against the manifest, decoded to
+plain arrays (`iter_blocks`, the contract of docs/design.md, "Prepared data") and batched for training
+(`collate_blocks`), with the teacher's cached per-token losses attached when training reads a loss cache
+(teacher_cache.py).
 """
 
 import functools
@@ -26,7 +27,7 @@ from litgpt_vocagnolm.alignment.tokenizer_files import (
     same_vocabulary,
     tokenizer_sha256,
 )
-from litgpt_vocagnolm.data.folder import FORMAT, MANIFEST, PARTIAL, SPLITS
+from litgpt_vocagnolm.data.manifest import MANIFEST, SPLITS, copy_again, load_manifest
 from litgpt_vocagnolm.data.teacher_cache import TeacherLossCache
 from litgpt_vocagnolm.errors import InvalidArgument, PathMissing
 from litgpt_vocagnolm.files import file_sha256, inside
@@ -56,29 +57,6 @@ def padded_window(manifest: dict, teacher_block_size: Optional[int] = None) -> i
     padding is the price."""
     rounded = -(-manifest["teacher_max_length"] // WINDOW_MULTIPLE) * WINDOW_MULTIPLE
     return min(rounded, teacher_block_size or rounded)
-
-
-def load_manifest(path: Path) -> dict:
-    path = Path(path)
-    if path.is_file():
-        raise InvalidArgument(
-            f"{path} is a file, not prepared data: give the folder `vocagnolm prepare --output DIR` wrote (a text file"
-            f" such as this one is what it reads: `vocagnolm prepare ... --input {path} --output DIR`)."
-        )
-    if not (path / MANIFEST).is_file():
-        unfinished = " An interrupted run left it unfinished: run it again." if (path / PARTIAL).exists() else ""
-        raise PathMissing(
-            f"No prepared data in {path} (no {MANIFEST}). Make it with `vocagnolm prepare ... --output {path}`."
-            + unfinished
-        )
-    manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    if manifest.get("format") != FORMAT:
-        raise InvalidArgument(
-            f"{path / MANIFEST} is format {manifest.get('format')!r}; this version of litgpt-vocagnolm reads"
-            f" {FORMAT!r}. Prepare the data again: `vocagnolm prepare` with the arguments it was prepared with (its"
-            f' "settings" in the manifest) and a new --output (or delete {path} first).'
-        )
-    return manifest
 
 
 class BlockDataset(StreamingDataset):
@@ -114,8 +92,7 @@ class BlockDataset(StreamingDataset):
         except (IndexError, ValueError, OverflowError) as error:  # LitData on a chunk damaged in place (same size)
             raise InvalidArgument(
                 f"Block {position} of {self.path / self.split} can't be read (LitData raised {type(error).__name__}):"
-                f" {chunk_file(self.path / self.split, position)} is damaged. Copy {self.path} again, whole, or"
-                " prepare the data again: `vocagnolm prepare ... --output NEW_DIR`."
+                f" {chunk_file(self.path / self.split, position)} is damaged. {copy_again(self.path)}"
             ) from error
         if self.teacher_losses is not None:
             item["teacher_loss"] = self.teacher_losses[position]
@@ -143,9 +120,9 @@ def chunk_file(folder: Path, position: int) -> Path:
 
 def check_split(path: Path, split: str, manifest: dict) -> None:
     """Fails, naming the file and the fix, unless the split's index is the one the manifest recorded, is one that
-    `prepare` writes (`check_index`), and every chunk file it lists is inside the split's folder, there with the size
-    it records: a missing or cut chunk would otherwise surface only when the loader reaches it, maybe hours into
-    training. Costs a `stat` per chunk (64 MB each)."""
+    `prepare` writes (`check_index`) and holds as many blocks as the manifest says, and every chunk file it lists is
+    inside the split's folder, there with the size it records: a missing or cut chunk would otherwise surface only when
+    the loader reaches it, maybe hours into training. Costs a `stat` per chunk (64 MB each)."""
     folder = Path(path) / split
     index = folder / "index.json"
     if not index.is_file() or file_sha256(index) != manifest["splits"][split]["index_sha256"]:
@@ -153,9 +130,15 @@ def check_split(path: Path, split: str, manifest: dict) -> None:
             f"{index} is missing or not the one {Path(path) / MANIFEST} recorded: the folder mixes two preparations."
             " Prepare the data again into a new --output."
         )
-    fix = f"Copy {path} again, whole, or prepare the data again: `vocagnolm prepare ... --output NEW_DIR`."
+    fix = copy_again(path)
     listing = json.loads(index.read_text(encoding="utf-8"))
     check_index(index, listing, fix)
+    indexed, recorded = sum(chunk["chunk_size"] for chunk in listing["chunks"]), manifest["splits"][split]["blocks"]
+    if indexed != recorded:
+        raise InvalidArgument(
+            f"{Path(path) / MANIFEST} records {recorded:,} {split} blocks, and {index} lists {indexed:,}: the manifest"
+            f" was edited or damaged. {fix}"
+        )
     for chunk in listing["chunks"]:
         file, recorded = folder / chunk["filename"], chunk["chunk_bytes"]
         if not file.is_file():
@@ -166,11 +149,15 @@ def check_split(path: Path, split: str, manifest: dict) -> None:
 
 
 def check_index(index: Path, listing: dict, fix: str) -> None:
-    """Fails, naming `index` (a split's LitData index.json, read as `listing`), unless it is one `prepare` writes:
-    every chunk it lists a file inside its folder (a name without `..`, not absolute, not a link out of it), and its
-    blocks rebuilt by LitData's own loader as plain dicts (LitData imports whatever callable the `data_spec` names)."""
+    """Fails, naming `index` (a split's LitData index.json, read as `listing`), unless it is one `prepare` writes: every
+    chunk it lists of a whole number of blocks, a file inside its folder (a name without `..`, not absolute, not a link
+    out of it), and its blocks rebuilt by LitData's own loader as plain dicts (LitData imports whatever callable the
+    `data_spec` names)."""
     folder = index.parent
     for chunk in listing["chunks"]:
+        size = chunk.get("chunk_size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise InvalidArgument(f"{index} lists a chunk of {size!r} blocks, not a whole number above 0. {fix}")
         if not inside(folder, chunk["filename"]):
             raise InvalidArgument(
                 f"{index} lists the chunk {chunk['filename']!r}, which is not a file inside {folder}: prepared data is"

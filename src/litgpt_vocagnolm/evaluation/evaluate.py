@@ -17,7 +17,6 @@ from typing import Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
-from litgpt.config import Config
 from tqdm import tqdm
 
 from litgpt_vocagnolm.data.documents import parse_text_key, read_whole_files
@@ -112,7 +111,7 @@ def evaluate(
     check_task_files(selected, test_sets)
     if selected:
         check_latex_parser()
-    documents = bpb_documents(checkpoint_dir, bpb, text_key) if bpb else {}
+    documents = bpb_documents(bpb, text_key) if bpb else {}
     for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens), ("limit", limit)):
         if value is not None and value < 1:
             raise InvalidArgument(f"--{name} must be at least 1, got {value}")
@@ -148,15 +147,12 @@ def evaluate(
     print(f"Wrote results to {out_dir}")
 
 
-def bpb_documents(checkpoint_dir: Path, bpb: Union[Path, list[Path]], text_key: str) -> dict[Path, list[str]]:
-    """`--bpb`'s files read, each file's documents: refused when a file holds no text, or when the checkpoint's model
-    cannot give the per-token loss that bits per byte sums."""
+def bpb_documents(bpb: Union[Path, list[Path]], text_key: str) -> dict[Path, list[str]]:
+    """`--bpb`'s files read, each file's documents: refused when a file holds no text."""
     documents = read_whole_files(bpb, parse_text_key(text_key), "--bpb")
     empty = [str(path) for path, texts in documents.items() if not any(texts)]
     if empty:  # bits per byte over no bytes is no number
         raise InvalidArgument(f"--bpb: {', '.join(empty)} holds no text, only empty records: give text to measure")
-    if documents:  # bits per byte sums the per-token loss
-        gpt.check_per_token_loss(Config.from_file(checkpoint_dir / "model_config.yaml"), f"--bpb of {checkpoint_dir}")
     return documents
 
 

@@ -74,52 +74,82 @@ def per_token_cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int =
 TILE_ELEMENTS = 1 << 26  # logits computed at once by `linear_cross_entropy`: ~0.7 GB of transients at float32
 
 
+def head_product(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """(tile, V) `hidden @ weight.T + bias` in their dtype, as `F.linear` computes LitGPT's head (`addmm` with the
+    bias, no separate sum)."""
+    return hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)
+
+
+def logit_gradient(z: Tensor, targets: Tensor, lse: Tensor, grad: Tensor, softcap: float | None) -> Tensor:
+    """(tile, V) float32 gradient of a tile's losses, each row's scaled by `grad` (tile,), with respect to the head's
+    output `z` (tile, V) float32, its logits before the cap: softmax - one_hot(target), times the cap's derivative
+    1 - tanh(z / softcap)^2 under a cap. In place on `z`; under a cap one more (tile, V) float32 tensor (the tanh) is
+    alive until the function returns."""
+    if softcap is None:
+        g = z.sub_(lse[:, None]).exp_()  # softmax
+    else:
+        tanh = z.div_(softcap).tanh_()
+        g = torch.mul(tanh, softcap).sub_(lse[:, None]).exp_()
+    g.scatter_add_(1, targets[:, None], torch.full_like(lse[:, None], -1.0)).mul_(grad[:, None])
+    return g if softcap is None else g.addcmul_(g, tanh.square_(), value=-1.0)  # g (1 - tanh^2), in two passes
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Per-row cross-entropy of `hidden @ weight.T`, `tile_rows` rows of logits at a time, forward and backward.
+    """Per-row cross-entropy of LitGPT's head, `hidden @ weight.T + bias` soft-capped to `softcap * tanh(z / softcap)`
+    when given, `tile_rows` rows of logits at a time, forward and backward.
 
     Forward keeps only the inputs and one log-sum-exp per row; backward recomputes each tile's logits (one more
-    matrix product of the head) and turns them into gradients in place. Under autocast the products run in the autocast
-    dtype, as `F.linear` would run them; the log-sum-exp and the softmax are float32.
+    matrix product of the head) and turns them into gradients in place. Under autocast the products (and the bias) run
+    in the autocast dtype, as `F.linear` would run them; the cap, the log-sum-exp and the softmax are float32.
     """
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, tile_rows: int) -> Tensor:
-        # hidden (N, D), weight (V, D), targets (N,) in [0, V) or IGNORE_INDEX
+    def forward(
+        ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, tile_rows: int, softcap: float | None
+    ) -> Tensor:
+        # hidden (N, D), weight (V, D), bias (V,) or None, targets (N,) in [0, V) or IGNORE_INDEX
         device = hidden.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
         ignore = targets == IGNORE_INDEX
         targets = targets.masked_fill(ignore, 0)
         with torch.autocast(device, enabled=False):
             w = weight.to(dtype)  # a copy only under autocast, as F.linear makes one
+            b = None if bias is None else bias.to(dtype)
             lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)  # (N,)
             target_logit = torch.empty_like(lse)  # (N,)
             for start in range(0, hidden.shape[0], tile_rows):
                 rows = slice(start, start + tile_rows)
-                logits = (hidden[rows].to(dtype) @ w.T).float()  # (tile, V), freed each iteration
+                logits = head_product(hidden[rows].to(dtype), w, b).float()  # (tile, V), freed each iteration
+                if softcap is not None:  # LitGPT's `do_softcapping`, in place: no second (tile, V) tensor
+                    logits.div_(softcap).tanh_().mul_(softcap)
                 target_logit[rows] = logits.gather(1, targets[rows, None]).squeeze(1)
                 # log-sum-exp in place: torch.logsumexp would allocate another (tile, V) float32 tensor
                 top = logits.amax(dim=-1, keepdim=True)  # (tile, 1)
                 lse[rows] = logits.sub_(top).exp_().sum(dim=-1).log_().add_(top.squeeze(1))
-        ctx.save_for_backward(hidden, weight, targets, ignore, lse)
-        ctx.dtype, ctx.tile_rows = dtype, tile_rows
+        ctx.save_for_backward(hidden, weight, bias, targets, ignore, lse)
+        ctx.dtype, ctx.tile_rows, ctx.softcap = dtype, tile_rows, softcap
         return (lse - target_logit).masked_fill_(ignore, 0.0)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
-        hidden, weight, targets, ignore, lse = ctx.saved_tensors
-        dtype, tile_rows = ctx.dtype, ctx.tile_rows
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None, None]:
+        hidden, weight, bias, targets, ignore, lse = ctx.saved_tensors
+        dtype, tile_rows, softcap = ctx.dtype, ctx.tile_rows, ctx.softcap
         grad = grad.float().masked_fill(ignore, 0.0)  # (N,)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = None  # (V, D) in the weight's dtype: float32 under mixed precision, summed over the tiles
+        # (V,) float32: the column sums of every tile's gradient of the logits
+        grad_bias = torch.zeros(weight.shape[0], device=lse.device) if ctx.needs_input_grad[2] else None
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(dtype)
+            b = None if bias is None else bias.to(dtype)
             for start in range(0, hidden.shape[0], tile_rows):
                 rows = slice(start, start + tile_rows)
                 h = hidden[rows].to(dtype)  # (tile, D)
-                # d CE / d logits = softmax - one_hot(target), scaled by each row's upstream gradient
-                g = (h @ w.T).float().sub_(lse[rows, None]).exp_()  # (tile, V) softmax
-                g.scatter_add_(1, targets[rows, None], torch.full_like(lse[rows, None], -1.0))
-                g = g.mul_(grad[rows, None]).to(dtype)
+                # (tile, V) float32, in place on the tile's logits computed again (no name keeps them past the tile)
+                g = logit_gradient(head_product(h, w, b).float(), targets[rows], lse[rows], grad[rows], softcap)
+                if grad_bias is not None:
+                    grad_bias += g.sum(dim=0)
+                g = g.to(dtype)
                 if ctx.needs_input_grad[0]:
                     grad_hidden[rows] = g @ w
                 if ctx.needs_input_grad[1]:
@@ -129,15 +159,28 @@ class _LinearCrossEntropy(torch.autograd.Function):
                         grad_weight.addmm_(g.T, h)
                     else:  # a float32 sum of bf16 products, cast inside the kernel: no (V, D) float32 copy
                         grad_weight.add_(g.T @ h)
-        return grad_hidden, grad_weight, None, None
+        grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, tile_rows: int | None = None) -> Tensor:
-    """Cross-entropy of each target under the logits `hidden @ weight.T`, never holding all the logits.
+def linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    tile_rows: int | None = None,
+    *,
+    bias: Tensor | None = None,
+    softcap: float | None = None,
+) -> Tensor:
+    """Cross-entropy of each target under LitGPT's head, the logits `hidden @ weight.T + bias` (soft-capped to
+    `softcap * tanh(logits / softcap)` when `softcap` is given), never holding all the logits.
 
     A language model's head and its loss in one: the (B, T, V) logits, and their float32 copy, never exist whole,
     forward or backward; at most `tile_rows` rows of them do (by default ~2**26 logits, 441 rows of a 152k vocabulary,
-    2,097 of a 32k one). Gradients flow to `hidden` and `weight`. No host sync.
+    2,097 of a 32k one). Gradients flow to `hidden`, `weight` and `bias`. No host sync. The bias and the cap are
+    LitGPT's `GPT.forward`'s (Phi-2's `lm_head_bias`, Gemma-2's `final_logit_softcapping`), in its order: the bias
+    is added to the product, the cap applied to the sum; the cap in float32 where LitGPT caps in the logits' dtype
+    (the same under float32, bf16's rounding apart under bf16).
 
     Both maintained fused kernels were considered: cut-cross-entropy's per-token mode calls `nonzero()` on every call
     (a host sync per micro-batch), and Liger's `.item()`s the target count and, unreduced, recomputes the forward in
@@ -145,17 +188,24 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, tile_r
 
     Args:
         hidden: (B, T, D) the model's final hidden states (after the last norm).
-        weight: (V, D) the head; no bias.
+        weight: (V, D) the head.
         targets: (B, T) token ids in [0, V), or -100 where there is nothing to predict.
         tile_rows: rows of logits computed at once.
+        bias: (V,) the head's bias, if it has one.
+        softcap: the logits' soft cap, if any (above 0).
 
     Returns: (B, T) float32, 0 where `targets == -100`.
     """
+    V = weight.shape[0]
     if hidden.shape[:-1] != targets.shape or weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
         raise ValueError(
             f"hidden must be (B, T, D), weight (V, D), targets (B, T); got {tuple(hidden.shape)}, "
             f"{tuple(weight.shape)}, {tuple(targets.shape)}"
         )
-    tile_rows = tile_rows or max(1, TILE_ELEMENTS // weight.shape[0])
+    if bias is not None and bias.shape != (V,):
+        raise ValueError(f"bias must be (V,) = ({V},), got {tuple(bias.shape)}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be above 0, got {softcap}")
+    tile_rows = tile_rows or max(1, TILE_ELEMENTS // V)
     flat = hidden.reshape(-1, hidden.shape[-1])  # (B * T, D)
-    return _LinearCrossEntropy.apply(flat, weight, targets.reshape(-1), tile_rows).view(targets.shape)
+    return _LinearCrossEntropy.apply(flat, weight, bias, targets.reshape(-1), tile_rows, softcap).view(targets.shape)

@@ -22,11 +22,10 @@ import litgpt.model
 import torch
 from lightning.fabric.strategies import DDPStrategy
 from litgpt.config import Config
-from litgpt.model import CausalSelfAttention, LLaMAMLP, RMSNorm
+from litgpt.model import CausalSelfAttention, GroupedTopkRouter, LLaMAMLP, RMSNorm
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from litgpt_vocagnolm.errors import InvalidArgument
 from litgpt_vocagnolm.loss.cross_entropy import linear_cross_entropy
 from litgpt_vocagnolm.models.weights import load_weights
 
@@ -41,12 +40,14 @@ class GPT(litgpt.model.GPT):
         targets: Tensor | None = None,
     ) -> Tensor:
         """LitGPT's forward, (B, T, V) logits, or with `targets` (B, T) (-100: nothing to predict) the (B, T) float32
-        cross-entropy of each target, the head computed a tile of rows at a time (forward and backward). LitGPT's
+        cross-entropy of each target, the head (its bias and its logits' soft cap, where the config has them) computed a
+        tile of rows at a time (forward and backward). LitGPT's
         `lm_head_chunk_size`, which returns a list of logit chunks, is left out: the per-token loss tiles the head."""
         if targets is None:
             return super().forward(idx, input_pos, input_pos_maxp1)
-        check_per_token_loss(self.config, "the model")
-        return linear_cross_entropy(self.hidden_states(idx), self.lm_head.weight, targets)
+        head = self.lm_head
+        softcap = self.config.final_logit_softcapping
+        return linear_cross_entropy(self.hidden_states(idx), head.weight, targets, bias=head.bias, softcap=softcap)
 
     def hidden_states(self, idx: Tensor) -> Tensor:
         """(B, T, n_embd) after the final norm: `litgpt.model.GPT.forward` up to its head, without a KV cache.
@@ -69,16 +70,6 @@ class GPT(litgpt.model.GPT):
         return self.transformer.ln_f(x)
 
 
-def check_per_token_loss(config: Config, what: str) -> None:
-    """Refuses, before any model is built, a model whose per-token loss `GPT.forward` does not compute (its tiled head
-    has no logit soft-capping and no bias): `what` names where it came from."""
-    if config.final_logit_softcapping is not None or config.lm_head_bias:
-        raise InvalidArgument(
-            f"{what} ({config.name}) caps its logits or adds a bias in its head, which the per-token loss here does not"
-            " compute: choose a model without final_logit_softcapping or lm_head_bias."
-        )
-
-
 def new_model(fabric: L.Fabric, config: Config, tie_embeddings: bool, model_class: type = GPT) -> nn.Module:
     """A student with no weights yet, as `litgpt pretrain` builds one: under Fabric's `init_module` (on the meta device
     under FSDP), the embedding tied to the head if asked. Not set up: the caller wraps it (activation checkpointing,
@@ -97,10 +88,12 @@ def initialize_weights(model: nn.Module, seed: int) -> None:
 
     LitGPT's GPT-NeoX initialisation (litgpt/pretrain.py 0.5.13 `initialize_weights`): Linear and Embedding weights
     normal with std sqrt(2 / 5 / n_embd), the output projection (`proj`) of attention and of LLaMA's MLP
-    1 / sqrt(n_embd) / n_layer, biases 0, norm weights 1. Its rules are copied rather than called, as it draws from the
-    global generator on each rank's shard, so the values depended on the number of processes. Here every tensor is
-    drawn whole on the CPU (one at a time: at most the embedding, 262 MB for TinyLlama) from a generator seeded by
-    (seed, its name), and each rank keeps its shard, as torchtitan's seed checkpoint gives every layout one start.
+    1 / sqrt(n_embd) / n_layer, biases 0, norm weights 1; a grouped router's weight (`GroupedTopkRouter`, a linear map
+    that is no `nn.Linear`, which LitGPT's rules leave undrawn) as a Linear's. Its rules are copied rather than called,
+    as it draws from the global generator on each rank's shard, so the values depended on the number of processes.
+    Here every tensor is drawn whole on the CPU (one at a time: at most the embedding, 262 MB for TinyLlama) from a
+    generator seeded by (seed, its name), and each rank keeps its shard, as torchtitan's seed checkpoint gives every
+    layout one start.
     """
     model = getattr(model, "module", model)  # Fabric's wrapper
     config = model.config
@@ -113,7 +106,7 @@ def initialize_weights(model: nn.Module, seed: int) -> None:
             drawn.add(id(param))
             key = canonical_name(f"{module_name}.{name}")
             value = torch.zeros(param.shape)  # biases
-            if isinstance(module, (nn.Linear, nn.Embedding)) and name == "weight":
+            if isinstance(module, (nn.Linear, nn.Embedding, GroupedTopkRouter)) and name == "weight":
                 std = 1 / math.sqrt(config.n_embd) / config.n_layer if id(module) in projections else None
                 std = std or math.sqrt(2.0 / 5 / config.n_embd)
                 value.normal_(0.0, std, generator=torch.Generator().manual_seed(name_seed(seed, key)))

@@ -12,20 +12,24 @@ student with float32 parameters, gradients and AdamW state, bf16 frozen teacher,
   CUDA/NCCL workspace                          context, NCCL buffers, cuBLAS workspace (`CUDA_WORKSPACE_BYTES`)
   student activations                          what backward needs, at the micro-batch: bytes per token per block
                                                measured on one real block (below; compiled blocks hold
-                                               `COMPILED_ACTIVATION_SHARE` of it), or the block inputs only with
-                                               activation checkpointing, plus one block recomputed
+                                               `COMPILED_ACTIVATION_SHARE` of it), and in the square of the length
+                                               the soft-capped attention's scores and the sliding windows' masks that
+                                               LitGPT builds (`attention_square_bytes`); or the block inputs only
+                                               with activation checkpointing, plus one block recomputed
   bf16 weight copies                           autocast casts each float32 matrix to bf16 for its product and keeps
                                                the copy for backward
   logit tiles                                  `cross_entropy.linear_cross_entropy`: a tile of logits in bf16
                                                and float32 and the previous tile's float32 ones, and the head's
                                                gradient
   teacher activations                          the teacher's forward keeps one block's intermediates at a time
-Per-token activation bytes are measured, not guessed: one block of the model at its real width runs on the CPU at two
-short lengths under bf16 autocast, with saved-tensor hooks (student) or the profiler's allocation events (teacher). The
-peak is the largest of these moments: the teacher's forward, the head's backward (all activations saved, the logits of
-a tile and the head's gradient being made), with activation checkpointing the first block recomputed in backward, and
-the optimizer step (all gradients). benchmarks/bench_scale.py measures the peak of each kind of step next to this
-estimate, and `vocagnolm plan --measure true` the recipe's own steps on the local device (`measure`).
+Parameters are counted on a meta-device copy of LitGPT's model (`parameter_counts`): every family's norms, biases,
+experts and routers as LitGPT builds them. Per-token activation bytes are measured, not guessed: one block of the model
+at its real width runs on the CPU at two short lengths under bf16 autocast, with saved-tensor hooks (student) or the
+profiler's allocation events (teacher). The peak is the largest of these moments: the teacher's forward, the head's
+backward (all activations saved, the logits of a tile and the head's gradient being made), with activation checkpointing
+the first block recomputed in backward, and the optimizer step (all gradients). benchmarks/bench_scale.py measures the
+peak of each kind of step next to this estimate, and `vocagnolm plan --measure true` the recipe's own steps on the local
+device (`measure`).
 """
 
 import contextlib
@@ -40,6 +44,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from litgpt.config import Config
+from litgpt.model import LLaMAMLP, LLaMAMoE
 
 from litgpt_vocagnolm.loss.cross_entropy import TILE_ELEMENTS
 from litgpt_vocagnolm.models.gpt import GPT
@@ -59,22 +64,42 @@ class MemoryEstimate:
     """When the peak happens."""
 
 
-def matmul_parameters(config: Config) -> int:
-    """Parameters of the matrix products, head included, embedding table excluded: 2 x this is the forward's FLOPs
-    per token (attention's T^2 work aside)."""
-    D, I, V = config.n_embd, config.intermediate_size, config.padded_vocab_size
-    qkv = D * (config.n_head + 2 * config.n_query_groups) * config.head_size
-    projection = config.n_head * config.head_size * D
-    mlp = (3 if config.mlp_class_name in ("LLaMAMLP", "GemmaMLP") else 2) * D * I
-    return config.n_layer * (qkv + projection + mlp) + V * D
-
-
 def parameters(config: Config) -> int:
-    """All parameters of the model (LitGPT's GPT: untied embedding and head)."""
-    D, V = config.n_embd, config.padded_vocab_size
-    norms = (2 * config.n_layer + 1) * D
-    biases = config.n_layer * (config.n_head + 2 * config.n_query_groups) * config.head_size if config.attn_bias else 0
-    return matmul_parameters(config) + V * D + norms + biases
+    """All parameters of the model (LitGPT's GPT: untied embedding and head), every family's norms, biases, experts
+    and routers included (`parameter_counts`)."""
+    return parameter_counts(config)[0]
+
+
+def matmul_parameters(config: Config) -> int:
+    """Parameters of the matrix products a token goes through, head included, embedding table excluded: 2 x this is
+    the forward's FLOPs per token (attention's T^2 work aside). Of a mixture of experts (`LLaMAMoE`), the router and the
+    `n_expert_per_token` of its `n_expert` experts that each token is routed to."""
+    return parameter_counts(config)[1]
+
+
+def root_parameters(config: Config) -> int:
+    """The parameters outside the blocks (embedding, final norm, head and its bias): the root module's, which FSDP2
+    keeps gathered through a step."""
+    return parameter_counts(config)[2]
+
+
+def parameter_counts(config: Config) -> tuple[int, int, int]:
+    """(all, in matrix products per token, outside the blocks) parameters of `config`'s LitGPT GPT, counted on the
+    meta device (no memory) rather than by formula, so that every family's layout is counted as LitGPT builds it."""
+    return _parameter_counts(json.dumps(dataclasses.asdict(config), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=16)
+def _parameter_counts(config_json: str) -> tuple[int, int, int]:
+    config = Config(**json.loads(config_json))  # (a Config is not hashable: cached by its JSON)
+    with torch.device("meta"):  # the cost: ~12 s for Qwen3-235B's 12,032 experts, a fraction of one for most models
+        model = GPT(config)
+    total = sum(p.numel() for p in model.parameters())
+    matmul = sum(p.numel() for p in model.parameters() if p.dim() == 2) - model.transformer.wte.weight.numel()
+    for moe in (module for module in model.modules() if isinstance(module, LLaMAMoE)):
+        experts = sum(p.numel() for p in moe.experts.parameters() if p.dim() == 2)
+        matmul -= experts - experts * config.n_expert_per_token // config.n_expert  # the experts a token meets
+    return total, matmul, total - sum(p.numel() for p in model.transformer.h.parameters())
 
 
 @contextlib.contextmanager
@@ -126,9 +151,31 @@ def block_bytes_per_token(config: Config, train: bool) -> tuple[float, float]:
     train: what a block saves for backward (float32 parameters, as in `bf16-mixed`): the bf16 weight copies are the
     constant, the activations the per-token part. Not train: the peak of intermediates during a bf16 block's forward
     under no_grad (the teacher's), beyond its input.
+
+    The block is measured with its attention as SDPA runs it (causal, no mask): what LitGPT's sliding windows and
+    attention soft-capping hold beyond, in the square of the length, is `attention_square_bytes`. A mixture of experts
+    is measured with `n_expert_per_token` experts (each token meets as many as in the model; the model's n_expert
+    would all be built at full width here), the bf16 copies of the others' weights added; a grouped router needs its
+    groups' experts, and keeps them. Its first block is a mixture even where the model's first layers are dense
+    (`first_k_dense_replace`).
     """
-    one_block = dataclasses.replace(config, n_layer=1, vocab_size=64, padded_vocab_size=64)  # no vocabulary needed
-    return _block_bytes_per_token(json.dumps(dataclasses.asdict(one_block), sort_keys=True), train)
+    experts = config.n_expert if config.n_expert_groups else min(config.n_expert, config.n_expert_per_token)
+    one_block = dataclasses.replace(
+        config,
+        n_layer=1,
+        vocab_size=64,  # no vocabulary needed
+        padded_vocab_size=64,
+        sliding_window_size=None,
+        attention_logit_softcapping=None,
+        n_expert=experts,
+        first_k_dense_replace=None,
+    )
+    per_token, per_block = _block_bytes_per_token(json.dumps(dataclasses.asdict(one_block), sort_keys=True), train)
+    if train and experts < config.n_expert:  # autocast keeps a bf16 copy of every expert's weights for backward
+        with torch.device("meta"):
+            expert = sum(p.numel() for p in LLaMAMLP(config, config.moe_intermediate_size).parameters())
+        per_block += 2 * (config.n_expert - experts) * expert
+    return per_token, per_block
 
 
 @functools.lru_cache(maxsize=16)
@@ -143,6 +190,8 @@ def _block_bytes_per_token(config_json: str, train: bool, lengths: tuple[int, in
     for T in lengths:
         x = torch.randn(1, T, model.config.n_embd, dtype=torch.float32 if train else torch.bfloat16)
         cos, sin = model.cos[:T].unsqueeze(0), model.sin[:T].unsqueeze(0)  # (1, T, rope_n_elem)
+        if model.config.rope_indices is not None:  # the first block's rope, as `gpt.GPT.hidden_states` slices it
+            cos, sin = cos[..., model.config.rope_indices[0]], sin[..., model.config.rope_indices[0]]
         if train:
             saved = {}
 
@@ -165,12 +214,37 @@ def _block_bytes_per_token(config_json: str, train: bool, lengths: tuple[int, in
     return per_token, measured[0] - per_token * lengths[0]
 
 
+# LitGPT's attention with logit soft-capping (Gemma-2's `attention_logit_softcapping`) runs eager, not SDPA: it makes
+# the (B, n_head, T, T) scores. Per score, backward keeps the tanh's bf16 output, the float32 softmax and its bf16 copy
+# (8 bytes); at the forward's peak 10 bytes are alive. A sliding-window layer (without soft-capping) builds a
+# (1, 1, T, T) mask in bf16 at every forward (2 bytes per pair of positions, per micro-batch), which SDPA keeps for
+# backward; a soft-capped layer builds one causal mask of that size and drops it after the scores. Measured with
+# saved-tensor hooks and `cpu_peak_bytes` on one Gemma-2 block at 64-256 tokens, micro-batch 1 and 2: exactly these on
+# top of the same block run by SDPA, less SDPA's own output and log-sum-exp, which backward keeps there
+# (tests/test_plan.py checks each kind of layer).
+SOFTCAPPED_SCORE_BYTES = {"saved": 8, "forward": 10}
+MASK_BYTES = 2
+
+
+def attention_square_bytes(config: Config, micro_batch: int, seq_len: int, train: bool) -> list[float]:
+    """Bytes of each layer of `config` in the square of the sequence, at `micro_batch` x `seq_len` tokens, beyond
+    `block_bytes_per_token`'s: what backward keeps (train), or what the layer's forward holds at its peak (not train),
+    for LitGPT's soft-capped attention and sliding-window masks (`SOFTCAPPED_SCORE_BYTES`, `MASK_BYTES`)."""
+    square = seq_len * seq_len
+    sliding = config.sliding_window_indices if config.sliding_window_size is not None else [0] * config.n_layer
+    if config.attention_logit_softcapping is not None:
+        scores = micro_batch * config.n_head * square * SOFTCAPPED_SCORE_BYTES["saved" if train else "forward"]
+        return [scores + (0 if train else MASK_BYTES * square)] * config.n_layer
+    return [MASK_BYTES * square * window for window in sliding]
+
+
 # Bytes per logit of one tile of `cross_entropy.linear_cross_entropy`'s forward at its peak: the tile's bf16
-# product and its
-# float32 copy, and the previous tile's float32 logits, alive until the new ones replace them. Measured with
-# `cpu_peak_bytes` on bf16 (512, 256) x (32000, 256) in tiles of 128 and 256 rows: 10.0 forward, 8.0 backward beyond
-# the gradients. With a single tile there is no previous one: 6.
-TILE_BYTES_PER_LOGIT, SINGLE_TILE_BYTES_PER_LOGIT = 10, 6
+# product and its float32 copy, and the previous tile's float32 logits, alive until the new ones replace them. Measured
+# with `cpu_peak_bytes` on bf16 (512, 256) x (32000, 256) in tiles of 128 and 256 rows: 10.0 forward, 8.0 backward
+# beyond the gradients, 10.0 backward under a final soft cap (its tanh, kept for the cap's derivative, is one more
+# float32 tile); a head bias adds nothing per logit. With a single tile there is no previous one: 6 (7 in a capped
+# backward).
+TILE_BYTES_PER_LOGIT, SINGLE_TILE_BYTES_PER_LOGIT, SINGLE_CAPPED_TILE_BACKWARD_BYTES_PER_LOGIT = 10, 6, 7
 # What a compiled block (`distributed.compile_blocks`, inductor) saves for backward per token, as a share of what an
 # eager one saves (`block_bytes_per_token`). From the H100 rows of docs/performance.md (`python
 # benchmarks/bench_mfu.py --device cuda --compile --max_micro_batch 8`: TinyLlama-1.1B with Qwen2.5-Math-7B online,
@@ -191,11 +265,12 @@ NODE_LINK_BYTES_PER_S = 450e9
 NETWORK_BYTES_PER_S = 50e9
 
 
-def head_tile_bytes(vocab: int, rows: int) -> float:
+def head_tile_bytes(vocab: int, rows: int, capped_backward: bool = False) -> float:
     """Transient bytes of `cross_entropy.linear_cross_entropy` over `rows` rows, a tile at a time
-    (`TILE_BYTES_PER_LOGIT`)."""
+    (`TILE_BYTES_PER_LOGIT`), forward and backward; `capped_backward`: a backward through a final soft cap."""
     tile_rows = max(1, TILE_ELEMENTS // vocab)
-    return min(rows, tile_rows) * vocab * (TILE_BYTES_PER_LOGIT if rows > tile_rows else SINGLE_TILE_BYTES_PER_LOGIT)
+    single = SINGLE_CAPPED_TILE_BACKWARD_BYTES_PER_LOGIT if capped_backward else SINGLE_TILE_BYTES_PER_LOGIT
+    return min(rows, tile_rows) * vocab * (TILE_BYTES_PER_LOGIT if rows > tile_rows else single)
 
 
 def shard_group(placement: str, world_size: int, num_nodes: int) -> int:
@@ -268,17 +343,18 @@ def student_memory(student: Config, step: StepShape) -> tuple[dict[str, float], 
     activation_checkpointing, accumulation = step.activation_checkpointing, step.accumulation
     held: dict[str, float] = {}
     moments: dict[str, dict[str, float]] = {}
-    P, D, V = parameters(student), student.n_embd, student.padded_vocab_size
-    block = (P - 2 * V * D - D) / student.n_layer
+    P, root, D, V = parameters(student), root_parameters(student), student.n_embd, student.padded_vocab_size
+    block = (P - root) / student.n_layer
     S = shard_group(step.layout.student, W, step.num_nodes)
     held["student parameters"] = 4 * P / S
     held["AdamW state"] = 8 * P / S
     if W > 1:  # gathered in bf16: the root stays gathered through the step; a block and the prefetched next one
-        held["gathered student parameters"] = 2 * (2 * V * D + D + 2 * block)
+        held["gathered student parameters"] = 2 * (root + 2 * block)
         # FSDP2's all-gather output, copied out into the gathered parameters (`foreach_all_gather_copy_out`)
         held["gather buffers"] = 2 * block
     per_token, per_block = block_bytes_per_token(student, train=True)
     per_token *= COMPILED_ACTIVATION_SHARE if step.compiled else 1.0
+    squares = attention_square_bytes(student, B, T, train=True)  # each layer's, in T^2
     N = B * T
     # One device: autocast's bf16 copy of each float32 weight, kept for backward. Sharded: the weights are gathered
     # in bf16 and FSDP2 frees them after forward and gathers them again for backward.
@@ -286,21 +362,23 @@ def student_memory(student: Config, step: StepShape) -> tuple[dict[str, float], 
     if activation_checkpointing:  # the blocks' inputs (float32 residual stream) only
         saved = student.n_layer * 4 * N * D
     else:
-        saved = student.n_layer * per_token * N
+        saved = student.n_layer * per_token * N + sum(squares)
     saved += 4 * N * D + 4 * N  # the final hidden states and the log-sum-exp, kept for the head's backward
     if accumulation > 1:  # the earlier micro-batches' whole float32 gradients, and the hidden states'
         head_gradients = 4 * (P + N * D)
     else:  # head, hidden states, a block's whole gradient before its reduce-scatter
-        head_gradients = 4 * (V * D + N * D) + (4 * block if W > 1 else 0)
+        head = V * D + (V if student.lm_head_bias else 0)  # its weight and bias
+        head_gradients = 4 * (head + N * D) + (4 * block if W > 1 else 0)
     moments["the head's backward"] = {
         "student activations": saved,
         "bf16 weight copies": copies,
-        "logit tiles": head_tile_bytes(V, N) + 4 * V * D,  # and the head and its first gradient product in bf16
+        # and the head and its first gradient product in bf16
+        "logit tiles": head_tile_bytes(V, N, student.final_logit_softcapping is not None) + 4 * V * D,
         "student gradients": head_gradients,
     }
     if activation_checkpointing:  # then the last block runs forward again, keeping what its backward needs
         moments["the first recomputed block"] = {
-            "student activations": saved + per_token * N,
+            "student activations": saved + per_token * N + squares[-1],
             "bf16 weight copies": per_block,
             "student gradients": head_gradients,
         }
@@ -319,16 +397,19 @@ def teacher_moments(student: Config, teachers: Sequence[Config], step: StepShape
     for k, teacher in enumerate(teachers):
         Pt, Dt, Vt = parameters(teacher), teacher.n_embd, teacher.padded_vocab_size
         per_token, _ = block_bytes_per_token(teacher, train=False)
+        # one block's intermediates at a time: those linear in M and those in M^2, as if at their peaks together
+        intermediates = per_token * B * M + max(attention_square_bytes(teacher, B, M, train=False))
         N = B * M
         phase = {
-            "teacher activations": 2 * N * Dt + per_token * N,  # the residual stream, one block's intermediates
+            "teacher activations": 2 * N * Dt + intermediates,  # the residual stream, one block's intermediates
             "logit tiles": head_tile_bytes(Vt, N),
         }
         if step.train and step.accumulation > 1:  # after the first micro-batch: its whole float32 gradients
             phase["student gradients"] = 4 * parameters(student)
         if St > 1:  # gathered for the teacher's forward, resharded after it; the all-gather output of a block
-            teacher_block = (Pt - 2 * Vt * Dt) / teacher.n_layer
-            phase["gathered teacher parameters"] = 2 * (2 * Vt * Dt + 2 * teacher_block)
+            teacher_root = root_parameters(teacher)
+            teacher_block = (Pt - teacher_root) / teacher.n_layer
+            phase["gathered teacher parameters"] = 2 * (teacher_root + 2 * teacher_block)
             phase["teacher gather buffers"] = 2 * teacher_block
         moments["the teacher's forward" if len(teachers) == 1 else f"teacher {k}'s forward"] = phase
     return moments
@@ -370,9 +451,9 @@ def traffic_per_step(
         node_links, network = node_links + within, network + across
 
     if student is not None:
-        P, D, V = parameters(student), student.n_embd, student.padded_vocab_size
+        P = parameters(student)
         group, nodes = (devices, 1) if layout.student == "hybrid" else (world, num_nodes)
-        add(accumulation * 2 * (2 * P - (2 * V * D + D)), group, nodes)  # forward and backward gathers, bf16
+        add(accumulation * 2 * (2 * P - root_parameters(student)), group, nodes)  # forward and backward gathers, bf16
         add(4 * P, group, nodes)  # the gradients' reduce-scatter, float32
         if layout.student == "hybrid":
             add(2 * 4 * P / devices, num_nodes, num_nodes)  # all-reduce = reduce-scatter + all-gather

@@ -32,13 +32,15 @@ def plan(args: list[str], prog: str = "vocagnolm plan", parser_class: type | Non
 
     Takes the recipe's own command line (`--config` with a packaged recipe's name or a YAML's path, any override such
     as `--devices 8 --num_nodes 4` or `--train.micro_batch_size 16`) and three options of its own, `--gpu_memory`,
-    `--window` and `--measure`. The teacher's config comes from its checkpoint dir (or, before downloading, from the
-    directory name, as LitGPT names configs); the teacher window from the prepared data's manifest when it exists.
+    `--window` and `--measure`. The student is the one the run would train, chosen as the recipe's command line
+    chooses it (`student.choose_student`: what is typed wins over the recipe). The teacher's config comes from its
+    checkpoint dir (or, before downloading, from the directory name, as LitGPT names configs); the teacher window from
+    the prepared data's manifest when it exists.
     With `--measure true` the recipe's steps then run here for a few steps, and what they measure is printed beside
     the plan (`measure`).
     """
     from litgpt_vocagnolm.models.model_configs import register
-    from litgpt_vocagnolm.training.checks import resolve_model_config
+    from litgpt_vocagnolm.training.student import resolve_model_config
     from litgpt_vocagnolm.training.teacher import teacher_mode
 
     register()

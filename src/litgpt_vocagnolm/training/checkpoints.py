@@ -11,12 +11,13 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, NamedTuple, Sequence
 
 import lightning as L
 import torch
@@ -34,11 +35,11 @@ from torch.distributed.checkpoint.state_dict import (
 
 from litgpt_vocagnolm.errors import (
     DiskFull,
-    InvalidArgument,
     PathMissing,
     PathTaken,
-    disk_full,
-    quiet_full_disk_threads,
+    WriteFailed,
+    failed_writes,
+    thread_failures,
 )
 from litgpt_vocagnolm.files import HashingWriter, files_sha256
 from litgpt_vocagnolm.models.weights import (
@@ -48,8 +49,8 @@ from litgpt_vocagnolm.models.weights import (
     UnreadableCheckpoint,
     read_weights,
 )
+from litgpt_vocagnolm.training.train_state import TRAIN_STATE, check_train_state, final_step
 
-TRAIN_STATE = "train_state.json"
 GB = 1e9
 # Threads (and files) per rank that write a checkpoint's shards, and then hash them: a node's cores share the work.
 WRITE_THREADS = min(4, os.cpu_count() or 1)
@@ -112,7 +113,7 @@ def check_resume_path(path: Path, flag: str = "--resume") -> None:
     """`--resume PATH` (or the checkpoint that option `flag` names), before any process starts: a sharded checkpoint
     directory (or a file in one) whose index loads. Its checksums are checked once the processes run, each rank a share
     of the files (`find_resume_checkpoint`)."""
-    if not path.exists():
+    if not os.path.exists(path):  # os.path's: False, not an error, for a name too long
         raise PathMissing(f"{flag} {str(path)!r} does not exist: pass a step-* (or final) directory the recipe saved.")
     if path.is_file():
         read_weights(path)  # a crafted or damaged weight file: refused, naming it
@@ -128,15 +129,17 @@ def check_resume_path(path: Path, flag: str = "--resume") -> None:
 
 def verify_checkpoint(step_dir: Path, rank: int = 0, world_size: int = 1) -> None:
     """Raises `UnreadableCheckpoint`, naming the file, unless `step_dir` is a complete sharded checkpoint whose files
-    match checksums.json (every rank hashes its share of the files: a whole checkpoint is read once over the ranks)
-    and whose index and train state load."""
+    match checksums.json (every rank hashes its share of the files: a whole checkpoint is read once over the ranks),
+    whose index loads and whose train state holds what a run saves (`check_train_state`)."""
     if not (step_dir / CHECKSUMS).is_file():
         raise UnreadableCheckpoint(f"Cannot read {step_dir / CHECKSUMS}: missing, so the checkpoint is incomplete.")
     try:
         expected = json.loads((step_dir / CHECKSUMS).read_text())
-        json.loads((step_dir / TRAIN_STATE).read_text())
-    except (OSError, ValueError) as error:
+        train_state = json.loads((step_dir / TRAIN_STATE).read_text())
+        hparams = yaml.safe_load((step_dir / "hyperparameters.yaml").read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError) as error:
         raise UnreadableCheckpoint(f"Cannot read {step_dir}: {error}") from error
+    check_train_state(step_dir, train_state, hparams)
     names = sorted(expected)[rank::world_size]
     try:
         found = files_sha256([step_dir / name for name in names])
@@ -209,28 +212,44 @@ def find_resume_checkpoint(fabric: L.Fabric, resume: bool | Literal["auto"] | Pa
     return None
 
 
-def final_step(final: Path) -> int:
-    """The step a `final` checkpoint holds, by its train state; -1 where there is none or it can't be read."""
+class Pending(NamedTuple):
+    """A save in flight (`Checkpointer._save`)."""
+
+    future: Future
+    """Its shards' write: `dcp.async_save`'s, or a blocking save's, done (`finished`)."""
+    failures: list[BaseException]
+    """The failed writes of DCP's writer threads, which DCP does not report (`errors.thread_failures`)."""
+    partial_dir: Path
+    checkpoint_dir: Path
+    export: dict | None
+    """The counters a final save's lit_model.pth carries; None: no lit_model.pth."""
+    needed: int
+    """The bytes it writes, over all ranks."""
+
+
+def finished(work: Callable[[], Any]) -> Future:
+    """A done future of `work()`: its result, or what it raised (as `dcp.async_save`'s future holds it)."""
+    future: Future = Future()
     try:
-        return json.loads((final / TRAIN_STATE).read_text())["step_count"]
-    except (OSError, ValueError, KeyError):
-        return -1
+        future.set_result(work())
+    except BaseException as error:  # torch.distributed.checkpoint's CheckpointException is a BaseException
+        future.set_exception(error)
+    return future
 
 
-def check_left_to_train(checkpoint_dir: Path, max_steps: int, tokens_per_step: int) -> None:
-    """Refuses to resume a finished run on a budget of `max_steps` optimizer steps of `tokens_per_step` tokens that it
-    has trained already: nothing would be trained, and its `final` saved again. The run is finished where the
-    `final` beside `checkpoint_dir` (or `checkpoint_dir` itself) holds the step resumed from: `--resume auto` takes the
-    `step-*` of that step, the same state, where a run saved one at its last step."""
-    step = json.loads((checkpoint_dir / TRAIN_STATE).read_text())["step_count"]
-    final = checkpoint_dir.parent / "final"
-    if step >= max_steps and final_step(final) == step:
-        raise InvalidArgument(
-            f"{final} holds a finished run, trained to step {step}, and this run's budget"
-            f" (--train.max_tokens, --train.max_steps) is {max_steps} steps of {tokens_per_step:,} tokens: nothing is"
-            f" left to train. To train on, give it more steps (--train.max_tokens {(step + 1) * tokens_per_step} is one"
-            f" more; --train.max_steps, if given, above {step}); to start afresh, choose another --out_dir."
-        )
+def join_writer_threads() -> None:
+    """Waits for torch.distributed.checkpoint's writer threads that still run: where the write of its calling thread
+    fails, `FileSystemWriter` (torch 2.13) raises without joining the others, which go on writing into the folder
+    about to be deleted (and fail there unrecorded)."""
+    for thread in threading.enumerate():
+        if thread.name.endswith("(_write_files_from_queue)"):  # Python names a thread after its target
+            thread.join()
+
+
+def new_folder(path: Path) -> None:
+    """`path` as an empty folder: whatever an earlier attempt left there removed."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
 
 
 class Checkpointer:
@@ -265,8 +284,8 @@ class Checkpointer:
         self.tokenizer_dir, self.hparams, self.history = tokenizer_dir, hparams, history
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.group = torch.distributed.new_group(backend="gloo") if distributed else None
-        self.pending: tuple[Future, Path, Path, dict | None, int] | None = None  # and .partial- dir, dir, export, bytes
-        self.background = ExitStack()  # while a save is written in the background: its threads' full disk is quiet
+        self.pending: Pending | None = None  # the save in flight
+        self.background = ExitStack()  # while a save is written: its writer threads' failures are recorded
 
     def check_room(self) -> None:
         """Refuses, at the start of a run, an `out_dir` without room for its final checkpoint: the shards, AdamW's two
@@ -295,10 +314,6 @@ class Checkpointer:
         needed = shard_bytes + export_bytes
         free = self._check_free_space(checkpoint_dir, needed)
         partial_dir = checkpoint_dir.with_name(f".partial-{checkpoint_dir.name}")
-        if fabric.global_rank == 0:
-            shutil.rmtree(partial_dir, ignore_errors=True)
-            partial_dir.mkdir(parents=True)
-        fabric.barrier()
         exported = f", {export_bytes / GB:.2f} GB of lit_model.pth" if export else ""
         fabric.print(
             f"Saving checkpoint to {str(checkpoint_dir)!r}: {shard_bytes / GB:.2f} GB of weights and AdamW state"
@@ -310,19 +325,19 @@ class Checkpointer:
         shards = {"model": model_state, "optimizer": optimizer_state}
         # As many files per rank as threads write them: they are hashed in parallel too (`file_checksums`).
         writer = dcp.FileSystemWriter(partial_dir, thread_count=WRITE_THREADS)
+        group, no_dist = self.group, self.group is None
         t0 = time.perf_counter()
-        with self._writing(partial_dir, needed):
+        with self._writing(partial_dir):
+            self._on_rank_0(lambda: new_folder(partial_dir), needed)  # and every rank waits for it
             self._on_rank_0(lambda: self._write_state(partial_dir, counters, loaders, model.config), needed)
+            failures = self.background.enter_context(thread_failures(errnos=None))
             if blocking:
-                dcp.save(shards, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
-                future: Future = Future()
-                future.set_result(None)
-                fabric.print(f"  shards written in {time.perf_counter() - t0:.2f} s")
+                future = finished(lambda: dcp.save(shards, storage_writer=writer, process_group=group, no_dist=no_dist))
+                if future.exception() is None:
+                    fabric.print(f"  shards written in {time.perf_counter() - t0:.2f} s")
             else:
-                group, no_dist = self.group, self.group is None
-                self.background.enter_context(quiet_full_disk_threads())
                 future = dcp.async_save(shards, storage_writer=writer, process_group=group, no_dist=no_dist)
-        self.pending = (future, partial_dir, checkpoint_dir, counters if export else None, needed)
+        self.pending = Pending(future, failures, partial_dir, checkpoint_dir, counters if export else None, needed)
         if blocking:
             self.finish(report=True)
             fabric.print(f"  saved in {time.perf_counter() - t0:.2f} s")
@@ -358,13 +373,12 @@ class Checkpointer:
         return free
 
     @contextmanager
-    def _writing(self, partial_dir: Path, needed: int) -> Iterator[None]:
-        """A full disk while a checkpoint is written as one `DiskFull` (`errors.disk_full`); its unfinished directory
-        is deleted, giving the room back, and the earlier checkpoints are untouched."""
+    def _writing(self, partial_dir: Path) -> Iterator[None]:
+        """A checkpoint's write that fails (`_agreed`: one line, on every rank) deletes its unfinished directory, giving
+        the room back; the earlier checkpoints are untouched."""
         try:
-            with disk_full(self.out_dir, needed, resume_note(self.out_dir)):
-                yield
-        except DiskFull:
+            yield
+        except WriteFailed:
             if self.fabric.global_rank == 0:
                 shutil.rmtree(partial_dir, ignore_errors=True)
             raise
@@ -373,7 +387,7 @@ class Checkpointer:
         """Completes a background save once every rank's write is done (one all-reduce while one is in flight)."""
         if self.pending is None:
             return
-        done = torch.tensor(float(self.pending[0].done()), device=self.fabric.device)
+        done = torch.tensor(float(self.pending.future.done()), device=self.fabric.device)
         if self.fabric.all_reduce(done, reduce_op="sum").item() == self.fabric.world_size:
             self.finish()
 
@@ -383,53 +397,67 @@ class Checkpointer:
         shards in a thread. `report`: print the phase's seconds."""
         if self.pending is None:
             return
-        future, partial_dir, checkpoint_dir, export, needed = self.pending
-        self.pending = None
-        with self._writing(partial_dir, needed):
-            with self.background:  # a writer thread's full disk: one line, `_writing`'s
-                future.result()
-            self._complete(partial_dir, checkpoint_dir, export, needed, report)
+        pending, self.pending = self.pending, None
+        with self.background:  # the writer threads' failures, recorded since the save began
+            failure = pending.future.exception()
+            join_writer_threads()
+        failure = failure or next(iter(pending.failures), None)
 
-    def _complete(self, partial_dir: Path, checkpoint_dir: Path, export: dict | None, needed: int, report: bool):
-        fabric = self.fabric
+        def shards_written() -> None:
+            if failure is not None:
+                raise failure
+
+        with self._writing(pending.partial_dir):
+            self._agreed(shards_written, pending.needed)
+            self._complete(pending, report)
+
+    def _complete(self, pending: Pending, report: bool) -> None:
+        fabric, partial_dir, needed = self.fabric, pending.partial_dir, pending.needed
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=1) as pool:
             # Each rank hashes the shards it wrote (a checkpoint is read once, over all ranks), rank 0 the rest.
             hashed = pool.submit(file_checksums, partial_dir, shards_of=fabric.global_rank)
             known = {}
-            if export is not None:  # written by rank 0 alone
+            if pending.export is not None:  # written by rank 0 alone
                 lit_model = partial_dir / "lit_model.pth"
-                sha256 = self._on_rank_0(lambda: export_lit_model(partial_dir, lit_model, extra=export), needed)
+                sha256 = self._on_rank_0(lambda: export_lit_model(partial_dir, lit_model, extra=pending.export), needed)
                 known = {lit_model.name: sha256}
-            shard_sums = self._gather(hashed.result())
+            shard_sums = self._agreed(hashed.result, needed)
 
         def rename() -> None:
             sums = {k: v for rank in shard_sums for k, v in rank.items()} | known
             sums |= file_checksums(partial_dir, skip=known)
             (partial_dir / CHECKSUMS).write_text(json.dumps(dict(sorted(sums.items())), indent=1))
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)
-            partial_dir.rename(checkpoint_dir)
+            shutil.rmtree(pending.checkpoint_dir, ignore_errors=True)
+            partial_dir.rename(pending.checkpoint_dir)
 
         self._on_rank_0(rename, needed)  # and every rank waits for it
         if report:
-            what = "checksums and lit_model.pth" if export is not None else "checksums"
+            what = "checksums and lit_model.pth" if pending.export is not None else "checksums"
             fabric.print(f"  {what} in {time.perf_counter() - t0:.2f} s")
 
-    def _on_rank_0(self, write: Callable[[], Any], needed: int) -> Any:
-        """`write()` on rank 0 alone, its result returned there (None elsewhere); a full disk it meets raised on every
-        rank as the same one line (a broadcast, which every rank waits on: none is left waiting for a rank 0 that
-        stopped, until the process group's timeout)."""
+    def _agreed(self, write: Callable[[], Any], needed: int) -> list[Any]:
+        """`write()` on every rank, every rank's result returned in rank order; a write that fails on any rank, of any
+        errno (`errors.failed_writes`: all of it is the checkpoint's), raised on every rank as the first such rank's
+        one line (an all-gather, which every rank waits on: none is left waiting for a rank that stopped, until the
+        process group's timeout)."""
         result, failure = None, None
-        if self.fabric.global_rank == 0:
-            try:
-                with disk_full(self.out_dir, needed, resume_note(self.out_dir)):
-                    result = write()
-            except DiskFull as error:
-                failure = str(error)
-        failure = self.fabric.broadcast(failure)
-        if failure is not None:
-            raise DiskFull(failure)
-        return result
+        try:
+            with failed_writes(self.out_dir, needed, resume_note(self.out_dir), errnos=None):
+                result = write()
+        except WriteFailed as error:
+            failure = (type(error), str(error))
+        gathered = self._gather((result, failure))
+        failures = [failure for _, failure in gathered if failure is not None]
+        if failures:
+            kind, message = failures[0]
+            raise kind(message)
+        return [result for result, _ in gathered]
+
+    def _on_rank_0(self, write: Callable[[], Any], needed: int) -> Any:
+        """`write()` on rank 0 alone, its result returned there (None elsewhere); a write that fails there raised on
+        every rank (`_agreed`)."""
+        return self._agreed(write if self.fabric.global_rank == 0 else lambda: None, needed)[0]
 
     def load(self, checkpoint_dir: Path) -> dict:
         """Restores model, optimizer and counters of the state from `checkpoint_dir` in place, resharded for this
@@ -456,32 +484,6 @@ class Checkpointer:
         gathered = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(gathered, obj, group=self.group)
         return gathered
-
-
-def data_position(checkpoint_dir: Path, global_batch_size: int, world_size: int, global_order: bool) -> int:
-    """The data position to resume from: the blocks consumed over all ranks that `checkpoint_dir`'s train state saved
-    (with `global_order`, VocAgnoData's `order.train_loader` continues there on any number of processes).
-
-    A checkpoint saved before the position was (it holds only LitData's per-rank loader states) is refused with
-    `global_order`, since those states name no place in the global order. Without it (one of LitGPT's own data
-    modules, read by its own loader), the loader's saved per-rank states are what continues: refused on another
-    number of processes, where they would repeat some blocks and skip others."""
-    train_state = json.loads((checkpoint_dir / TRAIN_STATE).read_text())
-    loaders, saved_world_size = train_state.get("train_dataloader"), train_state["world_size"]
-    if global_order and "position" not in train_state:
-        raise InvalidArgument(
-            f"{checkpoint_dir} holds LitData's per-rank loader state, from before the data order was one global"
-            " order: it names no place in that order. Resume it with the version of litgpt-vocagnolm that saved it,"
-            " or start afresh in a new --out_dir."
-        )
-    if not global_order and loaders and loaders[0] is not None and saved_world_size != world_size:
-        raise InvalidArgument(
-            f"{checkpoint_dir} was saved on {saved_world_size} processes, this run has {world_size}: the data module's"
-            " own loader keeps its position per process, so another number would train some blocks twice and skip"
-            f" others. Resume on {saved_world_size} processes (--devices x --num_nodes), or train on --data"
-            " VocAgnoData, whose order does not depend on the number of processes."
-        )
-    return train_state.get("position", train_state["step_count"] * global_batch_size)
 
 
 def export_lit_model(checkpoint_dir: Path, output: Path, extra: dict | None = None) -> str:

@@ -5,12 +5,14 @@ import contextlib
 import importlib
 import inspect
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import yaml
+from lightning.fabric.utilities.seed import max_seed_value, min_seed_value
 from litgpt.args import EvalArgs, TrainArgs
 from litgpt.config import Config
 from litgpt.data import DataModule
@@ -20,22 +22,18 @@ from litgpt_vocagnolm.alignment.lexical import vocab_overlap
 from litgpt_vocagnolm.alignment.tokenizer_files import load_tokenizer
 from litgpt_vocagnolm.data.prepared import MANIFEST, VocAgnoData
 from litgpt_vocagnolm.data.teacher_cache import check_cache, weights_sha256
-from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_devices, given_by
-from litgpt_vocagnolm.files import same_folder
+from litgpt_vocagnolm.errors import InvalidArgument, PathMissing, at_least, check_devices, given_by
+from litgpt_vocagnolm.files import same_folder, shipped
 from litgpt_vocagnolm.loss.methods import GuidanceArgs, method_names
-from litgpt_vocagnolm.models.gpt import GPT, check_per_token_loss
-from litgpt_vocagnolm.models.model_configs import config_named
-from litgpt_vocagnolm.models.weights import check_checkpoint_dir, check_vocab_size, read_weights
-from litgpt_vocagnolm.training.checkpoints import TRAIN_STATE, check_resume_path
+from litgpt_vocagnolm.models.weights import check_checkpoint_dir, check_vocab_size
+from litgpt_vocagnolm.training.checkpoints import check_resume_path
+from litgpt_vocagnolm.training.student import check_weights_fit
 from litgpt_vocagnolm.training.teacher import TeacherArgs, teacher_mode
+from litgpt_vocagnolm.training.train_state import TRAIN_STATE
 
-
-def resolve_model_config(model_name: str | None, model_config: Config | None) -> Config:
-    if model_config is not None:
-        return model_config
-    if model_name is None:
-        raise InvalidArgument("Name the student: --model_name (e.g. tiny-llama-1.1b) or --model_config.")
-    return config_named(model_name, "--model_name")
+CLONE_FIXTURES = Path("tests/fixtures")  # a clone's test files: demo-cpu names a tokenizer there
+TINYLLAMA = "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"  # the paper's student, the README's download
+DEMO_CORPUS = shipped("demo/data", "data") / "gsm8k" / "train.jsonl"  # GSM8K text, which the wheel carries
 
 
 def check_run_args(train: TrainArgs, eval: EvalArgs, devices: int | str, num_nodes: int) -> None:
@@ -57,6 +55,33 @@ def check_run_args(train: TrainArgs, eval: EvalArgs, devices: int | str, num_nod
     at_least("--train.min_lr", train.min_lr, 0)
     at_least("--eval.interval", eval.interval, 1)
     at_least("--eval.max_iters", eval.max_iters, 0)
+
+
+def check_seed(seed: int) -> None:
+    """Refuses, before anything is built, a --seed that Lightning's `seed_everything` refuses once the models are:
+    NumPy's seeds, 0 to 2**32 - 1."""
+    if not min_seed_value <= seed <= max_seed_value:
+        raise InvalidArgument(
+            f"--seed must lie between {min_seed_value} and {max_seed_value} (2**32 - 1: NumPy's seeds, which Lightning"
+            f" seeds from), got {seed}."
+        )
+
+
+def check_out_dir_apart(out_dir: Path, data: DataModule | None, teacher: TeacherArgs) -> None:
+    """Refuses an --out_dir that is, or lies inside, a folder the run reads whole: a teacher's prepared data or loss
+    cache, whose files `vocagnolm prepare` and `score-teacher` hashed. The run's checkpoints, logs and lock would sit
+    among its shards. (Data inside the --out_dir, as demo-cpu keeps it, mixes nothing.)"""
+    paths = data.paths if isinstance(data, VocAgnoData) else []
+    inputs = [("--data.path", path) for path in paths[:1]] + [("--data.other_teachers", path) for path in paths[1:]]
+    inputs += [("--teacher.cache", path) for path in teacher.caches]
+    where = Path(out_dir).resolve()
+    for flag, path in inputs:
+        if where.is_relative_to(Path(path).resolve()):
+            what = "is" if where == Path(path).resolve() else "lies inside"
+            raise InvalidArgument(
+                f"--out_dir {out_dir} {what} {flag} {path}: the run's checkpoints, logs and lock would sit among its"
+                f" shards. Give an --out_dir outside it, such as {Path(path).with_name(Path(path).name + '-run')}."
+            )
 
 
 def check_seq_len(config: Config, data: DataModule | None, train: TrainArgs, block_size_flag: str | None) -> int:
@@ -98,34 +123,11 @@ def check_prepared_length(data: VocAgnoData, length: int, block_size: int, block
     )
 
 
-def check_weights_fit(config: Config, checkpoint_dir: Path, flag: str) -> None:
-    """Fails unless the checkpoint's weights have the tensors, by name and shape, of the model `config` builds (built
-    on the meta device: no memory), naming the first that differ; else `load_state_dict` refuses them after the model
-    is built."""
-    with torch.device("meta"):
-        wanted = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
-    weights = read_weights(checkpoint_dir / "lit_model.pth")
-    found = {name: tuple(t.shape) for name, t in weights.get("model", weights).items()}
-    differ = [
-        f"{name}: {found.get(name, 'absent')} there, {wanted.get(name, 'absent')} in this model"
-        for name in sorted(wanted.keys() | found.keys())
-        if found.get(name) != wanted.get(name)
-    ]
-    if differ:
-        raise InvalidArgument(
-            f"{flag} {str(checkpoint_dir)!r} holds another architecture than {config.name!r} ({'; '.join(differ[:3])}"
-            f"{f'; {len(differ) - 3} more' if len(differ) > 3 else ''}): give the checkpoint of this model, or the"
-            " --model_name / --model_config it was trained as."
-        )
-
-
 def check_teacher_config(manifest: dict, teacher_dir: Path, flag: str, data: Path) -> None:
-    """Fails, before any model is loaded, unless the teacher (its model_config.yaml) scores per token
-    (`gpt.check_per_token_loss`) and its block size holds the prepared data's teacher windows (`teacher_max_length`
-    tokens at most): a longer window would be cut, or refused in a loader worker mid-run."""
-    config = Config.from_file(teacher_dir / "model_config.yaml")
-    check_per_token_loss(config, f"{flag} {str(teacher_dir)!r}")
-    block_size = config.block_size
+    """Fails, before any model is loaded, unless the teacher's block size (its model_config.yaml's) holds the
+    prepared data's teacher windows (`teacher_max_length` tokens at most): a longer window would be cut, or refused in
+    a loader worker mid-run."""
+    block_size = Config.from_file(teacher_dir / "model_config.yaml").block_size
     if manifest["teacher_max_length"] > block_size:
         raise InvalidArgument(
             f"{flag} {str(teacher_dir)!r} has a block size of {block_size} tokens, shorter than the teacher windows of"
@@ -215,9 +217,11 @@ def _value(value: object) -> object:
     return value
 
 
-def check_start(config: Config, initial_checkpoint_dir: Path | None, resume: bool | Literal["auto"] | Path) -> None:
-    """Where the student starts from: an initial checkpoint of `config`'s architecture or a resumed one, each
-    readable, not both."""
+def check_start(
+    config: Config, source: str, initial_checkpoint_dir: Path | None, resume: bool | Literal["auto"] | Path
+) -> None:
+    """Where the student starts from: an initial checkpoint of `config`'s architecture (the student `source` gives,
+    "--model_name X") or a resumed one, each readable, not both."""
     if initial_checkpoint_dir is not None and resume not in (False, "auto"):
         raise InvalidArgument(
             f"Can't provide both --resume {resume} and --initial_checkpoint_dir {initial_checkpoint_dir}. Choose one"
@@ -227,7 +231,7 @@ def check_start(config: Config, initial_checkpoint_dir: Path | None, resume: boo
         )
     if initial_checkpoint_dir is not None:
         check_checkpoint_dir(initial_checkpoint_dir, what="--initial_checkpoint_dir")
-        check_weights_fit(config, initial_checkpoint_dir, "--initial_checkpoint_dir")
+        check_weights_fit(config, initial_checkpoint_dir, "--initial_checkpoint_dir", source)
     if isinstance(resume, Path):
         check_resume_path(resume)  # refused, unreadable or damaged: fail now, naming the file
 
@@ -244,10 +248,10 @@ def check_setup(
 ) -> None:
     """Every configuration error we can see before building a model, each with what to change (where the student
     starts from: `check_start`)."""
+    check_tokenizer_dir(tokenizer_dir)
     check_data_and_budget(data, train, world_size)
     if tokenizer_dir is not None:
         check_vocab_size(config, tokenizer_dir, "--tokenizer_dir", fix="train the model this tokenizer belongs to.")
-    check_per_token_loss(config, "The student")
     method = guidance.spec
     if method.needs_prepared_data and not isinstance(data, VocAgnoData):
         raise InvalidArgument(
@@ -266,6 +270,28 @@ def check_setup(
     check_teachers(data, teacher, guidance, tokenizer_dir)
 
 
+def check_tokenizer_dir(tokenizer_dir: Path | None) -> None:
+    """Refuses a --tokenizer_dir that does not exist, saying where a relative one is read from; one of a clone's test
+    files (`CLONE_FIXTURES`: demo-cpu's, run by name outside a clone) with the commands that run the recipe anywhere."""
+    if tokenizer_dir is None or os.path.exists(tokenizer_dir):
+        return
+    if not Path(tokenizer_dir).is_relative_to(CLONE_FIXTURES):
+        where = "" if Path(tokenizer_dir).is_absolute() else f" in the working folder, {Path.cwd()}"
+        raise PathMissing(
+            f"--tokenizer_dir {tokenizer_dir} does not exist{where}: give the student's tokenizer, the one the data was"
+            " prepared with (a LitGPT checkpoint dir, a tokenizer dir or its tokenizer.json)."
+        )
+    student = Path("checkpoints") / TINYLLAMA
+    raise PathMissing(
+        f"--tokenizer_dir {tokenizer_dir} is a folder of a clone of litgpt-vocagnolm (demo-cpu names it from the"
+        f" clone's root), and the working folder, {Path.cwd()}, is not one. Run it from a clone's root (`make"
+        " demo-cpu` there prepares its data, then trains), or anywhere: 1) `litgpt download"
+        f" {TINYLLAMA} --tokenizer_only true`; 2) `vocagnolm prepare --student {student} --teacher {student} --input"
+        f" {DEMO_CORPUS} --text_key question,answer --output out/demo-cpu/data --max_seq_length 128` (demo-cpu trains"
+        f" plain cross-entropy: its data's teacher is not used); 3) this command with --tokenizer_dir {student}."
+    )
+
+
 def check_data_and_budget(data: DataModule | None, train: TrainArgs, world_size: int) -> None:
     """The data given and readable, and the run's budget in tokens, each step's global batch whole micro-batches on
     every rank (at least one step: `check_budget`)."""
@@ -277,6 +303,8 @@ def check_data_and_budget(data: DataModule | None, train: TrainArgs, world_size:
         data.check_files()  # a missing or cut chunk: now, not when the loader reaches it (hours in)
     if hasattr(data, "num_workers"):  # torch's DataLoader would refuse a negative count, once the model is built
         at_least("--data.num_workers", data.num_workers, 0)
+    if isinstance(data, VocAgnoData):  # its order (`order.GlobalOrder`) would refuse it, once the model is built
+        at_least("--data.seed", data.seed, 0)
     if train.max_tokens is None or train.max_norm is None:
         raise InvalidArgument("The recipe needs --train.max_tokens and --train.max_norm.")
     if train.epochs is not None:
@@ -451,7 +479,10 @@ def tokenizer_pair_summary(data: VocAgnoData, student_dir: Path, teacher_dir: Pa
     for teacher number `index` of several, that of its prepared data."""
     manifest = data.manifests[index]
     which = f" (teacher {index}, {data.paths[index]})" if len(data.paths) > 1 else ""
-    line = f"Tokenizer pair{which}: {manifest['mapped_share']:.2%} of the prepared student tokens map to teacher tokens"
+    line = (
+        f"Tokenizer pair{which}: {manifest['mapped_share']:.2%} of the prepared prediction targets (the BOS is none)"
+        " map to teacher tokens"
+    )
     if teacher_dir is not None:
         student, teacher = load_tokenizer(student_dir), load_tokenizer(teacher_dir)
         line += (

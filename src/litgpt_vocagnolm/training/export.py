@@ -8,15 +8,11 @@ from pathlib import Path
 from litgpt.utils import copy_config_files
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from litgpt_vocagnolm.errors import DiskFull, PathTaken, check_writable, disk_full
+from litgpt_vocagnolm.errors import PathTaken, WriteFailed, check_writable, failed_writes
 from litgpt_vocagnolm.files import file_sha256, hold_folder
 from litgpt_vocagnolm.models.weights import CHECKSUMS, MODEL_FILES, SafeReader
-from litgpt_vocagnolm.training.checkpoints import (
-    TRAIN_STATE,
-    check_resume_path,
-    export_lit_model,
-    verify_checkpoint,
-)
+from litgpt_vocagnolm.training.checkpoints import check_resume_path, export_lit_model, verify_checkpoint
+from litgpt_vocagnolm.training.train_state import TRAIN_STATE
 
 
 def export(checkpoint_dir: Path, out_dir: Path) -> None:
@@ -48,9 +44,9 @@ def export(checkpoint_dir: Path, out_dir: Path) -> None:
         remove(partial)  # what an export killed while writing left
         partial.mkdir()
         try:
-            with disk_full(out_dir, model_bytes(checkpoint_dir), "run the same command again"):
+            with failed_writes(out_dir, model_bytes(checkpoint_dir), "run the same command again"):
                 step = write_export(checkpoint_dir, partial)
-        except DiskFull:
+        except WriteFailed:
             remove(partial)  # a rerun finds the folder as this one did
             raise
         for name in written:

@@ -54,9 +54,7 @@ from litgpt_vocagnolm.models.model_configs import register
 from litgpt_vocagnolm.models.weights import load_weights
 from litgpt_vocagnolm.training.checkpoints import (
     Checkpointer,
-    check_left_to_train,
     check_out_dir,
-    data_position,
     find_resume_checkpoint,
     hyperparameters,
     previous_checkpoints,
@@ -65,11 +63,12 @@ from litgpt_vocagnolm.training.checkpoints import (
 from litgpt_vocagnolm.training.checks import (
     check_budget,
     check_optimizer,
+    check_out_dir_apart,
     check_run_args,
+    check_seed,
     check_seq_len,
     check_setup,
     check_start,
-    resolve_model_config,
     resume_history,
     tokenizer_pair_summary,
 )
@@ -84,7 +83,9 @@ from litgpt_vocagnolm.training.distributed import (
 from litgpt_vocagnolm.training.micro_batch import Guide
 from litgpt_vocagnolm.training.slurm import StopRequest, exit_after_stop, keep_workers, stop_signal
 from litgpt_vocagnolm.training.step import Loop, Step, format_metrics, log_step, run_steps, train_step
+from litgpt_vocagnolm.training.student import check_resumed_model, resolve_model_config
 from litgpt_vocagnolm.training.teacher import Teacher, TeacherArgs, teachers_of
+from litgpt_vocagnolm.training.train_state import check_left_to_train, data_position
 
 
 @dataclass
@@ -151,13 +152,18 @@ def setup(
 
     Arguments:
         model_name: The student architecture, a name from ``litgpt.config`` (e.g. "tiny-llama-1.1b"). Use "list" to
-            list them.
-        model_config: A ``litgpt.Config`` for the student. Overrides ``model_name``.
+            list them. Typed on the command line, it replaces a ``--config``'s ``model_config`` (a line says so).
+        model_config: The student as a ``litgpt.Config``: a YAML or JSON file of its fields (such as the
+            model_config.yaml beside a checkpoint's lit_model.pth, as ``litgpt download`` writes it) or inline JSON.
+            ``--model_config.KEY VALUE`` changes one field of the student, however it is given. Typed on the command
+            line, it replaces a ``--config``'s ``model_name``; typed with ``--model_name``, it is refused.
         out_dir: Directory for checkpoints (``step-*/``, ``final/``) and logs.
         precision: Student precision. Default: "bf16-mixed" on GPU, "32-true" on CPU. On more than one device both
             bf16 settings are FSDP2's mixed precision: bf16 gathers and compute, float32 shards and AdamW state.
         initial_checkpoint_dir: The student checkpoint to continue pretraining from (e.g. TinyLlama). With
-            ``resume="auto"`` it is used only while ``out_dir`` has no checkpoint yet.
+            ``resume="auto"`` it is used only while ``out_dir`` has no checkpoint yet. Typed on the command line
+            without ``--model_name`` or ``--model_config``, its model_config.yaml is the student (as ``litgpt
+            generate`` builds a checkpoint's model), over a ``--config``'s model where they differ.
         resume: A checkpoint directory to resume from (``out_dir/step-*``), ``True`` for the latest in ``out_dir``,
             or ``"auto"``: the latest if there is one (what a requeued Slurm job wants). ``True`` and ``"auto"`` skip,
             and report, a checkpoint that is incomplete or fails its checksums. A finished run's ``final`` is resumed
@@ -193,10 +199,14 @@ def setup(
         print("Available values:\n" + "\n".join(sorted(name_to_config)))
         return
     check_run_args(train, eval, devices, num_nodes)
+    check_seed(seed)
     check_writable(init_out_dir(out_dir), "--out_dir")  # a read-only one fails now, not at the first checkpoint
+    check_out_dir_apart(init_out_dir(out_dir), data, teacher)
     config = resolve_model_config(model_name, model_config)
     devices = parse_devices(devices)
-    check_start(config, initial_checkpoint_dir, resume)
+    check_start(
+        config, "--model_config" if model_config else f"--model_name {model_name}", initial_checkpoint_dir, resume
+    )
     check_setup(config, data, train, teacher, guidance, tokenizer_dir=tokenizer_dir, world_size=devices * num_nodes)
     seq_len = check_seq_len(config, data, train, "--model_config.block_size" if model_config is not None else None)
     check_budget(train, seq_len)  # at least one step: else an untrained final/
@@ -320,6 +330,7 @@ def resume_point(
     resume = find_resume_checkpoint(fabric, run.resume, run.out_dir)
     position = 0  # the blocks consumed over all ranks: where the data order continues
     if resume:  # a change of the run's shape: refused, or carried out and said (before any model is built)
+        check_resumed_model(config, resume)
         max_seq_length = train.max_seq_length or config.block_size
         check_left_to_train(resume, run_steps(train, max_seq_length), train.global_batch_size * max_seq_length)
         run.history = resume_history(resume, run.hparams, fabric.world_size)

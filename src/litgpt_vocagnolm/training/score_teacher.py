@@ -35,7 +35,7 @@ from litgpt_vocagnolm.errors import (
     at_least,
     check_devices,
     check_writable,
-    disk_full,
+    failed_writes,
 )
 from litgpt_vocagnolm.files import LOCK, file_sha256, write_json
 from litgpt_vocagnolm.models.weights import check_checkpoint_dir
@@ -104,7 +104,7 @@ def score_teacher(
     # One run per --output (rank 0 holds it); a full disk in one line, the shards written so far kept.
     with (
         stop_on_sigterm(job.output),
-        disk_full(job.output, job.bytes_needed(), "run the same command again: it scores only the missing shards"),
+        failed_writes(job.output, job.bytes_needed(), "run the same command again: it scores only the missing shards"),
         hold_run_folder(fabric, job.output, "vocagnolm score-teacher"),
     ):
         model = load_teacher(fabric, job, compile)
