@@ -5,8 +5,10 @@ still working.
 and puts those pins (transformers, tokenizers, huggingface-hub, ...: what litgpt[extra] brings where it differs from
 this environment, litdata aside, which this package pins: tests/test_wheel_install.py) in .venv/litgpt-extra. The
 commands here run with that folder first on their path: LitGPT's own `pretrain` (help, and a few steps of pythia-14m
-on two text files, which LitData tokenizes in forked workers), `vocagnolm prepare` on the shipped GSM8K text with the
-real tokenizers and its default number of workers, and the recipe on that data, stopped and resumed.
+on two text files, which LitData tokenizes in forked workers, then on the mix of two such folders that its TinyLlama
+data module streams), `vocagnolm prepare` on the shipped GSM8K text with the real tokenizers and its default number
+of workers, and the recipe on that data, stopped and resumed. LitGPT's other commands (download, finetune, generate,
+chat, serve, evaluate, convert) import no LitData.
 """
 
 import json
@@ -51,23 +53,15 @@ def test_litgpt_pretrain_help():
     assert "Pretrain a model." in out.stdout
 
 
-def test_litgpt_pretrain_trains_a_tiny_model(tmp_path):
-    texts = tmp_path / "texts"
-    texts.mkdir()
-    lines = (ROOT / "data" / "gsm8k" / "train.jsonl").read_text(encoding="utf-8").splitlines()
-    for k in range(2):  # TextFiles keeps the first file for validation
-        answers = [json.loads(line)["answer"] for line in lines[k * 100 : (k + 1) * 100]]
-        (texts / f"{k}.txt").write_text("\n".join(answers))
+def litgpt_pretrain(out_dir: Path, *data: str) -> None:
+    """LitGPT's own `pretrain` of pythia-14m, 4 steps of 2 x 128 tokens, on its data module `data` (`--data ...`)."""
     run(
         "litgpt",
         "pretrain",
         "pythia-14m",
         "--tokenizer_dir",
         str(TINYLLAMA),
-        "--data",
-        "TextFiles",
-        "--data.train_data_path",
-        str(texts),
+        *data,
         "--train.max_tokens",
         str(4 * 2 * 128),
         "--train.max_seq_length",
@@ -81,7 +75,7 @@ def test_litgpt_pretrain_trains_a_tiny_model(tmp_path):
         "--data.num_workers",
         "0",
         "--out_dir",
-        str(tmp_path / "out"),
+        str(out_dir),
         "--logger_name",
         "csv",
         "--precision",
@@ -90,7 +84,27 @@ def test_litgpt_pretrain_trains_a_tiny_model(tmp_path):
         # runs beside this package, not torch's compiler (tests/test_static_step.py compiles the recipe's blocks).
         TORCHDYNAMO_DISABLE="1",
     )
-    assert (tmp_path / "out" / "final" / "lit_model.pth").is_file()
+    assert (out_dir / "final" / "lit_model.pth").is_file()
+
+
+def test_litgpt_pretrain_trains_a_tiny_model_on_its_litdata_modules(tmp_path):
+    """LitGPT's data modules on this package's LitData (0.2.44, where litgpt[extra] pins 0.2.59): `TextFiles`
+    tokenizes text files with LitData's `optimize` in forked workers and streams them (`StreamingDataset`,
+    `TokensLoader`); `TinyLlama` mixes two such folders (`CombinedStreamingDataset`), here TextFiles' own shards."""
+    assert run("python", "-c", "import litdata; print(litdata.__version__)").stdout.strip() == "0.2.44"
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    lines = (ROOT / "data" / "gsm8k" / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    for k in range(2):  # TextFiles keeps the first file for validation
+        answers = [json.loads(line)["answer"] for line in lines[k * 100 : (k + 1) * 100]]
+        (texts / f"{k}.txt").write_text("\n".join(answers))
+    litgpt_pretrain(tmp_path / "out", "--data", "TextFiles", "--data.train_data_path", str(texts))
+
+    mixed = tmp_path / "tinyllama"  # the layout TinyLlama reads: slimpajama/train, slimpajama/val, starcoder
+    (mixed / "slimpajama").mkdir(parents=True)
+    for split, folder in (("train", "slimpajama/train"), ("val", "slimpajama/val"), ("train", "starcoder")):
+        (mixed / folder).symlink_to(texts / split, target_is_directory=True)
+    litgpt_pretrain(tmp_path / "out-mixed", "--data", "TinyLlama", "--data.data_path", str(mixed))
 
 
 def test_prepare_with_several_workers_then_a_resumed_recipe_run(tmp_path, qwen_teacher):

@@ -252,6 +252,14 @@ def names_defined(body: list[ast.stmt]) -> dict[str, ast.AST | None]:
     return names
 
 
+def listed_in_all(tree: ast.Module) -> list[str]:
+    """The names a module's `__all__` lists: those a package hands on when first asked for (`data`)."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", "") == "__all__" for target in node.targets):
+            return list(ast.literal_eval(node.value))
+    return []
+
+
 # A backticked dotted name, as code and docs write one: `module.name`, `module.Class.attribute`, `function()`.
 DOTTED = re.compile(r"`([A-Za-z_][\w.]*\.[A-Za-z_]\w*)(?:\(\))?`")
 
@@ -286,10 +294,11 @@ def unresolved(spans: list[str]) -> list[str]:
             continue
         module = ".".join(parts[: cuts[0]])
         names = names_defined(trees[module].body)
-        if module in PACKAGES:  # a package's `__init__` defines what it exports
+        if module in PACKAGES:  # a package's `__init__` defines what it exports: what it imports or lists in __all__
             names |= {
                 a.asname or a.name: None for n in trees[module].body if isinstance(n, ast.ImportFrom) for a in n.names
             }
+            names |= {name: None for name in listed_in_all(trees[module])}
         rest = parts[cuts[0] :]
         node = names.get(rest[0], "missing") if rest[0] in names else "missing"
         if node == "missing" or (

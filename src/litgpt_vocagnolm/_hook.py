@@ -1,15 +1,16 @@
 """`litgpt pretrain --recipe NAME ...` (and `python -m litgpt pretrain --recipe NAME ...`) without forking LitGPT.
 
-LitGPT 0.5 has no plugin mechanism: its console script and `python -m litgpt` run litgpt/__main__.py, a fixed table
-of subcommands. `litgpt_vocagnolm_recipes.pth` imports this module at interpreter start, and only when the command
-line holds `--recipe` or `--config`. Here we register an import hook that supplies the code of `litgpt.__main__`:
-LitGPT's own, then its `main` wrapped so that `pretrain --recipe NAME` runs the recipe registered under NAME in the
+LitGPT 0.5 has no plugin mechanism: its console script and `python -m litgpt` run litgpt/__main__.py, a fixed table of
+subcommands. `litgpt_vocagnolm_recipes.pth` imports this module at interpreter start, and only when the command line
+holds `--recipe` or `--config`. Here we register an import hook that supplies the code of `litgpt.__main__`: LitGPT's
+own, then its `main` wrapped so that `pretrain --recipe NAME` runs the recipe registered under NAME in the
 `litgpt.recipes` entry-point group, and `pretrain --config` with one of this package's recipes but no `--recipe` is
-refused in one line that says to add it; every other command goes to LitGPT untouched. Fabric re-launches the same
-command line in its child processes (`python -m litgpt.__main__ ...` under `-m`), so they pass through here too.
-Nothing heavy is imported here.
+refused in one line that says to add it; every other command goes to LitGPT untouched. Through LitGPT's console script
+an unknown recipe or `--config` is refused before LitGPT loads. Fabric re-launches the same command line in its child
+processes (`python -m litgpt.__main__ ...` under `-m`), so they pass through here too. Nothing heavy is imported here.
 """
 
+import os
 import sys
 from collections.abc import Callable
 from importlib.abc import Loader, MetaPathFinder
@@ -26,6 +27,12 @@ _WRAPPED_MAIN = compile(
 
 class _WrapLitGPTMain(MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
+        if fullname == "litgpt" and os.path.basename(sys.argv[0]).removesuffix(".exe") == "litgpt":
+            # LitGPT's console script, about to load LitGPT (2.4 times torch's import): an unknown recipe or --config
+            # is refused now, in the line it would get after loading.
+            from litgpt_vocagnolm.cli import check_before_litgpt
+
+            check_before_litgpt(sys.argv)
         if fullname != "litgpt.__main__":
             return None
         spec = PathFinder.find_spec(fullname, path)

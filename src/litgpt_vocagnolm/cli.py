@@ -15,12 +15,16 @@ from importlib import import_module
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import UnionType
-from typing import Callable, Iterator, Literal, NoReturn, Union, get_args, get_origin
+from typing import Any, Callable, Iterator, Literal, NoReturn, Union, get_args, get_origin
 
 RECIPE_GROUP = "litgpt.recipes"
 DEBUG_FLAG, DEBUG_ENV = "--debug", "VOCAGNOLM_DEBUG"  # either shows a user error's traceback
 UNION_OF_NO_TYPES = "Cannot take a Union of no types."
 INT64_MAX = 2**63 - 1  # the largest whole number an option takes
+# Commands that run no model: they skip LitGPT's torch setting (`_configure`), so that those whose modules need no
+# torch (inspect, prepare, recipes) show --help, parse and refuse without importing it (2 s of CPU, far more on a
+# loaded machine).
+NO_MODEL = {"inspect", "prepare", "recipes", "export", "convert_to_litgpt"}
 
 # name -> ("module:function", one-line help). `pretrain` is dispatched through the recipe registry instead.
 COMMANDS: dict[str, tuple[str | None, str]] = {
@@ -69,22 +73,29 @@ def registered_recipes() -> dict[str, object]:
     return {ep.name: ep for ep in entry_points(group=RECIPE_GROUP)}
 
 
-def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
-    """Takes `--recipe NAME` / `--recipe=NAME` out of `args` (a copy: Fabric's children re-read `sys.argv`)."""
+def _split_recipe(args: list[str], command: str) -> tuple[str | None, list[str]]:
+    """Takes `--recipe NAME` / `--recipe=NAME` out of `args` (a copy: Fabric's children re-read `sys.argv`); `command`
+    is what the user typed before them, for the error line."""
     rest = list(args)
     for i, arg in enumerate(rest):
         if arg == "--recipe":
             if i + 1 >= len(rest):
-                _fail("--recipe needs a name", registered_recipes())
+                _fail(command, "--recipe needs a name", registered_recipes())
             return rest[i + 1], rest[:i] + rest[i + 2 :]
         if arg.startswith("--recipe="):
             return arg.split("=", 1)[1], rest[:i] + rest[i + 1 :]
     return None, rest
 
 
-def _fail(message: str, recipes: dict) -> NoReturn:
+def _fail(command: str, message: str, recipes: dict, given: str = "") -> NoReturn:
+    """A refused `--recipe` in one line, as a misspelt option is refused: the command, what is wrong, the registered
+    recipe closest to the name `given` and every registered one; exit status 2."""
+    closest = difflib.get_close_matches(given, recipes, n=1) if given else []
+    hint = f": did you mean {closest[0]}?" if closest else "."
     names = ", ".join(sorted(recipes)) or "(none: is litgpt-vocagnolm installed in this environment?)"
-    print(f"error: {message}. Registered recipes ({RECIPE_GROUP} entry points): {names}", file=sys.stderr)
+    print(
+        f"{command}: error: {message}{hint} Registered recipes ({RECIPE_GROUP} entry points): {names}.", file=sys.stderr
+    )
     raise SystemExit(2)
 
 
@@ -122,16 +133,34 @@ def plain_user_errors(prog: str, debug: bool) -> Iterator[None]:
         raise SystemExit(130) from None
 
 
-def run_recipe(name: str, args: list[str], prog: str | None = None) -> None:
+def run_recipe(name: str, args: list[str], command: str = "litgpt pretrain", prog: str | None = None) -> None:
     """Runs the recipe `name` on `args`; its errors name the command as the user typed it, `prog` (by default
-    `litgpt pretrain --recipe NAME`)."""
+    `COMMAND --recipe NAME`), an unknown name the `command` alone."""
+    debug, args = _split_debug(args)
+    prog = prog or f"{command} --recipe {name}"
+    recipe, args = _checked_recipe(name, args, command, prog, debug)
+    with plain_user_errors(prog, debug):
+        _run(recipe.load(), args, prog=prog, debug=debug)
+
+
+def _checked_recipe(name: str, args: list[str], command: str, prog: str, debug: bool) -> tuple[Any, list[str]]:
+    """The entry point of the recipe `name` and `args` with each packaged recipe's name as its path, after the
+    refusals that need neither the recipe nor LitGPT (whose import takes about 2.4 times torch's): an unknown recipe, a
+    `--config` that is neither a file nor a packaged recipe."""
     recipes = registered_recipes()
     if name not in recipes:
-        _fail(f"unknown recipe {name!r}", recipes)
-    debug, args = _split_debug(args)
-    prog = prog or f"litgpt pretrain --recipe {name}"
+        _fail(command, f"unknown recipe {name!r}", recipes, given=name)
     with plain_user_errors(prog, debug):
-        _run(recipes[name].load(), _packaged_configs(args), prog=prog, debug=debug)
+        return recipes[name], _packaged_configs(args)
+
+
+def check_before_litgpt(argv: list[str]) -> None:
+    """`litgpt pretrain --recipe NAME ...` (LitGPT's console script; `argv` its command line) refused as `run_recipe`
+    would refuse it, for what needs no LitGPT; _hook.py calls it before `litgpt` is imported."""
+    name, rest = _split_recipe(argv[2:], "litgpt pretrain")
+    if name is not None:
+        debug, rest = _split_debug(rest)
+        _checked_recipe(name, rest, "litgpt pretrain", f"litgpt pretrain --recipe {name}", debug)
 
 
 def _packaged_configs(args: list[str]) -> list[str]:
@@ -139,10 +168,10 @@ def _packaged_configs(args: list[str]) -> list[str]:
     return import_module("litgpt_vocagnolm.training.recipes").with_packaged_configs(args)
 
 
-def _run(function: Callable, args: list[str], prog: str, debug: bool) -> None:
+def _run(function: Callable, args: list[str], prog: str, debug: bool, model: bool = True) -> None:
     from jsonargparse import CLI
 
-    CLI(function, args=args, prog=prog, parser_class=_configure(debug))
+    CLI(function, args=args, prog=prog, parser_class=_configure(debug, model))
 
 
 @cache
@@ -226,9 +255,10 @@ def _recipe_options(args: list[str], keys: tuple[str, ...]) -> dict[str, str]:
     return given
 
 
-def _configure(debug: bool = False) -> type:
-    """What `litgpt.__main__.main` sets up before its CLI call; returns the parser class to build parsers with, which
-    prints a refused option in one line (jsonargparse's usage and full message with `debug`)."""
+def _configure(debug: bool = False, model: bool = True) -> type:
+    """What `litgpt.__main__.main` sets up before its CLI call (its torch setting only for a command that runs a
+    `model`); returns the parser class to build parsers with, which prints a refused option in one line (jsonargparse's
+    usage and full message with `debug`)."""
     from jsonargparse import ArgumentParser
 
     class Parser(ArgumentParser):
@@ -281,15 +311,15 @@ def _configure(debug: bool = False) -> type:
             print(f"{self.prog}: error: {_one_line(self, message)} See --help.", file=sys.stderr)
             self.exit(2)
 
-    _litgpt_settings()
+    _litgpt_settings(model)
     return Parser
 
 
-def _litgpt_settings() -> None:
-    """The settings `litgpt.__main__.main` makes before its CLI call."""
+def _litgpt_settings(model: bool) -> None:
+    """The settings `litgpt.__main__.main` makes before its CLI call; its torch setting only for a command that runs a
+    `model`."""
     import warnings
 
-    import torch
     from jsonargparse import set_config_read_mode, set_docstring_parse_options
 
     set_docstring_parse_options(attribute_docstrings=True)
@@ -297,7 +327,10 @@ def _litgpt_settings() -> None:
     warnings.filterwarnings(
         "ignore", message=r"The epoch parameter in `scheduler.step\(\)` was not necessary", category=UserWarning
     )
-    torch.set_float32_matmul_precision("high")
+    if model:
+        import torch
+
+        torch.set_float32_matmul_precision("high")
 
 
 def _whole_numbers_only(typehint: object) -> bool:
@@ -396,7 +429,7 @@ def litgpt_main(upstream_main: Callable[[], None]) -> None:
     """Replaces `litgpt.__main__.main` (see _hook.py): `pretrain --recipe NAME` runs the recipe, all else is
     LitGPT's."""
     if sys.argv[1:2] == ["pretrain"]:
-        name, rest = _split_recipe(sys.argv[2:])
+        name, rest = _split_recipe(sys.argv[2:], "litgpt pretrain")
         if name is not None:
             return run_recipe(name, rest)
     return upstream_main()
@@ -419,17 +452,19 @@ def main(argv: list[str] | None = None) -> None:
         return
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"error: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        closest = difflib.get_close_matches(command, COMMANDS, n=1)
+        hint = f": did you mean {closest[0]}?" if closest else "."
+        print(f"vocagnolm: error: unknown command {command!r}{hint} See vocagnolm --help.", file=sys.stderr)
         raise SystemExit(2)
     if command == "pretrain":
-        name, rest = _split_recipe(rest)
-        return run_recipe(name or "vocagnolm", rest, prog="vocagnolm pretrain" + (f" --recipe {name}" if name else ""))
+        name, rest = _split_recipe(rest, "vocagnolm pretrain")
+        prog = None if name else "vocagnolm pretrain"  # the default recipe, as typed
+        return run_recipe(name or "vocagnolm", rest, command="vocagnolm pretrain", prog=prog)
     module, function = COMMANDS[command][0].split(":")
     debug, rest = _split_debug(rest)
     prog = f"vocagnolm {command}"
     with plain_user_errors(prog, debug):
         if command == "plan":
-            return getattr(import_module(module), function)(
-                _packaged_configs(rest), prog=prog, parser_class=_configure(debug)
-            )
-        _run(getattr(import_module(module), function), rest, prog=prog, debug=debug)
+            rest = _packaged_configs(rest)  # an unknown --config refused before the plan (and LitGPT) loads
+            return getattr(import_module(module), function)(rest, prog=prog, parser_class=_configure(debug))
+        _run(getattr(import_module(module), function), rest, prog=prog, debug=debug, model=command not in NO_MODEL)

@@ -3,19 +3,23 @@ tiny recipe. `make test-slurm` starts the cluster, runs these and stops it; with
 under CI=true they fail instead.
 
 A job warned by Slurm before its time limit (`--signal USR1@N`) must end the same optimizer step on every rank, save
-it, requeue itself and resume there, so that the whole job trains exactly what an uninterrupted one trains."""
+it, requeue itself and resume there, so that the whole job trains exactly what an uninterrupted one trains.
+
+Every wait is on the job's progress (progress.py): a new checkpoint, a new cache file, its log growing, a change of its
+state. A loaded machine makes a correct job slow, and only a job that stops progressing, or the overall cap, fails."""
 
 import csv
 import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
 from conftest import BIN, QWEN, RECIPES, ROOT, TINYLLAMA, prepare_pair
+from progress import CAP_S, wait_for
 
 from litgpt_vocagnolm.data.teacher_cache import CACHE_MANIFEST
 
@@ -30,6 +34,8 @@ STEPS = 160
 # Slurm checks the warning every 30 s and sends it up to 30 s early: with 2 minutes and a 40 s lead it arrives 50-80 s
 # after the start, past the ~10 s before the first step (the handler must be in place), well before the limit.
 TIME_LIMIT, SIGNAL_LEAD = "2", 40
+# The time limit of the jobs that must not be warned: the waits' cap, so that only the cap ends a slow one.
+NO_WARNING = ("--time", str(int(CAP_S // 60)))
 TRAIN = [
     str(RECIPES / "demo-cpu.yaml"),
     "--train.max_tokens",
@@ -86,15 +92,34 @@ def job(job_id: str) -> dict[str, str]:
     return dict(field.split("=", 1) for field in text.split() if "=" in field)
 
 
-def wait(job_id: str, timeout: float = 600) -> dict[str, str]:
-    """Poll until the job has ended (through any number of requeues); its final record."""
-    deadline = time.monotonic() + timeout
-    while (record := job(job_id))["JobState"] not in DONE:
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job_id])
-            pytest.fail(f"job {job_id} still {record['JobState']} after {timeout} s")
-        time.sleep(1)
-    return record
+def size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def job_progress(job_id: str, log: Path, *folders: Path) -> dict[str, object]:
+    """What shows a job progressing: its state and requeues, its log's size, and the files in `folders` (its
+    checkpoints, its cache)."""
+    record = job(job_id)
+    files = sorted(str(path) for folder in folders for path in folder.rglob("*"))
+    return {"state": record["JobState"], "restarts": record.get("Restarts"), "log bytes": size(log), "files": files}
+
+
+def wait(
+    job_id: str, log: Path, *folders: Path, until: Callable[[], bool] = lambda: False, poll_s: float = 1.0
+) -> dict[str, str]:
+    """The job's record once it has ended (through any number of requeues), or once `until()` holds, waiting as long
+    as it progresses (`job_progress` of its `log` and `folders`); a job that stops progressing is cancelled and
+    fails the test."""
+
+    def ended() -> dict[str, str] | None:
+        record = job(job_id)
+        return record if until() or record["JobState"] in DONE else None
+
+    try:
+        return wait_for(ended, lambda: job_progress(job_id, log, *folders), f"job {job_id}", poll_s=poll_s)
+    except TimeoutError as error:
+        subprocess.run(["scancel", job_id])
+        pytest.fail(f"{error}\n{log.read_text()[-3000:] if log.exists() else ''}")
 
 
 def losses(out_dir: Path) -> list[tuple[int, float]]:
@@ -129,9 +154,9 @@ def uninterrupted(tmp_path_factory, data) -> Path:
         "--out_dir",
         str(tmp / "out"),
         output=tmp / "job.out",
-        options=("--time", "10"),
+        options=NO_WARNING,
     )
-    assert wait(job_id)["JobState"] == "COMPLETED", (tmp / "job.out").read_text()[-3000:]
+    assert wait(job_id, tmp / "job.out", tmp / "out")["JobState"] == "COMPLETED", (tmp / "job.out").read_text()[-3000:]
     return tmp / "out"
 
 
@@ -150,7 +175,7 @@ def preempted(tmp_path_factory, data) -> tuple[Path, str]:
         output=tmp / "job.out",
         options=options,
     )
-    record = wait(job_id)
+    record = wait(job_id, tmp / "job.out", tmp / "out")
     log = (tmp / "job.out").read_text()
     assert record["JobState"] == "COMPLETED", log[-3000:]
     assert int(record["Restarts"]) >= 1, f"never warned: {record}\n{log[-3000:]}"
@@ -201,9 +226,9 @@ def test_job_resubmitted_on_one_node_resumes_from_the_two_node_checkpoint(preemp
         str(tmp_path / "out"),
         nodes=1,
         output=tmp_path / "job.out",
-        options=("--time", "10"),
+        options=NO_WARNING,
     )
-    record, log = wait(job_id), (tmp_path / "job.out").read_text()
+    record, log = wait(job_id, tmp_path / "job.out", tmp_path / "out"), (tmp_path / "job.out").read_text()
     assert record["JobState"] == "COMPLETED", log[-3000:]
     start = int(first.name.removeprefix("step-"))
     assert f"Resuming training from {tmp_path / 'out' / first.name} after {start * 16:,} blocks" in log
@@ -222,39 +247,30 @@ def test_score_teacher_cancelled_and_resubmitted_ends_with_the_uninterrupted_cac
     """`score-teacher.sbatch` on two nodes, cancelled once a shard is written and submitted again, leaves the cache an
     uninterrupted run (one process, no Slurm) leaves, byte for byte."""
     data, teacher, shards = str(tinyllama_qwen_data), str(qwen_teacher), ["--blocks_per_shard", "16"]
-    subprocess.run(
-        [
-            BIN / "vocagnolm",
-            "score-teacher",
-            "--data",
-            data,
-            "--teacher",
-            teacher,
-            "--output",
-            tmp_path / "reference",
-            *shards,
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    output = tmp_path / "cache"
+    reference, log = tmp_path / "reference", tmp_path / "reference.log"
+    command = [BIN / "vocagnolm", "score-teacher", "--data", data, "--teacher", teacher, "--output", reference, *shards]
+    with open(log, "w") as out, subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT) as scoring:
+        try:  # progress: its log (a progress bar per split) and its shards as they are written
+            wait_for(scoring.poll, lambda: (size(log), sorted(reference.rglob("*"))), "the uninterrupted score-teacher")
+        finally:
+            scoring.kill()  # if it has stopped progressing; nothing once it has exited
+    assert scoring.returncode == 0, log.read_text()[-3000:]
+
+    output, log = tmp_path / "cache", tmp_path / "job.out"
     args = (data, teacher, "--output", str(output), *shards)
-    job_id = sbatch("score-teacher.sbatch", *args, output=tmp_path / "job.out", options=("--time", "10"))
-    deadline = time.monotonic() + 300
-    while not any((output / "train").glob("*.losses.npy")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    job_id = sbatch("score-teacher.sbatch", *args, output=log, options=NO_WARNING)
+
+    def shard_written() -> bool:
+        return any((output / "train").glob("*.losses.npy"))
+
+    wait(job_id, log, output, until=shard_written, poll_s=0.2)
     subprocess.run(["scancel", job_id], check=True)
-    assert wait(job_id)["JobState"] == "CANCELLED"
+    assert wait(job_id, log, output)["JobState"] == "CANCELLED"
     assert not (output / CACHE_MANIFEST).exists(), "finished before it was cancelled"
 
-    job_id = sbatch("score-teacher.sbatch", *args, output=tmp_path / "job.out", options=("--time", "10"))
-    assert wait(job_id)["JobState"] == "COMPLETED", (tmp_path / "job.out").read_text()[-3000:]
+    job_id = sbatch("score-teacher.sbatch", *args, output=log, options=NO_WARNING)
+    assert wait(job_id, log, output)["JobState"] == "COMPLETED", log.read_text()[-3000:]
     files = {p.relative_to(output): p.read_bytes() for p in output.rglob("*") if p.is_file()}
-    reference = {
-        p.relative_to(tmp_path / "reference"): p.read_bytes()
-        for p in (tmp_path / "reference").rglob("*")
-        if p.is_file()
-    }
-    assert files.keys() == reference.keys()
-    assert [name for name in files if files[name] != reference[name]] == []
+    expected = {p.relative_to(reference): p.read_bytes() for p in reference.rglob("*") if p.is_file()}
+    assert files.keys() == expected.keys()
+    assert [name for name in files if files[name] != expected[name]] == []

@@ -18,9 +18,6 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 import pyarrow.parquet as pq
-import torch
-from litgpt.config import Config
-from litgpt.model import GPT
 
 from litgpt_vocagnolm.alignment.tokenizer_files import TokenizerInfo
 from litgpt_vocagnolm.data.documents import FIELD_SEPARATOR, Segment, Stats, Unit, file_pieces, split_documents
@@ -87,6 +84,10 @@ def text_bytes(path: Path, keys: list[str]) -> int:
 def teacher_flops_per_token(teacher: Path) -> Optional[float]:
     """2 x the teacher's matrix parameters (its head included, its embedding table not), from a LitGPT checkpoint's
     model_config.yaml; None without one."""
+    import torch  # with LitGPT, only for this count: the rest of the dry run, and `prepare`, need neither
+    from litgpt.config import Config
+    from litgpt.model import GPT
+
     config_file = Path(teacher) / "model_config.yaml"
     if not config_file.is_file():
         return None

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 import numpy as np
-from litdata import optimize
 
 from litgpt_vocagnolm.alignment.lexical import encode, token_byte_lengths
 from litgpt_vocagnolm.alignment.tokenizer_files import (
@@ -55,7 +54,6 @@ from litgpt_vocagnolm.data.documents import (
 from litgpt_vocagnolm.data.dry_run import Packing, format_dry_run, measure_prepare
 from litgpt_vocagnolm.data.manifest import FORMAT, MANIFEST, PARTIAL, SPLITS, output_progress
 from litgpt_vocagnolm.data.packing import BlockDtypes, aligned_streams, pack_blocks
-from litgpt_vocagnolm.data.workers import START_METHOD, optimize_environment
 from litgpt_vocagnolm.errors import InvalidArgument, at_least, check_writable, failed_writes
 from litgpt_vocagnolm.files import file_fingerprint, file_sha256, hold_folder, write_json
 
@@ -100,6 +98,11 @@ def read_stats(path: Path) -> Stats:
 def write_split(split: str, units: list[Unit], job: UnitJob, partial: Path, num_workers: int) -> Stats:
     """Runs `litdata.optimize` over `units` into `partial/split`; returns the split's Stats (no documents: the caller
     says why)."""
+    # LitData, and torch with it (2-3 s of CPU), loads only here: `prepare`'s checks and refusals answer without it.
+    from litdata import optimize
+
+    from litgpt_vocagnolm.data.workers import START_METHOD, optimize_environment
+
     shards, stats_dir, cache = partial / split, partial / "stats" / split, partial / "cache"
     for folder in (shards, stats_dir, cache):
         shutil.rmtree(folder, ignore_errors=True)

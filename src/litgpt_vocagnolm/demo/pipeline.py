@@ -38,6 +38,7 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from functools import partial
 from multiprocessing import get_context
+from multiprocessing.queues import SimpleQueue
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -173,6 +174,7 @@ def demo(
         workers: Training runs at a time, each a process of one thread; at least 1.
         data_dir: The demo's corpus: by default the copy the package carries (the repository's data/ folder).
     """
+    started = [time.process_time()]  # this process's start: Python, its imports, the command line (CPU seconds)
     # Settings, checked before any work.
     if quick and sizes != DemoSizes():
         raise InvalidArgument("--quick true sets every size (QUICK): drop the --sizes.* options, or --quick.")
@@ -204,7 +206,7 @@ def demo(
     # small matrices gain little from a second thread, and the threads of a busy machine wait on each other: a tiny
     # model's matrix products ran 100x slower with 2 threads than with 1, seen here).
     stage(f"Teacher, then {len(runs)} students ({workers} runs at a time)", t0)
-    teachers, results = train_all(out_dir, runs, tokenizers, sizes, top_k, workers)
+    teachers, results, training_starts = train_all(out_dir, runs, tokenizers, sizes, top_k, workers)
     results = {m: sorted(results[m], key=lambda run: run["seed"]) for m in methods}
 
     # 6. Evaluation: held-out bits per byte (logged by the runs); noise in the tokens each method trains; table, plot,
@@ -217,12 +219,8 @@ def demo(
     print(table)
     stage("What these runs show", t0)
     print("\n".join([summary, *claims(results, teachers[0])]))
-    # ru_maxrss: KiB on Linux; the children's is the largest of the training processes, once the pool has ended.
-    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) * 1024
-    print(
-        f"Wrote {out_dir / 'results.csv'}, {out_dir / 'results.md'} and {out_dir / 'bpb.png'}"
-        f" in {time.perf_counter() - t0:.0f} s; the largest process peaked at {peak / 1e9:.1f} GB."
-    )
+    written = f"{out_dir / 'results.csv'}, {out_dir / 'results.md'} and {out_dir / 'bpb.png'}"
+    print(f"Wrote {written} {costs(t0, started + training_starts)}")
 
 
 def check_settings(
@@ -257,6 +255,27 @@ def check_settings(
             f"The demo's corpus is not in {data_dir} (missing {', '.join(missing)}): leave --data_dir out to use the"
             " corpus the package carries, or give a folder laid out as the repository's data/."
         )
+
+
+def costs(t0: float, started: list[float]) -> str:
+    """What the demo cost: its wall-clock time since `t0`, its CPU time (this process's and that of every process it
+    started: the training processes, LitData's workers), the part spent starting Python and importing in this
+    process and each training process (`started`: each one's CPU seconds when it was ready), and the largest
+    process's peak memory. A loaded machine stretches the wall-clock time, not the CPU time."""
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(u.ru_utime + u.ru_stime for u in usage)
+    peak = max(u.ru_maxrss for u in usage) * 1024  # KiB on Linux; the children's: the largest of them, once ended
+    return (
+        f"in {time.perf_counter() - t0:.0f} s, {cpu:.0f} s of CPU time ({sum(started):.0f} s of it starting its"
+        f" {len(started)} processes: Python and imports); the largest process peaked at {peak / 1e9:.1f} GB."
+    )
+
+
+def start_training_process(started: SimpleQueue) -> None:
+    """Sets up a training process (`runs.one_thread`) and puts in `started` the CPU seconds it took to get here:
+    Python's start and the imports (torch, Lightning, LitGPT), which a loaded machine stretches most."""
+    one_thread()
+    started.put(time.process_time())
 
 
 def stage(title: str, t0: float) -> None:
@@ -312,12 +331,14 @@ def loss_cache(out_dir: Path, name: str) -> Path:
 
 def train_all(
     out_dir: Path, runs: Sequence[tuple[str, int]], tokenizers: Tokenizers, sizes: DemoSizes, top_k: float, workers: int
-) -> tuple[tuple[dict[str, Any], dict[str, Any] | None], dict[str, list[dict[str, Any]]]]:
+) -> tuple[tuple[dict[str, Any], dict[str, Any] | None], dict[str, list[dict[str, Any]]], list[float]]:
     """Trains the teachers, then the students' `runs` (method, seed), `workers` at a time; returns what the teachers'
-    logs say (the second's None without one) and each method's runs'."""
+    logs say (the second's None without one), each method's runs' and each training process's start (CPU s)."""
     two_teachers = tokenizers[2] is not None
     results: dict[str, list[dict[str, Any]]] = {}
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=one_thread) as pool:
+    context = get_context("spawn")
+    started = context.SimpleQueue()
+    with ProcessPoolExecutor(workers, context, initializer=start_training_process, initargs=(started,)) as pool:
         # The teacher: larger, on clean text with its own tokenizer; then frozen.
         trained = submit_teacher(pool, out_dir, "teacher", sizes.teacher_vocab_size, tokenizers[1], sizes, 0)
         if two_teachers:  # the same clean text and budget (in its own tokens), its own tokenizer and initialisation
@@ -348,7 +369,10 @@ def train_all(
             method, seed = futures[future]
             results.setdefault(method, []).append(future.result())
             print(summarize_run(f"{method} (seed {seed})", results[method][-1]))
-    return (teacher, teacher2), results
+    starts = []
+    while not started.empty():
+        starts.append(started.get())
+    return (teacher, teacher2), results, starts
 
 
 def submit_teacher(

@@ -51,9 +51,11 @@ def prepare_data(
 
 
 def score_run(data_path: Path, teacher_dir: Path, cache: Path) -> None:
-    """`vocagnolm score-teacher`: the teacher's per-token losses on the students' data, once; report in cache.log."""
+    """`vocagnolm score-teacher`: the teacher's per-token losses on the students' data, once; report in cache.log.
+    The blocks are read in this process: loader workers of a spawned training process are spawned too, each importing
+    torch again (seconds of CPU each) to read a few hundred blocks; the cache is the same bytes either way."""
     with logged(cache.with_suffix(".log")):
-        score_teacher(data=data_path, teacher=teacher_dir, output=cache)
+        score_teacher(data=data_path, teacher=teacher_dir, output=cache, num_workers=0)
 
 
 def model_config(name: str, vocab_size: int, layers: int, width: int, block_size: int) -> Config:

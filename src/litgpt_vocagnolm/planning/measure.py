@@ -45,6 +45,7 @@ from litgpt_vocagnolm.data.prepared import MANIFEST, Batch, TeacherSide, VocAgno
 from litgpt_vocagnolm.data.teacher_cache import CACHE_MANIFEST
 from litgpt_vocagnolm.models.gpt import frozen_model, initialize_weights, load_model, new_model
 from litgpt_vocagnolm.models.weights import load_weights
+from litgpt_vocagnolm.planning.device import device_hours, device_name, devices
 from litgpt_vocagnolm.planning.flops import forward_flops, training_flops
 from litgpt_vocagnolm.training.checkpoints import Checkpointer
 from litgpt_vocagnolm.training.checks import optimizer_spec
@@ -482,13 +483,12 @@ def measure(setting: Setting) -> None:
     works += ["online"] if spec.needs_teacher and setting.teachers and configured != "online" else []
     works += ["cached"] if spec.needs_teacher and not spec.teacher_logits and configured != "cached" else []
     data = prepared(setting)
-    name = torch.cuda.get_device_name(device) if cuda else f"a CPU ({torch.get_num_threads()} threads)"
     source = f"from {data.path}" if data else "random, of the prepared shapes (no prepared data)"
     print(
-        f"\nMeasured here, on one device, {name}: one GPU's share of the run ({setting.accumulation} x micro-batch"
-        f" {B} x {setting.seq_len} tokens per optimizer step), {precision}, compile"
-        f" {'on' if args.compile else 'off'}, {warmup_steps(args.compile)} warm-up and {TIMED_STEPS} timed optimizer"
-        f" steps per work; batches {source}. Measuring ...",
+        f"\nMeasured here, on one device, {device_name(device)}: one {'GPU' if cuda else 'process'}'s share of the"
+        f" run ({setting.accumulation} x micro-batch {B} x {setting.seq_len} tokens per optimizer step), {precision},"
+        f" compile {'on' if args.compile else 'off'}, {warmup_steps(args.compile)} warm-up and {TIMED_STEPS} timed"
+        f" optimizer steps per work; batches {source}. Measuring ...",
         flush=True,
     )
     with warnings.catch_warnings():  # what a single process's run says of itself (DCP without a process group)
@@ -527,10 +527,11 @@ def report(setting: Setting, results: list[Measured], device: torch.device, save
     measured = largest_micro_batch(lambda b: step.peak + slope * (b - step.micro_batch), setting.gpu_memory)
     planned = largest_micro_batch(lambda b: setting.planned(step.work, b), setting.gpu_memory)
     print(
-        f"Largest micro-batch that fits {setting.gpu_memory / GB:g} GB on this device: planned {planned}, measured"
-        f" {measured} (the peaks at micro-batch {min(sizes)} and {max(sizes)}, extrapolated linearly)."
+        f"Largest micro-batch that fits {setting.gpu_memory / GB:g} GB (--gpu_memory, the job's GPUs) at the peaks"
+        f" measured here: planned {planned}, measured {measured} (the peaks at micro-batch {min(sizes)} and"
+        f" {max(sizes)}, extrapolated linearly)."
     )
-    print_projection(setting, step, peak_flops)
+    print_projection(setting, step, peak_flops, device)
     reference = next((r for r in results if r.work == "cached"), step)  # else the configured step
     print(
         f"{reference.work.capitalize()} step / LitGPT's step, tokens/s at micro-batch {litgpt.micro_batch}:"
@@ -566,25 +567,25 @@ def print_measured(setting: Setting, results: list[Measured], device: torch.devi
         )
 
 
-def print_projection(setting: Setting, step: Measured, peak_flops: float | None) -> None:
-    """The budget's wall-clock time and GPU-hours at the configured `step`'s pace, planned and measured."""
-    args = setting.args
+def print_projection(setting: Setting, step: Measured, peak_flops: float | None, device: torch.device) -> None:
+    """The budget's wall-clock time and GPU-hours (CPU-hours on a CPU) at the configured `step`'s pace, planned and
+    measured."""
+    args, unit = setting.args, device_hours(device)
     steps, world = budget_steps(setting), setting.world_size
     share = H100_MFU[(step.work, args.compile)]
     if peak_flops:
         planned_s = step.flops / (share * peak_flops)
-        projection = f"{steps:,} steps x {planned_s:.4f} s = {hours(steps * planned_s, world)}"
+        projection = f"{steps:,} steps x {planned_s:.4f} s = {hours(steps * planned_s, world, unit)}"
     else:
         projection = "n/a (no bf16 peak is known for this device)"
     print(
-        f"Projection of the budget ({step.work} steps on {world} GPUs): planned {projection}; measured {steps:,}"
-        f" steps x {step.seconds:.4f} s = {hours(steps * step.seconds, world)}. Communication between GPUs is not"
-        f" in it:"
-        f" the plan's lower bound adds {setting.communication_s:.3f} s per step."
+        f"Projection of the budget ({step.work} steps on {devices(world, device)}): planned {projection}; measured"
+        f" {steps:,} steps x {step.seconds:.4f} s = {hours(steps * step.seconds, world, unit)}. Communication between"
+        f" devices is not in it: the plan's lower bound adds {setting.communication_s:.3f} s per step."
     )
 
 
-def hours(wall: float, world: int) -> str:
-    """`wall` s wall-clock (in hours from an hour on), and its GPU-hours on `world` GPUs."""
+def hours(wall: float, world: int, unit: str) -> str:
+    """`wall` s wall-clock (in hours from an hour on), and its hours of `world` devices (`unit`: "GPU-hours")."""
     clock = f"{wall:,.1f} s" + (f" ({wall / 3600:,.2f} h)" if wall >= 3600 else "")
-    return f"{clock} wall-clock, {wall / 3600 * world:,.2f} GPU-hours"
+    return f"{clock} wall-clock, {wall / 3600 * world:,.2f} {unit}"

@@ -16,6 +16,7 @@ import torch
 from litgpt.config import Config
 
 from litgpt_vocagnolm.errors import InvalidArgument, at_least
+from litgpt_vocagnolm.planning.device import gpus
 from litgpt_vocagnolm.planning.memory import (
     GB,
     MemoryEstimate,
@@ -181,6 +182,9 @@ def teacher_window(window: int | None, data: Any, seq_len: int, teachers: Sequen
         # padded as training pads it: one length per run, so that the compiled step has one shape
         prepared = [padded_window(load_manifest(p)) for p in paths if (p / "manifest.json").is_file()]
         window = max(prepared) if prepared else seq_len + 1
+        unprepared = [p for p in paths if not (p / "manifest.json").is_file()]
+        if unprepared and teachers:
+            print(unprepared_note(unprepared, window, guessed=not prepared))
     at_least("--window", window, 1)
     for t in teachers:
         if window > t.block_size:
@@ -190,6 +194,18 @@ def teacher_window(window: int | None, data: Any, seq_len: int, teachers: Sequen
                 f" with --teacher_max_length {t.block_size} or less."
             )
     return window
+
+
+def unprepared_note(paths: Sequence[Path], window: int, guessed: bool) -> str:
+    """The line that says which of the recipe's data `paths` hold no prepared data, and what the teacher `window` of
+    the plan is then based on: max_seq_length + 1 (`guessed`), else the data that is prepared."""
+    missing = "; ".join(f"{p} ({'no manifest.json' if p.is_dir() else 'no such folder'})" for p in paths)
+    based_on = "max_seq_length + 1, a guess" if guessed else "that of the data that is prepared"
+    return (
+        f"Note: no prepared data at {missing}: the teacher window of {window} tokens is {based_on}, not the one"
+        " `vocagnolm prepare` records (its teacher_max_length, padded to a multiple of 64). Give --data.path of the"
+        " prepared data or --window, or plan again once the data is prepared."
+    )
 
 
 def step_shape(args: Any, seq_len: int, window: int) -> StepShape:
@@ -214,7 +230,7 @@ def print_step(run: str, step: MemoryEstimate, shape: StepShape, gpu_memory: flo
     """The run's line (`run`: the recipe, its student and teachers) and the step's peak per GPU, by component."""
     devices = shape.world_size // shape.num_nodes
     print(
-        f"{run}; {shape.world_size} GPUs ({shape.num_nodes} x {devices}), micro-batch {shape.micro_batch} x"
+        f"{run}; {gpus(shape.world_size)} ({shape.num_nodes} x {devices}), micro-batch {shape.micro_batch} x"
         f" {shape.seq_len} tokens, teacher window {shape.window}, activation checkpointing"
         f" {'on' if shape.activation_checkpointing else 'off'}, compile {'on' if shape.compiled else 'off'}"
     )
@@ -300,10 +316,10 @@ def print_limits(
         )
     world, accumulation = shape.world_size, shape.accumulation
     if global_batch_size and accumulation * world * B != global_batch_size:
-        print(f"Note: global batch {global_batch_size} is not a multiple of {world} GPUs x micro-batch {B}.")
+        print(f"Note: global batch {global_batch_size} is not a multiple of {gpus(world)} x micro-batch {B}.")
     elif global_batch_size:
         print(
-            f"Global batch {global_batch_size} = {world} GPUs x {B} x {accumulation} accumulation steps;"
+            f"Global batch {global_batch_size} = {gpus(world)} x {B} x {accumulation} accumulation steps;"
             f" {global_batch_size * T:,} tokens per optimizer step."
         )
 

@@ -8,6 +8,7 @@ clone beside it: it carries that folder inside the package (`litgpt_vocagnolm/re
 exists always wins over a name, so an edited copy in the working folder runs as itself.
 """
 
+import difflib
 import re
 import shutil
 from pathlib import Path
@@ -30,12 +31,16 @@ def packaged() -> dict[str, Path]:
 
 
 def find(name: str, flag: str, problem: str = "no packaged recipe has that name") -> Path:
-    """The packaged recipe called `name` (with or without `.yaml`); an unknown name is refused, listing the names."""
+    """The packaged recipe called `name` (with or without `.yaml`); an unknown name is refused, with the closest name
+    and the list."""
     recipes = packaged()
     path = recipes.get(name.removesuffix(".yaml"))
     if path is None:
+        closest = difflib.get_close_matches(name.removesuffix(".yaml"), recipes, n=1)
+        hint = f" Did you mean {closest[0]}?" if closest else ""
         raise PathMissing(
-            f"{flag} {name}: {problem}. The packaged recipes (`vocagnolm recipes` lists them): {', '.join(recipes)}."
+            f"{flag} {name}: {problem}.{hint} The packaged recipes (`vocagnolm recipes` lists them):"
+            f" {', '.join(recipes)}."
         )
     return path
 
