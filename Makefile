@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slurm test-gpu test-wheels wheels demo demo-variants demo-cpu bench clean
+.PHONY: install test test-long test-install test-slurm test-gpu test-wheels wheels demo demo-variants demo-cpu bench clean
 
 install: $(STAMP)
 
@@ -35,7 +35,17 @@ $(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/tran
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slurm and not gpu and not wheels" -n 2 --dist loadfile --durations 15
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "$(TIER_TEST)" -n 2 --dist loadfile --durations 15
+
+# The tiers beside `make test` (docs/testing.md: what each holds, why, and its budget). test-long: what a test of
+# `make test` shows, again on 3 or 4 processes or over many more steps. test-install: the built wheel installed into
+# fresh environments, as a user installs it; it needs the package index.
+TIER_TEST := not slurm and not gpu and not wheels and not install and not long
+test-long: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "long" -n 2 --dist loadfile --durations 15
+
+test-install: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "install" -n 2 --dist loadfile --durations 15
 
 # Jobs submitted to a real two-node Slurm on this machine, which the script installs (as root) and starts, and stops
 # after. Where it cannot start, the tests skip, except under CI=true, where they fail.

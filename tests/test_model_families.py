@@ -216,11 +216,11 @@ def test_latent_attention_and_grouped_experts_a_layout_no_litgpt_config_has():
         bias=False,
     )
     torch.manual_seed(0)
-    model = GPT(config)
-    assert_loss_and_gradients_are_litgpts(model)
+    model = GPT(config)  # LitGPT leaves the grouped router's weight as torch.empty made it: any bytes, NaN at times
     initialize_weights(model, seed=0)
     router = model.transformer.h[1].mlp.gate.weight
     assert torch.isfinite(router).all() and router.std() > 0
+    assert_loss_and_gradients_are_litgpts(model)
     assert parameters(config) == sum(p.numel() for p in model.parameters())
     step = StepShape(micro_batch=2, seq_len=SEQ_LEN, window=SEQ_LEN + 1, workspace=False)
     assert estimate_memory(config, [config], step).total > 0
