@@ -257,15 +257,30 @@ def installed(tmp_path_factory, worker_id, dist) -> Path:
     return built_once(tmp_path_factory, worker_id, "installed", build)
 
 
+def run_quick_demo(vocagnolm: Path, folder: Path, env: dict | None = None) -> None:
+    """`vocagnolm demo --quick true` as a user types it, in the empty `folder`, which it fills with out/demo; what it
+    printed is in printed.txt."""
+    out = checked(vocagnolm, "demo", "--quick", "true", cwd=folder, env=env)
+    (folder / "printed.txt").write_text(out.stdout)
+
+
 @pytest.fixture(scope="session")
-def quick_demo(tmp_path_factory, worker_id, installed) -> Path:
-    """`vocagnolm demo --quick true` as a user runs it after `pip install`: the installed wheel's command (the corpus it
-    reads is the package's copy), in an empty folder that it fills with out/demo; what it printed is in printed.txt.
-    Once per session: tests/test_demo.py reads the run, tests/test_cli.py where it read its corpus from."""
+def quick_demo(tmp_path_factory, worker_id) -> Path:
+    """The quick demo run by this environment's command (`run_quick_demo`), from an empty folder outside the clone:
+    once per session, for tests/test_demo.py and the docs' quote of its cost (tests/test_newcomer.py)."""
+    return built_once(
+        tmp_path_factory, worker_id, "quick-demo", lambda folder: run_quick_demo(BIN / "vocagnolm", folder)
+    )
 
-    def build(folder: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        out = checked(installed / "bin" / "vocagnolm", "demo", "--quick", "true", cwd=folder, env=env)
-        (folder / "printed.txt").write_text(out.stdout)
 
-    return built_once(tmp_path_factory, worker_id, "quick-demo", build)
+@pytest.fixture(scope="session")
+def installed_quick_demo(tmp_path_factory, worker_id, installed) -> Path:
+    """The quick demo run by the installed wheel's command (`installed`), whose corpus is the package's copy
+    (tests/test_cli.py checks it read it there)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return built_once(
+        tmp_path_factory,
+        worker_id,
+        "installed-quick-demo",
+        lambda folder: run_quick_demo(installed / "bin" / "vocagnolm", folder, env),
+    )

@@ -28,7 +28,7 @@ SEEDED = ("ce", "vocagnolm", "vocagnolm-2teachers", "vocagnolm-2teachers-byte")
 
 @pytest.fixture(scope="module")
 def quick_run(quick_demo) -> tuple[Path, str]:
-    """One quick demo (every method; 2 seeds for ce, vocagnolm and both two-teacher runs), run by the installed wheel's
+    """One quick demo (every method; 2 seeds for ce, vocagnolm and both two-teacher runs), run by
     `vocagnolm demo --quick true` from an empty folder (conftest.py): (out_dir, what it printed)."""
     return quick_demo / "out" / "demo", (quick_demo / "printed.txt").read_text()
 

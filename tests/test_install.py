@@ -87,6 +87,7 @@ def litgpt_pretrain(out_dir: Path, *data: str) -> None:
     assert (out_dir / "final" / "lit_model.pth").is_file()
 
 
+@pytest.mark.install  # LitData's workers and three runs of LitGPT's command: `make test-install`
 def test_litgpt_pretrain_trains_a_tiny_model_on_its_litdata_modules(tmp_path):
     """LitGPT's data modules on this package's LitData (0.2.44, where litgpt[extra] pins 0.2.59): `TextFiles`
     tokenizes text files with LitData's `optimize` in forked workers and streams them (`StreamingDataset`,
@@ -107,6 +108,7 @@ def test_litgpt_pretrain_trains_a_tiny_model_on_its_litdata_modules(tmp_path):
     litgpt_pretrain(tmp_path / "out-mixed", "--data", "TinyLlama", "--data.data_path", str(mixed))
 
 
+@pytest.mark.install  # every GSM8K record prepared, then two runs of the recipe: `make test-install`
 def test_prepare_with_several_workers_then_a_resumed_recipe_run(tmp_path, qwen_teacher):
     data = tmp_path / "data"
     out = run(

@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import checked
 
-pytestmark = pytest.mark.slow  # pip resolves from the package index
+pytestmark = [pytest.mark.slow, pytest.mark.install]  # pip resolves from the package index: `make test-install`
 CUDA_BUILD = re.compile(r"torch|torchvision|triton|nvidia-.*")  # a CUDA torch, and what it or torchvision brings
 
 
