@@ -2,11 +2,10 @@
 
 import importlib.util
 import re
-import subprocess
 
 import lightning as L
 import pytest
-from conftest import BIN, RECIPES, ROOT, TINYLLAMA
+from conftest import RECIPES, ROOT, TINYLLAMA, typed_here
 from litgpt.config import Config
 
 from litgpt_vocagnolm.models.model_configs import llama_config
@@ -146,16 +145,10 @@ def test_estimate_is_within_15_percent_of_the_measured_peak(activation_checkpoin
         assert 0.85 <= estimate.total / measured <= 1.15, (kind, estimate, measured)
 
 
-@pytest.mark.slow
 def test_plan_command_on_the_paper_recipe():
+    """`vocagnolm plan` as typed, run here (`typed_here`: through `cli.main`, as the console script runs it)."""
     recipe = RECIPES / "tinyllama-qwen2.5-math-7b-instruct.yaml"
-    out = subprocess.run(
-        [str(BIN / "vocagnolm"), "plan", "--config", str(recipe), "--window", "1900"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
+    out = typed_here("vocagnolm", "plan", "--config", str(recipe), "--window", "1900", cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     for component in ("student parameters", "AdamW state", "teacher parameters", "student activations", "total"):
         assert component in out.stdout, component
@@ -236,17 +229,12 @@ def measured_rows(printed: str) -> dict[tuple[str, int], list[str]]:
     return rows
 
 
-def test_plan_measure_on_the_tiny_recipe_prints_measured_beside_planned():
+def test_plan_measure_on_the_tiny_recipe_prints_measured_beside_planned(one_thread):
     """`vocagnolm plan --config demo-cpu --measure true` as typed, on this CPU: the recipe's step (`ce`:
     the student only) at its micro-batch and at half of it, LitGPT's step, a checkpoint's save and load, each beside
-    the plan, then the budget's projection and the ratio to LitGPT's step."""
-    out = subprocess.run(
-        [str(BIN / "vocagnolm"), "plan", "--config", "demo-cpu", "--measure", "true"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
+    the plan, then the budget's projection and the ratio to LitGPT's step. Run here through `cli.main`, as the
+    console script runs it (`typed_here`), on one thread as a console script's process has under `make test`."""
+    out = typed_here("vocagnolm", "plan", "--config", "demo-cpu", "--measure", "true", cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     printed = out.stdout[out.stdout.index("Measured here") :]
     header = next(line.split() for line in printed.splitlines() if line.split()[:2] == ["work", "micro-batch"])
