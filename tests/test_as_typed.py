@@ -21,7 +21,12 @@ evaluate`. What the tests give beyond the defaults, and why:
 - `convert_to_litgpt` is given a folder named after the config (`llemma_7b`, as `litgpt download` names it) that holds
   a tiny model's weights in Hugging Face's layout: the name gives the config, the weights the tensors.
 
-The commands run with one thread (OMP_NUM_THREADS=1 in their subprocesses, conftest's `one_thread` here): on the 2
+Each command runs in this process through the function its console script ends in (`conftest.typed_here`: `vocagnolm
+...` as `cli.main` takes it, `litgpt pretrain --recipe vocagnolm ...` as the .pth hook hands it on), in the folder it is
+typed in, to its exit status and what it printed: a console script's subprocess would import torch, Lightning and
+LitGPT again for each (tests/test_cli.py runs the console scripts themselves).
+
+The commands run with one thread (as OMP_NUM_THREADS=1 would in a subprocess; conftest's `one_thread`): on the 2
 shared cores of the test machine a tiny model's matrix products ran up to 400x slower with 2 threads than with 1 (a
 2 x 32 by 32 x 512 product: 15 ms against 36 us; the threads of a busy machine wait on each other, as demo/pipeline.py
 says); it changes nothing the commands compute.
@@ -31,7 +36,6 @@ import csv
 import gzip
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -43,7 +47,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import BIN, QWEN, ROOT, TINYLLAMA, make_checkpoint, model_config_fields, tiny_config
+from conftest import QWEN, ROOT, TINYLLAMA, make_checkpoint, model_config_fields, tiny_config, typed_here
 from litgpt import GPT
 from litgpt.args import EvalArgs, TrainArgs
 from litgpt.utils import get_default_supported_precision
@@ -57,16 +61,20 @@ from litgpt_vocagnolm.evaluation.math_tasks import TASKS, load_examples
 from litgpt_vocagnolm.models.weights import CHECKSUMS, UnreadableCheckpoint
 from litgpt_vocagnolm.training.teacher import TeacherArgs
 
-# Console scripts in subprocesses; the commands run in this process with one thread, as OMP_NUM_THREADS=1 runs theirs.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 STUDENT = tiny_config("student", 512, block_size=2048)  # prepare's default sequence
 TEACHER = tiny_config("teacher", 512, block_size=4096)  # longer than any teacher window of 2,049 student tokens
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """A console script of this environment, as typed in `cwd`."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([str(BIN / args[0]), *args[1:]], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    """A console command as typed in `cwd`, run here to its exit on one thread (the session's fixtures run before a
+    test's `one_thread`), which must succeed."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = typed_here(*args, cwd=cwd)
+    finally:
+        torch.set_num_threads(threads)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     return out
 

@@ -1,4 +1,7 @@
-"""The plugin mechanism, through the real console scripts and the real interpreter in subprocesses."""
+"""The plugin mechanism: the console scripts, the .pth hook and `python -m` in real processes, one each where the
+process is the point (the dispatch, what a fresh interpreter imports, a child process that Fabric starts); what their
+parsers and checks say (--help, --print_config, a refusal in one line, the exit status), in this process through the
+functions the console scripts end in (`conftest.typed_here`), which parse and check the same way."""
 
 import os
 import subprocess
@@ -8,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, RECIPES, ROOT
+from conftest import BIN, RECIPES, ROOT, typed_here
 from test_recipe import metrics, recipe_config
 
 from litgpt_vocagnolm.demo.settings import CORPUS
@@ -21,9 +24,11 @@ def run(*args: str, cwd: Path = ROOT, timeout: int = 300, **kwargs) -> subproces
     return subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
-@pytest.mark.parametrize("litgpt", LITGPT.values(), ids=LITGPT)
-def test_recipe_help_shows_teacher_and_guidance_groups(litgpt):
-    out = run(*litgpt, "pretrain", "--recipe", "vocagnolm", "--help")
+def test_recipe_help_shows_teacher_and_guidance_groups():
+    """Through LitGPT's console script in a real process: the .pth hook hands `--recipe vocagnolm` to the recipe.
+    `python -m litgpt` dispatches too: it runs the recipe in test_python_m_litgpt_runs_the_recipe_in_two_processes
+    and refuses a misspelt one in tests/test_newcomer.py."""
+    out = run(*LITGPT["console script"], "pretrain", "--recipe", "vocagnolm", "--help")
     assert out.returncode == 0, out.stderr
     for flag in (
         "--teacher.checkpoint_dir",
@@ -39,29 +44,37 @@ def test_recipe_help_shows_teacher_and_guidance_groups(litgpt):
     assert "usage: litgpt pretrain --recipe vocagnolm" in out.stdout
 
 
-@pytest.mark.parametrize("litgpt", LITGPT.values(), ids=LITGPT)
+@pytest.mark.parametrize("litgpt", [["litgpt"], ["python", "-m", "litgpt"]], ids=LITGPT)
 def test_upstream_pretrain_is_untouched(litgpt):
-    out = run(*litgpt, "pretrain", "--help")
+    """Without --recipe the wrapped `main` is LitGPT's (in a real process, with the hook loaded, in
+    test_a_recipe_given_to_litgpt_pretrain_without_recipe_says_to_add_it)."""
+    out = typed_here(*litgpt, "pretrain", "--help")
     assert out.returncode == 0, out.stderr
     assert "--guidance" not in out.stdout and "--teacher" not in out.stdout
     assert "Pretrain a model." in out.stdout and "  model_name  " in out.stdout  # LitGPT's own parser
 
 
-@pytest.mark.parametrize(
-    ("litgpt", "config", "args"),
-    [
-        (LITGPT["console script"], "demo-cpu", ["--config", "demo-cpu"]),  # a packaged recipe by name
-        (
-            LITGPT["python -m"],
-            str(RECIPES / "tinyllama-llemma-7b.yaml"),
-            [f"--config={RECIPES}/tinyllama-llemma-7b.yaml"],
-        ),
-    ],
-    ids=["console script, a name", "python -m, a path"],
-)
-def test_a_recipe_given_to_litgpt_pretrain_without_recipe_says_to_add_it(litgpt, config, args, tmp_path):
-    """Without the hook, LitGPT's parser stops at "does not accept nested key 'teacher.checkpoint_dir'"."""
-    out = run(*litgpt, "pretrain", *args, cwd=tmp_path)
+def test_a_recipe_given_to_litgpt_pretrain_without_recipe_says_to_add_it(tmp_path):
+    """Without the hook, LitGPT's parser stops at "does not accept nested key 'teacher.checkpoint_dir'". A real
+    process of LitGPT's console script: the .pth line loads the hook for `--config` alone, and LitGPT's own config
+    still goes to LitGPT."""
+    out = run(*LITGPT["console script"], "pretrain", "--config", "demo-cpu", cwd=tmp_path)  # a packaged recipe by name
+    assert (out.returncode, out.stdout) == (2, ""), out.stderr
+    assert out.stderr == (
+        "litgpt pretrain: error: --config demo-cpu is a vocagnolm recipe, which LitGPT's own pretrain does not"
+        " take: add --recipe vocagnolm (litgpt pretrain --recipe vocagnolm --config demo-cpu).\n"
+    )
+    (tmp_path / "litgpt.yaml").write_text("model_name: pythia-14m\n")
+    out = run(*LITGPT["console script"], "pretrain", "--config", "litgpt.yaml", "--print_config", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(out.stdout)["model_name"] == "pythia-14m" and "teacher" not in yaml.safe_load(out.stdout)
+
+
+def test_a_recipe_by_its_path_without_recipe_is_refused_under_python_m_and_a_litgpt_config_goes_to_litgpt(tmp_path):
+    """`python -m litgpt`'s wrapped `main` (here), on a recipe by its path, written `--config=PATH`."""
+    config = str(RECIPES / "tinyllama-llemma-7b.yaml")
+    litgpt = ["python", "-m", "litgpt"]
+    out = typed_here(*litgpt, "pretrain", f"--config={config}", cwd=tmp_path)
     assert (out.returncode, out.stdout) == (2, ""), out.stderr
     assert out.stderr == (
         f"litgpt pretrain: error: --config {config} is a vocagnolm recipe, which LitGPT's own pretrain does not"
@@ -69,22 +82,26 @@ def test_a_recipe_given_to_litgpt_pretrain_without_recipe_says_to_add_it(litgpt,
     )
     # LitGPT's own config goes to LitGPT.
     (tmp_path / "litgpt.yaml").write_text("model_name: pythia-14m\n")
-    out = run(*litgpt, "pretrain", "--config", "litgpt.yaml", "--print_config", cwd=tmp_path)
+    out = typed_here(*litgpt, "pretrain", "--config", "litgpt.yaml", "--print_config", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert yaml.safe_load(out.stdout)["model_name"] == "pythia-14m" and "teacher" not in yaml.safe_load(out.stdout)
 
 
-@pytest.mark.parametrize("litgpt", LITGPT.values(), ids=LITGPT)
 @pytest.mark.parametrize("args", [["--recipe", "nope"], ["--recipe=nope"]])
-def test_unknown_recipe_lists_registered_ones(litgpt, args):
-    out = run(*litgpt, "pretrain", *args)
-    assert out.returncode == 2
-    assert "unknown recipe 'nope'" in out.stderr and "vocagnolm" in out.stderr
+def test_unknown_recipe_lists_registered_ones(args):
+    """LitGPT's console script in a real process (refused before LitGPT loads); `python -m litgpt`'s wrapped `main`
+    here (its real process in tests/test_newcomer.py)."""
+    for out in (
+        run(*LITGPT["console script"], "pretrain", *args),
+        typed_here("python", "-m", "litgpt", "pretrain", *args),
+    ):
+        assert out.returncode == 2
+        assert "unknown recipe 'nope'" in out.stderr and "vocagnolm" in out.stderr
 
 
 def test_print_config_and_dotted_overrides_round_trip(tmp_path):
-    out = run(
-        str(BIN / "litgpt"),
+    out = typed_here(
+        "litgpt",
         "pretrain",
         "--recipe",
         "vocagnolm",
@@ -97,8 +114,8 @@ def test_print_config_and_dotted_overrides_round_trip(tmp_path):
     assert out.returncode == 0, out.stderr
     config = tmp_path / "config.yaml"
     config.write_text(out.stdout)
-    again = run(
-        str(BIN / "litgpt"),
+    again = typed_here(
+        "litgpt",
         "pretrain",
         "--recipe",
         "vocagnolm",
@@ -136,7 +153,12 @@ def test_python_m_litgpt_runs_the_recipe_in_two_processes(tmp_path, tinyllama_mi
 
 
 def test_hook_free_module_equivalent():
-    out = run(sys.executable, "-m", "litgpt_vocagnolm", "pretrain", "--help")
+    """`python -m litgpt_vocagnolm` in a real process runs `vocagnolm`'s `main`, whose `pretrain --help` (here) is
+    the recipe's."""
+    out = run(sys.executable, "-m", "litgpt_vocagnolm", "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: vocagnolm <command>") and "  pretrain  " in out.stdout
+    out = typed_here("vocagnolm", "pretrain", "--help")
     assert out.returncode == 0, out.stderr
     assert "--guidance.method" in out.stdout
 
@@ -159,9 +181,12 @@ def test_interpreter_start_imports_neither_torch_nor_litgpt(argv):
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.slow
-def test_regular_wheel_install_dispatches(tmp_path, dist, installed, quick_demo):
-    """A non-editable install: the .pth file must land at the wheel root and work from a fresh environment."""
+@pytest.mark.install
+def test_regular_wheel_install_dispatches(tmp_path, dist, installed, installed_quick_demo):
+    """A non-editable install: the .pth file must land at the wheel root and work from a fresh environment.
+    `make test` keeps what needs no package index: the wheel's files (test_the_wheel_carries_the_hook_at_its_root_the_
+    recipes_and_the_corpus) and the recipes listed, copied and run by name from a folder that holds no clone, here
+    (test_packaged_recipes_are_listed_copied_and_run_by_name_where_a_path_wins)."""
     (wheel,) = dist.glob("litgpt_vocagnolm-*.whl")
     assert "litgpt_vocagnolm_recipes.pth" in zipfile.ZipFile(wheel).namelist()
     # `installed`: a fresh environment with the wheel installed for real; the editable install of this checkout is
@@ -183,10 +208,10 @@ def test_regular_wheel_install_dispatches(tmp_path, dist, installed, quick_demo)
     )
     corpus = {f"litgpt_vocagnolm/demo/data/{file}" for file, _ in CORPUS}
     assert corpus <= set(zipfile.ZipFile(wheel).namelist())
-    # The demo, as a user types it, in an empty folder (`quick_demo`; test_demo.py checks what it wrote): the corpus
-    # it read is the installed copy.
-    assert f"in {site / 'litgpt_vocagnolm' / 'demo' / 'data'} [" in (quick_demo / "printed.txt").read_text()
-    assert (quick_demo / "out" / "demo" / "results.csv").is_file()
+    # The demo, as a user types it, in an empty folder (`installed_quick_demo`; test_demo.py checks what this
+    # environment's demo writes): the corpus it read is the installed copy.
+    assert f"in {site / 'litgpt_vocagnolm' / 'demo' / 'data'} [" in (installed_quick_demo / "printed.txt").read_text()
+    assert (installed_quick_demo / "out" / "demo" / "results.csv").is_file()
     # Listed, run by name and copied, in a folder that holds no clone.
     listed = run(str(vocagnolm), "recipes", cwd=tmp_path, env=env)
     assert listed.returncode == 0, listed.stderr
@@ -209,7 +234,19 @@ def test_regular_wheel_install_dispatches(tmp_path, dist, installed, quick_demo)
     assert sorted(p.name for p in (tmp_path / "slurm").iterdir()) == ["score-teacher.sbatch", "vocagnolm.sbatch"]
 
 
-RECIPE = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm"]
+def test_the_wheel_carries_the_hook_at_its_root_the_recipes_and_the_corpus(dist):
+    """What a non-editable install needs from the wheel (installed and run in test_regular_wheel_install_dispatches,
+    `make test-install`): the .pth file at its root, the recipes (the repository's recipes/) and the demo's corpus
+    (its data/) inside the package."""
+    (wheel,) = dist.glob("litgpt_vocagnolm-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "litgpt_vocagnolm_recipes.pth" in names
+    recipes = {path.name for path in RECIPES.glob("*.yaml")} | {f"slurm/{p.name}" for p in RECIPES.glob("slurm/*")}
+    assert len(recipes) == 8 and {f"litgpt_vocagnolm/recipes/{name}" for name in recipes} <= names
+    assert {f"litgpt_vocagnolm/demo/data/{file}" for file, _ in CORPUS} <= names
+
+
+RECIPE = ["litgpt", "pretrain", "--recipe", "vocagnolm"]  # run here (`typed_here`), as the console script runs it
 ONE_LINE = "litgpt pretrain --recipe vocagnolm: error: "
 
 
@@ -225,23 +262,23 @@ ONE_LINE = "litgpt pretrain --recipe vocagnolm: error: "
     ],
 )
 def test_a_refused_option_is_one_line_naming_option_value_and_what_it_takes(args, refusal):
-    out = run(*RECIPE, *args)
+    out = typed_here(*RECIPE, *args)
     assert (out.returncode, out.stderr.count("\n")) == (2, 1), out.stderr
     assert out.stderr.startswith(ONE_LINE + refusal) and out.stderr.endswith(" See --help.\n"), out.stderr
     if "whole" in refusal:
         assert "(it takes an integer such as 15e9 or 15_000_000_000)" in out.stderr
-    debug = run(*RECIPE, *args, "--debug")  # jsonargparse's usage and whole message
+    debug = typed_here(*RECIPE, *args, "--debug")  # jsonargparse's usage and whole message
     assert debug.returncode == 2 and debug.stderr.startswith("usage: litgpt pretrain --recipe vocagnolm")
 
 
 def test_a_refused_value_in_a_config_file_is_one_line(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text("guidance:\n  scope: everywhere\n")
-    out = run(str(BIN / "vocagnolm"), "pretrain", "--config", str(config))
+    out = typed_here("vocagnolm", "pretrain", "--config", str(config))
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "error: --guidance.scope: everywhere is not one of: batch, sequence, global." in out.stderr
     config.write_text("train:\n  max_tokens: 1.5\n")
-    out = run(str(BIN / "vocagnolm"), "pretrain", "--config", str(config))
+    out = typed_here("vocagnolm", "pretrain", "--config", str(config))
     assert out.returncode == 2 and "error: --train.max_tokens: 1.5 is not a whole number" in out.stderr
 
 
@@ -251,39 +288,54 @@ def test_whole_numbers_as_people_write_them(tmp_path, written):
     config = tmp_path / "config.yaml"
     config.write_text(f"train:\n  max_tokens: {written}\n  max_seq_length: 2e3\n")
     for args in (["--train.max_tokens", written], ["--config", str(config)]):
-        out = run(*RECIPE, "--config", "demo-cpu", *args, "--print_config")
+        out = typed_here(*RECIPE, "--config", "demo-cpu", *args, "--print_config")
         assert out.returncode == 0, out.stderr
         printed = yaml.safe_load(out.stdout)["train"]
         assert printed["max_tokens"] == 1_000_000_000 and type(printed["max_tokens"]) is int
 
 
 def test_packaged_recipes_are_listed_copied_and_run_by_name_where_a_path_wins(tmp_path):
-    vocagnolm = str(BIN / "vocagnolm")
-    listed = run(vocagnolm, "recipes", cwd=tmp_path)
+    """In a folder that holds no clone, as after `pip install` (test_regular_wheel_install_dispatches runs the same
+    from an installed wheel)."""
+    listed = typed_here("vocagnolm", "recipes", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     header, *rows = [line.split() for line in listed.stdout.splitlines()]
     assert header == ["name", "teacher", "method", "budget", "(tokens)", "file"]
     assert {row[0]: row[1:] for row in rows}["demo-cpu"] == ["none", "ce", "40_960", str(RECIPES / "demo-cpu.yaml")]
+    assert {row[0]: row[1:] for row in rows}["tinyllama-qwen2.5-math-7b"] == [
+        "Qwen2.5-Math-7B",
+        "vocagnolm",
+        "15_000_000_000",
+        str(RECIPES / "tinyllama-qwen2.5-math-7b.yaml"),
+    ]
     assert sorted(row[0] for row in rows) == sorted(path.stem for path in RECIPES.glob("*.yaml"))
 
-    def max_tokens(config: str, cwd: Path = tmp_path) -> int:
-        out = run(
-            str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", config, "--print_config", cwd=cwd
-        )
+    def printed(config: str, cwd: Path = tmp_path) -> dict:
+        out = typed_here("litgpt", "pretrain", "--recipe", "vocagnolm", "--config", config, "--print_config", cwd=cwd)
         assert out.returncode == 0, out.stderr
-        return yaml.safe_load(out.stdout)["train"]["max_tokens"]
+        return yaml.safe_load(out.stdout)
+
+    def max_tokens(config: str, cwd: Path = tmp_path) -> int:
+        return printed(config, cwd)["train"]["max_tokens"]
 
     assert max_tokens("demo-cpu") == max_tokens("demo-cpu.yaml") == 40_960  # by name, with or without .yaml
     assert max_tokens("recipes/demo-cpu.yaml", cwd=ROOT) == 40_960  # in a clone, by its path
-    assert run(vocagnolm, "recipes", "--copy", "demo-cpu", "--dest", ".", cwd=tmp_path).returncode == 0
+    instruct = printed("tinyllama-qwen2.5-math-7b-instruct")
+    assert instruct["teacher"]["checkpoint_dir"] == ["checkpoints/Qwen/Qwen2.5-Math-7B-Instruct"]  # one teacher
+    assert instruct["optimizer"]["init_args"]["lr"] == 8e-5 and instruct["train"]["max_tokens"] == 15_000_000_000
+    assert typed_here("vocagnolm", "recipes", "--copy", "demo-cpu", "--dest", ".", cwd=tmp_path).returncode == 0
     copy = tmp_path / "demo-cpu.yaml"
+    assert copy.read_text() == (RECIPES / "demo-cpu.yaml").read_text()
     copy.write_text(copy.read_text().replace("max_tokens: 40960", "max_tokens: 8192"))
     assert max_tokens("demo-cpu.yaml") == 8192  # the edited copy here, not the packaged recipe
-    again = run(vocagnolm, "recipes", "--copy", "demo-cpu", "--dest", ".", cwd=tmp_path)
+    again = typed_here("vocagnolm", "recipes", "--copy", "demo-cpu", "--dest", ".", cwd=tmp_path)
     assert again.returncode == 1 and again.stderr.count("\n") == 1, again.stderr
     assert "demo-cpu.yaml exists" in again.stderr and "8192" in copy.read_text()  # never replaced
+    copied = typed_here("vocagnolm", "recipes", "--copy", "slurm", "--dest", ".", cwd=tmp_path)
+    assert copied.returncode == 0, copied.stderr
+    assert sorted(p.name for p in (tmp_path / "slurm").iterdir()) == ["score-teacher.sbatch", "vocagnolm.sbatch"]
 
-    unknown = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", "tinyllama-qwen", cwd=tmp_path)
+    unknown = typed_here("litgpt", "pretrain", "--recipe", "vocagnolm", "--config", "tinyllama-qwen", cwd=tmp_path)
     assert unknown.returncode == 1 and unknown.stderr.count("\n") == 1, unknown.stderr
     assert (
         "--config tinyllama-qwen: no such file" in unknown.stderr
@@ -339,6 +391,6 @@ def test_optimizer_overrides_reach_the_optimizer_the_run_builds(args, built):
     ],
 )
 def test_an_optimizer_override_that_cannot_apply_is_refused_in_one_line(args, refusal):
-    out = run(*RECIPE, "--config", "demo-cpu", "--data.path", "nowhere", *args)  # refused before the data is read
+    out = typed_here(*RECIPE, "--config", "demo-cpu", "--data.path", "nowhere", *args)  # before the data is read
     assert (out.returncode, out.stderr.count("\n")) == (1, 1), out.stderr
     assert out.stderr.startswith(ONE_LINE + refusal), out.stderr

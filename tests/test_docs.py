@@ -10,8 +10,8 @@
   `make test` its first two commands, the paper's run within its first 150 lines.
 - The wheel and the source distribution build, with the README as their long description, the LICENSE file and
   classifiers that exist.
-- Every program the README's shell blocks call (the system's aside) is installed by `pip install` of the wheel, and
-  starts.
+- Every program the README's shell blocks call (the system's aside) is a console script of this environment, and
+  starts; `make test-install` checks the same of `pip install` of the wheel into a fresh environment.
 """
 
 import re
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import BIN, ROOT
 from test_layout import DOTTED, unresolved
 
 from litgpt_vocagnolm import cli
@@ -145,7 +145,17 @@ def programs(doc: Path) -> set[str]:
     return called
 
 
-@pytest.mark.slow
+def test_each_program_the_readme_calls_is_a_console_script_here_and_starts(tmp_path):
+    """This environment's console scripts (the editable install of this checkout): each program the README calls,
+    the system's aside, and `--help` runs (`hf` once failed at start: No module named 'click')."""
+    called = programs(ROOT / "README.md")
+    assert {"hf", "litgpt", "vocagnolm"} <= called - SYSTEM
+    for program in sorted(called - SYSTEM):
+        out = subprocess.run([BIN / program, "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, f"{program}: {out.stderr[-2000:]}"
+
+
+@pytest.mark.install
 def test_each_program_the_readme_calls_is_installed_and_starts(installed, tmp_path):
     """The README's install (`pip install` of the wheel, beside a torch) brings every program its commands call,
     the system's aside, and each starts: `hf` once failed at start (No module named 'click')."""

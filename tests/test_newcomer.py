@@ -176,14 +176,37 @@ COST = r"in \d+ s, (\d+) s of CPU time \((\d+) s of it starting its (\d+) proces
 QUOTED = r"(\d+) s of CPU time \((\d+) s of it starting its (\d+) processes"
 
 
+def docs_quote_the_cost(processes: int) -> None:
+    """docs/demo.md quotes the demo's last line in its words (`COST`); README.md and docs/demo.md quote its CPU time
+    and the start-up of `processes` processes."""
+    demo_md = " ".join((ROOT / "docs" / "demo.md").read_text().split())
+    assert re.search(COST, demo_md), "docs/demo.md quotes the demo's last line in its words"
+    for doc in (ROOT / "README.md", ROOT / "docs" / "demo.md"):
+        quotes = [tuple(map(int, q)) for q in re.findall(QUOTED, " ".join(doc.read_text().split()))]
+        assert quotes and all(0 < s <= c and p == processes for c, s, p in quotes), (doc.name, quotes)
+
+
+def test_the_docs_quote_the_demo_s_cost_in_the_words_it_prints():
+    """The demo's last line as `costs` words it, for the processes the demo starts at its default `--workers`: this
+    process and its training processes (the quick demo's own line, from the installed wheel, in
+    test_the_docs_quote_the_quick_demo_s_cost_as_it_prints_it, `make test-install`)."""
+    import inspect
+    import time
+
+    from litgpt_vocagnolm.demo.pipeline import costs, demo
+
+    workers = inspect.signature(demo).parameters["workers"].default
+    printed = costs(time.perf_counter(), [0.5] * (1 + workers))  # each process's CPU seconds when it was ready
+    cpu, starting, processes = map(int, re.search(COST, " ".join(printed.split())).groups())
+    assert 0 < starting <= cpu and processes == 1 + workers == 3
+    docs_quote_the_cost(processes)
+
+
+@pytest.mark.install
 def test_the_docs_quote_the_quick_demo_s_cost_as_it_prints_it(quick_demo):
     """The quick demo prints its wall-clock time, its CPU time (its processes' together) and what starting them cost;
     README.md and docs/demo.md quote the CPU time and the start-up of as many processes as it starts, in its words."""
     printed = " ".join((quick_demo / "printed.txt").read_text().split())
     cpu, starting, processes = map(int, re.search(COST, printed).groups())
     assert 0 < starting <= cpu and processes == 3  # this process and the 2 training processes (`--workers 2`)
-    demo_md = " ".join((ROOT / "docs" / "demo.md").read_text().split())
-    assert re.search(COST, demo_md), "docs/demo.md quotes the demo's last line in its words"
-    for doc in (ROOT / "README.md", ROOT / "docs" / "demo.md"):
-        quotes = [tuple(map(int, q)) for q in re.findall(QUOTED, " ".join(doc.read_text().split()))]
-        assert quotes and all(0 < s <= c and p == processes for c, s, p in quotes), (doc.name, quotes)
+    docs_quote_the_cost(processes)

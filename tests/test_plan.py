@@ -2,11 +2,10 @@
 
 import importlib.util
 import re
-import subprocess
 
 import lightning as L
 import pytest
-from conftest import BIN, RECIPES, ROOT, TINYLLAMA
+from conftest import RECIPES, ROOT, TINYLLAMA, typed_here
 from litgpt.config import Config
 
 from litgpt_vocagnolm.models.model_configs import llama_config
@@ -146,16 +145,10 @@ def test_estimate_is_within_15_percent_of_the_measured_peak(activation_checkpoin
         assert 0.85 <= estimate.total / measured <= 1.15, (kind, estimate, measured)
 
 
-@pytest.mark.slow
 def test_plan_command_on_the_paper_recipe():
+    """`vocagnolm plan` as typed, run here (`typed_here`: through `cli.main`, as the console script runs it)."""
     recipe = RECIPES / "tinyllama-qwen2.5-math-7b-instruct.yaml"
-    out = subprocess.run(
-        [str(BIN / "vocagnolm"), "plan", "--config", str(recipe), "--window", "1900"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
+    out = typed_here("vocagnolm", "plan", "--config", str(recipe), "--window", "1900", cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     for component in ("student parameters", "AdamW state", "teacher parameters", "student activations", "total"):
         assert component in out.stdout, component
@@ -236,17 +229,15 @@ def measured_rows(printed: str) -> dict[tuple[str, int], list[str]]:
     return rows
 
 
-def test_plan_measure_on_the_tiny_recipe_prints_measured_beside_planned():
+@pytest.mark.long
+def test_plan_measure_on_the_tiny_recipe_prints_measured_beside_planned(one_thread):
     """`vocagnolm plan --config demo-cpu --measure true` as typed, on this CPU: the recipe's step (`ce`:
     the student only) at its micro-batch and at half of it, LitGPT's step, a checkpoint's save and load, each beside
-    the plan, then the budget's projection and the ratio to LitGPT's step."""
-    out = subprocess.run(
-        [str(BIN / "vocagnolm"), "plan", "--config", "demo-cpu", "--measure", "true"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
+    the plan, then the budget's projection and the ratio to LitGPT's step. Run here through `cli.main`, as the
+    console script runs it (`typed_here`), on one thread as a console script's process has under `make test`.
+    `make test-long`: test_plan_measure_with_a_teacher_runs_online_cached_and_scoring shows the same lines, worked
+    out the same way, on steps of 4 blocks of 64 tokens rather than demo-cpu's 16 of 128 (12 s of CPU here)."""
+    out = typed_here("vocagnolm", "plan", "--config", "demo-cpu", "--measure", "true", cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     printed = out.stdout[out.stdout.index("Measured here") :]
     header = next(line.split() for line in printed.splitlines() if line.split()[:2] == ["work", "micro-batch"])
@@ -283,7 +274,8 @@ def test_plan_measure_with_a_teacher_runs_online_cached_and_scoring(
     tmp_path, tinyllama_mistral_data, mistral_teacher, capsys
 ):
     """The tiny recipe guided by a tiny teacher checkpoint, on prepared data: the online step (the recipe's), the
-    cached one and scoring are measured too, and the cached step is the one set against LitGPT's."""
+    cached one and scoring are measured too, and the cached step is the one set against LitGPT's; each beside the
+    plan, a checkpoint's save and load, the device, then the budget's projection at the online step's pace."""
     from litgpt_vocagnolm.planning.plan import plan
 
     plan(
@@ -312,12 +304,35 @@ def test_plan_measure_with_a_teacher_runs_online_cached_and_scoring(
     )
     printed = capsys.readouterr().out
     assert f"batches from {tinyllama_mistral_data}" in printed
+    printed = printed[printed.index("Measured here") :]
+    header = next(line.split() for line in printed.splitlines() if line.split()[:2] == ["work", "micro-batch"])
+    assert header[2:] == ["planned", "measured"] * 3  # peak GB, tokens/s, MFU
     rows = measured_rows(printed)
     assert set(rows) == {("online", 2), ("online", 1), ("cached", 2), ("scoring", 2), ("LitGPT's step", 2)}
-    for work, micro_batch in rows:
-        assert float(rows[work, micro_batch][1]) > 0 and float(rows[work, micro_batch][3].replace(",", "")) > 0
-    assert re.search(r"Cached step / LitGPT's step, tokens/s at micro-batch 2: [\d.]+x", printed)
+    for (work, micro_batch), (planned_gb, peak_gb, _, speed, _, _) in rows.items():
+        assert float(peak_gb) > 0 and float(speed.replace(",", "")) > 0, work
+        assert (planned_gb == "n/a") == (work == "LitGPT's step")  # the plan has no figure for LitGPT's own step
     assert not list((tmp_path / "out").glob("**/step-*"))  # the measured checkpoint is gone
+
+    save, load = map(float, re.search(r"a blocking save ([\d.]+) s, a load ([\d.]+) s", printed).groups())
+    assert save > 0 and load > 0
+    assert re.search(r"before the time limit .*: the step under way \([\d.]+ s\) and the save take [\d.]+ s", printed)
+    # The device it ran on, by name, and what the run's one device is here: a CPU process, whose hours are CPU-hours.
+    assert re.search(r"^Measured here, on one device, cpu \(\d+ threads?, [\d.]+ GB\): one process's share", printed)
+    assert "GPUs) at the peaks measured here: planned 1024, measured" in printed  # 80 GB: the job's GPUs, not the CPU's
+    assert "(online steps on 1 CPU process)" in printed
+    # The budget: demo-cpu's 40,960 tokens in steps of 4 sequences of 64 tokens, each the time of its 256 tokens at
+    # the pace of the recipe's own step (online, at its micro-batch).
+    projection = r"measured ([\d,]+) steps x ([\d.]+) s = ([\d,.]+) s wall-clock, ([\d.]+) CPU-hours"
+    steps, step, wall, cpu_hours = (float(x.replace(",", "")) for x in re.search(projection, printed).groups())
+    assert steps == 40960 // (4 * 64)
+    assert abs(wall - steps * step) <= 0.05 + steps * 5e-5
+    assert abs(cpu_hours - wall / 3600) <= 0.005
+    speed = float(rows["online", 2][3].replace(",", ""))
+    assert abs(256 / speed - step) <= 0.01 * step
+    ratio = float(re.search(r"Cached step / LitGPT's step, tokens/s at micro-batch 2: ([\d.]+)x", printed)[1])
+    cached, litgpt_speed = (float(rows[work, 2][3].replace(",", "")) for work in ("cached", "LitGPT's step"))
+    assert ratio > 0 and abs(ratio - cached / litgpt_speed) <= 0.01 + 0.01 * ratio
 
 
 def test_plan_warns_when_the_prepared_data_is_for_another_sequence_length(capsys, tinyllama_qwen_data):

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import BIN, MISTRAL, RECIPES, ROOT, TINYLLAMA, make_checkpoint, tiny_config
+from conftest import BIN, MISTRAL, RECIPES, ROOT, TINYLLAMA, make_checkpoint, tiny_config, typed_here
 from litgpt.args import EvalArgs, TrainArgs
 
 from litgpt_vocagnolm.cli import COMMANDS, main, plain_user_errors
@@ -30,7 +30,9 @@ def assert_one_line(out: subprocess.CompletedProcess, prog: str, message: str) -
     assert len(errors) == 1 and message in errors[0], out.stderr[-3000:]
 
 
-# The entry points: `vocagnolm <command>` and `litgpt pretrain --recipe vocagnolm`.
+# The entry points: `vocagnolm <command>` and `litgpt pretrain --recipe vocagnolm`: a console script's real process
+# (its exit status, VOCAGNOLM_DEBUG in its environment) once, then the functions the console scripts end in, run here
+# (`typed_here`), which print the same line and exit with the same status.
 
 
 @pytest.mark.slow  # console scripts in subprocesses
@@ -56,11 +58,10 @@ def test_user_error_is_one_line_and_debug_shows_its_traceback(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow  # console scripts in subprocesses
 def test_recipe_user_error_is_one_line():
-    out = run(str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--train.micro_batch_size", "0")
+    out = typed_here("litgpt", "pretrain", "--recipe", "vocagnolm", "--train.micro_batch_size", "0")
     assert_one_line(out, "litgpt pretrain --recipe vocagnolm", "--train.micro_batch_size must be at least 1, got 0.")
-    out = run(str(BIN / "vocagnolm"), "pretrain", "--guidance.top_k", "5")  # a check in an argument dataclass
+    out = typed_here("vocagnolm", "pretrain", "--guidance.top_k", "5")  # a check in an argument dataclass
     assert_one_line(out, "vocagnolm pretrain", "guidance.top_k must be in (0, 1]")  # the command as typed
 
 
@@ -329,9 +330,8 @@ def test_inspect_writes_into_a_folder_it_creates(tmp_path):
 # convert_to_litgpt
 
 
-@pytest.mark.slow  # console scripts in subprocesses
 def test_convert_on_a_missing_folder_says_so():
-    out = run(str(BIN / "vocagnolm"), "convert_to_litgpt", "nope")
+    out = typed_here("vocagnolm", "convert_to_litgpt", "nope", cwd=ROOT)
     assert_one_line(out, "vocagnolm convert_to_litgpt", "checkpoint_dir 'nope' is not a folder.")
 
 
@@ -492,14 +492,13 @@ def test_bits_per_byte_names_a_tokenizer_without_bos_or_eos():
 # export and evaluate on what they don't take
 
 
-@pytest.mark.slow  # console scripts in subprocesses
 def test_export_of_a_missing_folder_and_a_damaged_model_config_are_one_line(tmp_path):
-    out = run(str(BIN / "vocagnolm"), "export", "out/step-00000010", str(tmp_path / "exported"))
+    out = typed_here("vocagnolm", "export", "out/step-00000010", str(tmp_path / "exported"), cwd=ROOT)
     assert_one_line(out, "vocagnolm export", "checkpoint_dir 'out/step-00000010' does not exist: pass a step-*")
     assert not (tmp_path / "exported").exists()
     checkpoint = make_checkpoint(tmp_path / "ckpt", tiny_config("t", 32000), TINYLLAMA)
     config = checkpoint / "model_config.yaml"
     config.write_text(config.read_text() + f"extra: !!python/object/apply:os.system ['touch {tmp_path / 'ran'}']\n")
-    out = run(str(BIN / "vocagnolm"), "evaluate", str(checkpoint), "--tasks", "gsm8k", "--limit", "1")
+    out = typed_here("vocagnolm", "evaluate", str(checkpoint), "--tasks", "gsm8k", "--limit", "1", cwd=ROOT)
     assert_one_line(out, "vocagnolm evaluate", f"{config} is not a LitGPT model config (ConstructorError: ")
     assert not (tmp_path / "ran").exists() and not (checkpoint / "evaluate").exists()

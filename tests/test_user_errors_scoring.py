@@ -99,11 +99,11 @@ def test_a_teacher_whose_losses_are_nan_stops_scoring_naming_it(tmp_path, tinyll
     assert not list(output.rglob("*.npy")) and not (output / "manifest.json").exists()
 
 
-def test_sigterm_stops_scoring_in_one_line_and_a_rerun_continues(
-    tmp_path, mistral_cache, tinyllama_mistral_data, mistral_teacher, monkeypatch
-):
-    """SIGTERM during the second forward (a shard of 64 blocks each): the first shard is kept, the rerun scores the
-    rest only, and the cache is the bytes of one uninterrupted run (`mistral_cache`, the same shard and batch sizes)."""
+def test_sigterm_stops_scoring_in_one_line_and_a_rerun_continues(tmp_path, cached_split, mistral_teacher, monkeypatch):
+    """SIGTERM during the second forward (a shard of 8 blocks each): the first shard is kept, the rerun scores the
+    rest only, and the cache is the bytes of one uninterrupted run (the same shard and batch sizes). On the 34 blocks
+    of `cached_split`'s data: 5 shards, as many forwards."""
+    data, _ = cached_split
     forwards = []
 
     def count_forwards(*args):
@@ -114,9 +114,9 @@ def test_sigterm_stops_scoring_in_one_line_and_a_rerun_continues(
 
     stop_at, output, handler = 2, tmp_path / "cache", signal.getsignal(signal.SIGTERM)
     monkeypatch.setattr(score_teacher_module, "teacher_token_loss", count_forwards)
-    arguments = dict(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output, blocks_per_shard=64)
+    arguments = dict(data=data, teacher=mistral_teacher, blocks_per_shard=8, num_workers=0, batch_size=8)
     with pytest.raises(ScoringStopped) as error:
-        score_teacher(**arguments, num_workers=0, batch_size=64)
+        score_teacher(**arguments, output=output)
     assert str(error.value) == (
         f"score-teacher stopped by SIGTERM: the shards written to {output} are kept; run the same command again to"
         " continue (it scores only the missing shards)."
@@ -124,10 +124,11 @@ def test_sigterm_stops_scoring_in_one_line_and_a_rerun_continues(
     assert [p.name for p in output.rglob("*.losses.npy")] == ["000000.losses.npy"]
     assert signal.getsignal(signal.SIGTERM) == handler  # restored
     stop_at, forwards = None, []
-    score_teacher(**arguments, num_workers=0, batch_size=64)
-    shards = sum(-(-len(list(iter_blocks(tinyllama_mistral_data, split))) // 64) for split in ("train", "val"))
-    assert len(forwards) == shards - 1
-    assert cache_bytes(output) == cache_bytes(mistral_cache[0])
+    score_teacher(**arguments, output=output)
+    shards = sum(-(-len(list(iter_blocks(data, split))) // 8) for split in ("train", "val"))
+    assert len(forwards) == shards - 1 and shards >= 3
+    score_teacher(**arguments, output=tmp_path / "uninterrupted")
+    assert cache_bytes(output) == cache_bytes(tmp_path / "uninterrupted")
 
 
 def test_a_cache_holding_nan_losses_is_refused_at_first_use(tmp_path, mistral_cache):

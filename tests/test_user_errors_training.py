@@ -107,9 +107,8 @@ def guided_run(tmp_path_factory, tinyllama_mistral_data, mistral_teacher) -> Pat
 
 @pytest.mark.parametrize("change", ["aggregation", "another teacher", "a cache"])
 def test_a_resume_that_changes_what_the_run_ranks_by_is_refused(
-    tmp_path, guided_run, tinyllama_mistral_data, mistral_teacher, change
+    tmp_path, guided_run, tinyllama_mistral_data, mistral_teacher, change, request
 ):
-    from litgpt_vocagnolm.training.score_teacher import score_teacher
     from litgpt_vocagnolm.training.teacher import TeacherArgs
 
     teacher, guidance = TeacherArgs(checkpoint_dir=mistral_teacher), GuidanceArgs()
@@ -122,8 +121,8 @@ def test_a_resume_that_changes_what_the_run_ranks_by_is_refused(
             "--teacher.checkpoint_dir .*other.* differs from the run's",
         )
     else:
-        score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=tmp_path / "cache", num_workers=0)
-        teacher = TeacherArgs(checkpoint_dir=mistral_teacher, cache=tmp_path / "cache")
+        cache, _ = request.getfixturevalue("mistral_cache")  # the teacher's cache of this data, scored once
+        teacher = TeacherArgs(checkpoint_dir=mistral_teacher, cache=cache)
         message = "--teacher.cache .*cache.* differs from the run's None"
     with pytest.raises(InvalidArgument, match=message + ".* Resume with"):
         resume(guided_run, tinyllama_mistral_data, guidance=guidance, teacher=teacher)
