@@ -269,3 +269,41 @@ def quick_demo(tmp_path_factory, worker_id, installed) -> Path:
         (folder / "printed.txt").write_text(out.stdout)
 
     return built_once(tmp_path_factory, worker_id, "quick-demo", build)
+
+
+def run_here(*command: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`command` (`vocagnolm ...`, or `litgpt pretrain --recipe ...`) run in this process through the entry point its
+    console script calls, with one torch thread as OMP_NUM_THREADS=1 gives a subprocess: its output and exit status as
+    `subprocess.run` returns them. For a test whose point is not a process of its own (no signal, kill or exit of the
+    interpreter, no second process): it saves importing torch, Lightning and LitGPT again, 3-5 s on an idle machine and
+    10-20 s on a loaded one. A bug's exception is raised here, with its traceback."""
+    from litgpt_vocagnolm import cli
+
+    def litgpt_main() -> None:  # LitGPT's own commands (its __main__ imports every one of them: loaded only for those)
+        import litgpt.__main__
+
+        litgpt.__main__.main()
+
+    args = [str(part) for part in command]
+    out, err = io.StringIO(), io.StringIO()
+    here, argv, threads = Path.cwd(), sys.argv, torch.get_num_threads()
+    returncode = 0
+    try:
+        os.chdir(cwd)
+        sys.argv = [str(BIN / Path(args[0]).name), *args[1:]]  # what LitGPT's main and the recipe dispatch read
+        torch.set_num_threads(1)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            if Path(args[0]).name == "vocagnolm":
+                cli.main(args[1:])
+            else:
+                cli.litgpt_main(litgpt_main)
+    except SystemExit as exit:
+        returncode = 0 if exit.code is None else exit.code if isinstance(exit.code, int) else 1
+    except BaseException:
+        print(out.getvalue()[-3000:], err.getvalue()[-5000:], sep="\n")  # beside the traceback in pytest's report
+        raise
+    finally:
+        os.chdir(here)
+        sys.argv = argv
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(args, returncode, out.getvalue(), err.getvalue())
