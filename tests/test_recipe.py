@@ -22,12 +22,15 @@ from conftest import (
     RECIPES,
     ROOT,
     TINYLLAMA,
+    built_once,
     make_checkpoint,
+    model_config_fields,
     run_here,
     student_config_yaml,
     tiny_config,
 )
 from jsonargparse import CLI, capture_parser
+from litgpt.config import Config
 from test_loss_distributed import free_port
 from test_user_errors import assert_one_line
 
@@ -165,29 +168,64 @@ def test_kld_with_llemma_trains_over_the_student_vocabulary(tmp_path, tinyllama_
     assert (tmp_path / "out" / "final" / "lit_model.pth").is_file()
 
 
-@pytest.mark.slow
-def test_two_process_fsdp_matches_one_process(tmp_path, tinyllama_mistral_data, mistral_teacher):
-    """FSDP2 (ModelParallelStrategy, gloo) on 2 CPU processes = 1 process accumulating the same 2 micro-batches: the
-    loss curve and the logged step metrics. The one process is this one (`run_here`); the two are a command's.
+# A 2-layer student with grouped-query attention (4 query heads, 2 key-value groups): test_convert_from_litgpt.py
+# converts the two-process run's final checkpoint, whose attention LitGPT's conversion splits into q, k and v.
+GQA_STUDENT = Config(
+    **model_config_fields(tiny_config("student", 32000, n_layer=2, block_size=64)) | {"n_head": 4, "n_query_groups": 2}
+)
+TWO_PROCESS_STEPS = 4  # of 2 micro-batches of one block (one a rank on 2 processes)
 
-    Both continue from one student checkpoint, as continual pretraining does: initialising on the meta device and
-    materialising each shard draws the random numbers in another order than one process does.
-    """
-    student = make_checkpoint(tmp_path / "student", tiny_config("student", 32000, block_size=64), TINYLLAMA, seed=3)
-    args = ["--train.micro_batch_size", "1", "--train.global_batch_size", "2", "--train.save_interval", "null"]
-    args += ["--train.max_tokens", str(4 * 2 * 64)]
+
+def two_process_config(directory: Path, data_path: Path, teacher_dir: Path, student: Path, devices: int) -> Path:
+    """`recipe_config` in `directory` (made) for `two_process_run` and the one process it is compared with: the
+    `GQA_STUDENT` continued from `student`, its blocks wrapped for activation checkpointing as the paper's runs wrap
+    them."""
+    directory.mkdir()
+    config = recipe_config(
+        directory,
+        data_path,
+        teacher_dir,
+        devices=devices,
+        initial_checkpoint_dir=str(student),
+        fsdp={"activation_checkpointing": True},
+    )
+    settings = yaml.safe_load(config.read_text())
+    settings["model_config"] = model_config_fields(GQA_STUDENT) | {"n_query_groups": GQA_STUDENT.n_query_groups}
+    settings["train"] |= {"micro_batch_size": 1, "global_batch_size": 2, "save_interval": None}
+    settings["train"]["max_tokens"] = TWO_PROCESS_STEPS * 2 * 64
+    config.write_text(yaml.safe_dump(settings))
+    return config
+
+
+@pytest.fixture(scope="session")
+def two_process_run(tmp_path_factory, worker_id, tinyllama_mistral_data, mistral_teacher) -> Path:
+    """`litgpt pretrain --recipe vocagnolm` on 2 processes (FSDP2 over gloo), once per session for pytest-xdist's
+    workers (`built_once`): its folder, with student/ (the checkpoint it continued from) and run/ (its config.yaml and
+    out/). Two tests read it: test_two_process_fsdp_matches_one_process and test_convert_from_litgpt.py's."""
+
+    def build(folder: Path) -> None:
+        # Continued from a checkpoint, as continual pretraining does: initialising on the meta device and materialising
+        # each shard draws the random numbers in another order than one process does.
+        student = make_checkpoint(folder / "student", GQA_STUDENT, TINYLLAMA, seed=3)
+        litgpt_pretrain(two_process_config(folder / "run", tinyllama_mistral_data, mistral_teacher, student, 2))
+
+    return built_once(tmp_path_factory, worker_id, "two-process-run", build)
+
+
+@pytest.mark.slow
+def test_two_process_fsdp_matches_one_process(tmp_path, two_process_run, tinyllama_mistral_data, mistral_teacher):
+    """FSDP2 (ModelParallelStrategy, gloo) on 2 CPU processes = 1 process accumulating the same 2 micro-batches: the
+    loss curve and the logged step metrics. The one process is this one (`run_here`), from the same checkpoint."""
+    config = two_process_config(
+        tmp_path / "one", tinyllama_mistral_data, mistral_teacher, two_process_run / "student", devices=1
+    )
+    pretrain_here(config)
     curves = {}
-    for devices, run in ((1, pretrain_here), (2, litgpt_pretrain)):
-        run_dir = tmp_path / f"devices-{devices}"
-        run_dir.mkdir()
-        config = recipe_config(
-            run_dir, tinyllama_mistral_data, mistral_teacher, devices=devices, initial_checkpoint_dir=str(student)
-        )
-        run(config, *args)
+    for devices, run_dir in ((1, tmp_path / "one"), (2, two_process_run / "run")):
         # The step metrics are reduced over the ranks as the loss is: 2 ranks' micro-batches = 1 rank's 2.
         curves[devices] = [[row[name] for name in ("loss", "student_loss")] for row in metrics(run_dir / "out")]
         assert (run_dir / "out" / "final" / "lit_model.pth").is_file()
-    assert len(curves[1]) == len(curves[2]) == 4
+    assert len(curves[1]) == len(curves[2]) == TWO_PROCESS_STEPS
     torch.testing.assert_close(torch.tensor(curves[2]), torch.tensor(curves[1]), rtol=1e-4, atol=1e-4)
 
 
