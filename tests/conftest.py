@@ -286,47 +286,54 @@ def installed_quick_demo(tmp_path_factory, worker_id, installed) -> Path:
     )
 
 
-def typed_here(*argv: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def typed_here(*argv: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """`argv` (`vocagnolm ...`, `litgpt pretrain ...` or `python -m litgpt pretrain ...`, as the user types it) run in
-    this process, in `cwd`, through the functions its console script ends in, to its exit: its status, stdout and
-    stderr, as `subprocess.run` gives a console script's. A console script's subprocess imports torch, Lightning and
-    LitGPT again (seconds, far more on a loaded machine), to parse and check what this process parses and checks the
-    same way; tests/test_cli.py runs the console scripts, the .pth hook and `python -m` in real processes.
+    this process, in `cwd`, through the functions its console script ends in, to its exit, with one torch thread as
+    OMP_NUM_THREADS=1 gives a subprocess: its status, stdout and stderr, as `subprocess.run` gives a console script's.
+    For a test whose point is not a process of its own (no signal, kill or exit of the interpreter, no second
+    process): a console script's subprocess imports torch, Lightning and LitGPT again (3-5 s on an idle machine, 10-20
+    s on a loaded one) to parse, check and run what this process does the same way. tests/test_cli.py runs the
+    console scripts, the .pth hook and `python -m` in real processes. A bug's exception is raised here, with its
+    traceback and what the command printed.
 
     - `vocagnolm ARGS`: `cli.main(ARGS)`, as `vocagnolm` and `python -m litgpt_vocagnolm` call it.
     - `litgpt ARGS`: what the .pth hook makes of LitGPT's console script (_hook.py): the refusals that need no LitGPT
       (`cli.check_before_litgpt`, as `litgpt` starts to load), then LitGPT's `main` as the hook wraps it.
     - `python -m litgpt ARGS`: the wrapped `main` alone, as runpy runs it.
-    `sys.argv` and the working folder are restored after."""
+    `sys.argv`, the working folder and torch's threads are restored after."""
     from litgpt_vocagnolm import _hook, cli
 
     words = [str(word) for word in argv]
     console = words[:3] != ["python", "-m", "litgpt"]
     words = words if console else ["litgpt", *words[3:]]
-    argv_before, cwd_before = list(sys.argv), os.getcwd()
+    if Path(words[0]).name not in ("vocagnolm", "litgpt"):
+        raise ValueError(f"{words[0]} is not a console script of this package or LitGPT")
+    argv_before, cwd_before, threads = list(sys.argv), os.getcwd(), torch.get_num_threads()
     out, err = io.StringIO(), io.StringIO()
     try:
-        sys.argv[:] = words
-        if cwd is not None:
-            os.chdir(cwd)
+        sys.argv[:] = [str(BIN / Path(words[0]).name), *words[1:]]  # what LitGPT's main and the recipe dispatch read
+        os.chdir(cwd)
+        torch.set_num_threads(1)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 if Path(words[0]).name == "vocagnolm":
                     cli.main(words[1:])
-                elif Path(words[0]).name == "litgpt":
+                else:
                     if console:
                         cli.check_before_litgpt(words)
                     import litgpt.__main__ as upstream
 
                     cli.litgpt_main(lambda: _hook.without_recipe(upstream.main))
-                else:
-                    raise ValueError(f"{words[0]} is not a console script of this package")
                 code = 0
             except SystemExit as stop:  # as the interpreter ends on it: a message to stderr and status 1
                 code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
                 if not isinstance(stop.code, int | None):
                     print(stop.code, file=sys.stderr)
+    except BaseException:
+        print(out.getvalue()[-3000:], err.getvalue()[-5000:], sep="\n")  # beside the traceback in pytest's report
+        raise
     finally:
         sys.argv[:] = argv_before
         os.chdir(cwd_before)
+        torch.set_num_threads(threads)
     return subprocess.CompletedProcess(words, code, out.getvalue(), err.getvalue())

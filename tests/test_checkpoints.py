@@ -248,7 +248,7 @@ def test_every_rank_resumes_from_the_same_checkpoint(tmp_path):
     write_step(tmp_path / "listed-1", 2)
     write_step(tmp_path / "shared", 2)
     write_step(tmp_path / "shared", 4)
-    fabric = L.Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
+    fabric = L.Fabric(accelerator="cpu", devices=2, strategy="ddp_fork")
     fabric.launch(_resume_on_two_ranks, tmp_path)
     chosen = [(tmp_path / f"chosen-{rank}").read_text() for rank in (0, 1)]
     assert chosen == ["step-00000004 step-00000002"] * 2

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from conftest import BIN, ROOT, TINYLLAMA
+from conftest import BIN, TINYLLAMA, typed_here
 from litgpt import GPT, Config, Tokenizer
-from test_recipe import recipe_config
+from test_recipe import two_process_run  # noqa: F401 (a fixture)
 
 TRANSFORMERS = Path(sys.prefix) / "transformers"  # `make install` puts tests/transformers.txt there
 # Loads the converted weights into LlamaForCausalLM and writes its logits: argv = config JSON, weights, ids, output.
@@ -79,48 +78,13 @@ def llama_shapes(config: Config) -> dict[str, tuple[int, ...]]:
 
 
 @pytest.mark.slow
-def test_final_checkpoint_converts_and_transformers_gives_litgpts_logits(tmp_path, tinyllama_mistral_data):
+def test_final_checkpoint_converts_and_transformers_gives_litgpts_logits(tmp_path, two_process_run):  # noqa: F811 (the fixture)
     # A student with grouped-query attention (4 query heads, 2 key-value groups), so the conversion splits qkv,
-    # saved as the paper's runs save it: sharded by FSDP2 over 2 processes, blocks wrapped for activation checkpointing.
-    config = recipe_config(
-        tmp_path,
-        tinyllama_mistral_data,
-        None,
-        guidance={"method": "ce"},
-        devices=2,
-        fsdp={"activation_checkpointing": True},
-    )
-    settings = yaml.safe_load(config.read_text())
-    settings["model_config"] |= {"n_layer": 2, "n_head": 4, "n_query_groups": 2}
-    config.write_text(yaml.safe_dump(settings))
-    trained = subprocess.run(
-        [
-            str(BIN / "litgpt"),
-            "pretrain",
-            "--recipe",
-            "vocagnolm",
-            "--config",
-            str(config),
-            "--train.max_tokens",
-            str(3 * 4 * 64),
-            "--train.save_interval",
-            "null",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-5000:]
-    final, converted = tmp_path / "out" / "final", tmp_path / "hf"
+    # saved as the paper's runs save it: sharded by FSDP2 over 2 processes, blocks wrapped for activation checkpointing
+    # (test_recipe.py's `two_process_run`, which its own test compares with one process).
+    final, converted = two_process_run / "run" / "out" / "final", tmp_path / "hf"
 
-    out = subprocess.run(
-        [str(BIN / "litgpt"), "convert_from_litgpt", str(final), str(converted)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
+    out = typed_here(BIN / "litgpt", "convert_from_litgpt", final, converted)  # LitGPT's command, in this process
     assert out.returncode == 0, out.stderr[-3000:]
 
     lit_config = Config.from_file(final / "model_config.yaml")

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import BIN, LLEMMA, MISTRAL, QWEN, ROOT, TINYLLAMA, tiny_config
+from conftest import BIN, LLEMMA, MISTRAL, QWEN, ROOT, TINYLLAMA, tiny_config, typed_here
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -597,8 +597,14 @@ def test_a_dead_worker_stops_the_run_and_the_next_run_finishes(prepared, corpus,
 
 
 @pytest.mark.slow
-def test_ctrl_c_exits_130_stops_the_workers_and_the_next_run_finishes(tmp_path):
-    output, log = tmp_path / "out", tmp_path / "log"
+def test_ctrl_c_exits_130_stops_the_workers_and_the_next_run_finishes(tmp_path, monkeypatch):
+    """Ctrl-C to `vocagnolm prepare` once its one worker has written the first of the train split's two units: exit
+    status 130, its workers stopped, the val split kept; the same command again (in this process) finishes."""
+    monkeypatch.undo()  # the command's own units of 1 MB here too, as in its process (not `small_units`)
+    output, log, corpus = tmp_path / "out", tmp_path / "log", tmp_path / "gsm8k.jsonl"
+    records = (ROOT / "data/gsm8k/train.jsonl").read_text(encoding="utf-8").splitlines(True)[:3700]
+    corpus.write_text("".join(records), encoding="utf-8")  # 2.0 MB: two work units of 1 MB each
+    assert len(plan_units([corpus])) == 2
     command = [
         str(BIN / "vocagnolm"),
         "prepare",
@@ -607,7 +613,7 @@ def test_ctrl_c_exits_130_stops_the_workers_and_the_next_run_finishes(tmp_path):
         "--teacher",
         str(TEACHER),
         "--input",
-        str(ROOT / "data/gsm8k/train.jsonl"),
+        str(corpus),
         "--text_key",
         "question,answer",
         "--output",
@@ -623,7 +629,7 @@ def test_ctrl_c_exits_130_stops_the_workers_and_the_next_run_finishes(tmp_path):
     deadline = time.monotonic() + 600
     while not any(finished_units.glob("unit-*.json")) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert process.poll() is None, log.read_text()[-3000:]  # its one worker has 3 of the 4 train units to go
+    assert process.poll() is None, log.read_text()[-3000:]  # its one worker has the second train unit to go
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=300) == 130, log.read_text()[-3000:]
     assert "Interrupted" in log.read_text() and "vocagnolm prepare: interrupted." in log.read_text()
@@ -640,12 +646,12 @@ def test_ctrl_c_exits_130_stops_the_workers_and_the_next_run_finishes(tmp_path):
     assert (output / ".partial" / "val.json").is_file() and not (output / ".partial" / "train.json").exists()
     val_index = (output / ".partial" / "val" / "index.json").stat().st_mtime_ns
 
-    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    resumed = typed_here(*command)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert "The val split was written before the interruption." in resumed.stdout
     assert (output / "val" / "index.json").stat().st_mtime_ns == val_index
     manifest = json.loads((output / "manifest.json").read_text())
-    assert sum(manifest["splits"][split]["documents"] for split in SPLITS) == 7473  # every GSM8K train record
+    assert sum(manifest["splits"][split]["documents"] for split in SPLITS) == 3700  # every record of the corpus
 
 
 def interrupted_while_publishing(kwargs: dict, monkeypatch) -> None:

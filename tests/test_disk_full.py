@@ -70,15 +70,18 @@ def test_prepare_and_score_teacher_on_a_full_disk_say_so_and_the_next_run_finish
     manifest = json.loads((output / "manifest.json").read_text())
     assert sum(split["documents"] for split in manifest["splits"].values()) == 240  # every record of the sample
 
+    # Shards of 64 blocks (about 10 kB of losses): the disk fills within the first two, and the rerun scores the
+    # others, where one shard of the whole split would be scored twice.
     cache = small_disk / "cache"
+    score = dict(data=tinyllama_mistral_data, teacher=mistral_teacher, output=cache, blocks_per_shard=64)
     leave_free(small_disk, 16 * 1024)
     rerun = "run the same command again: it scores only the missing shards"
     manifest = json.loads((tinyllama_mistral_data / "manifest.json").read_text())
     needed = 2 * sum(split["teacher_tokens"] for split in manifest["splits"].values()) / 1e6  # float16 losses
     with pytest.raises(DiskFull, match=full_disk(cache, rerun, f"{needed:.1f} MB")):
-        score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=cache)
+        score_teacher(**score)
     (small_disk / "filler").unlink()
-    score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=cache)
+    score_teacher(**score)
     assert (cache / "manifest.json").is_file()
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import BIN, MISTRAL, ROOT, TINYLLAMA, tiny_config
-from test_recipe import litgpt_pretrain, recipe_config
+from conftest import BIN, MISTRAL, ROOT, TINYLLAMA, tiny_config, typed_here
+from test_recipe import pretrain_here, recipe_config
 from test_user_errors import assert_one_line
 
 from litgpt_vocagnolm.data.prepare import prepare
@@ -74,39 +74,41 @@ def test_a_second_prepare_is_refused_and_a_killed_ones_folder_is_finished_by_the
     assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "train", "val"]
 
 
-def test_a_second_score_teacher_is_refused_and_the_first_finishes(tmp_path, tinyllama_mistral_data, mistral_teacher):
+def test_a_second_score_teacher_is_refused_and_the_first_finishes(tmp_path, cached_split, mistral_teacher):
+    data = cached_split[0]  # 34 blocks: the first command has little to score once it goes on
     output, log = tmp_path / "cache", tmp_path / "first.log"
-    command = [str(BIN / "vocagnolm"), "score-teacher", "--data", str(tinyllama_mistral_data)]
+    command = [str(BIN / "vocagnolm"), "score-teacher", "--data", str(data)]
     command += ["--teacher", str(mistral_teacher), "--output", str(output)]
     first = start_holding(command, output, log)
     try:
         with pytest.raises(
             FolderInUse, match=re.escape(refusal(output.absolute(), "vocagnolm score-teacher", first.pid))
         ):
-            score_teacher(data=tinyllama_mistral_data, teacher=mistral_teacher, output=output)
+            score_teacher(data=data, teacher=mistral_teacher, output=output)
     finally:
         resume(first, log)
-    check_cache(output, tinyllama_mistral_data / "manifest.json", None)  # every shard there, at its recorded size
+    check_cache(output, data / "manifest.json", None)  # every shard there, at its recorded size
     assert not (output / LOCK).exists()
 
 
 def test_a_second_run_and_a_second_export_are_refused_and_a_killed_runs_folder_is_taken_by_the_next(
     tmp_path, tinyllama_mistral_data
 ):
+    """The first of each pair is a command of its own, which holds the folder; the second, and the run after the
+    first is killed, run in this process."""
     out_dir = tmp_path / "out"
     config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"})
     command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config)]
     first = start_holding(command, out_dir, tmp_path / "first.log")
     try:  # a requeued or resubmitted job's command: --resume auto
-        second = subprocess.run(
-            [*command, "--resume", "auto"], cwd=ROOT, capture_output=True, text=True, env=ONE_THREAD, timeout=600
-        )
+        second = typed_here(*command, "--resume", "auto")
         message = refusal(out_dir.absolute(), "litgpt pretrain --recipe vocagnolm", first.pid)
         assert_one_line(second, "litgpt pretrain --recipe vocagnolm", message)
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
-    litgpt_pretrain(config, "--resume", "auto")  # not blocked by the killed run
+    budget = ["--train.max_tokens", str(2 * 4 * 64), "--train.save_interval", "null"]
+    pretrain_here(config, "--resume", "auto", *budget)  # not blocked by the killed run
     verify_checkpoint(out_dir / "final")
 
     exported, log = tmp_path / "exported", tmp_path / "export.log"
@@ -199,7 +201,7 @@ def test_a_lock_that_is_a_link_or_a_folder_is_refused_naming_it_and_nothing_is_w
     tmp_path, gsm8k_sample, tinyllama_mistral_data, command, lock
 ):
     """A user's own file that the lock links to is left as it was (the commands once wrote their record over its
-    first bytes); the refusal names the lock and says to remove it."""
+    first bytes); the refusal names the lock and says to remove it. Each command runs in this process."""
     outside = tmp_path / "notes.txt"
     outside.write_text("a user's file outside the folder\n" * 10)
     folder = tmp_path / "folder"
@@ -218,7 +220,7 @@ def test_a_lock_that_is_a_link_or_a_folder_is_refused_naming_it_and_nothing_is_w
         config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"})
         args = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config)]
         args, prog = [*args, "--out_dir", str(folder)], "litgpt pretrain --recipe vocagnolm"
-    refused = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=ONE_THREAD, timeout=600)
+    refused = typed_here(*args)
     assert_one_line(refused, prog, f"{folder / LOCK} is not a regular file (a link, a folder...)")
     assert f"Remove it (rm -r {folder / LOCK}), then run again." in refused.stderr
     assert outside.read_text() == "a user's file outside the folder\n" * 10
@@ -227,7 +229,8 @@ def test_a_lock_that_is_a_link_or_a_folder_is_refused_naming_it_and_nothing_is_w
 
 def test_an_export_killed_while_it_writes_lit_model_is_finished_by_the_same_command(tmp_path):
     """kill -9 while lit_model.pth is half written (its student is 38M parameters: 152 MB to write); the same command
-    run again finishes, and what it writes is byte for byte what an export never interrupted writes."""
+    run again (in this process) finishes, and what it writes is byte for byte what an export never interrupted
+    writes."""
     checkpoint = sharded_checkpoint(tmp_path / "run", n_embd=512)
     exported = tmp_path / "exported"
     command = [str(BIN / "vocagnolm"), "export", str(checkpoint), str(exported)]
@@ -241,7 +244,7 @@ def test_an_export_killed_while_it_writes_lit_model_is_finished_by_the_same_comm
     killed.wait()
     assert not (exported / "lit_model.pth").exists(), "it finished before it could be killed"
 
-    rerun = subprocess.run(command, cwd=ROOT, env=ONE_THREAD, capture_output=True, text=True, timeout=600)
+    rerun = typed_here(*command)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     export(checkpoint, tmp_path / "uninterrupted")
     files = sorted(p.name for p in (tmp_path / "uninterrupted").iterdir())

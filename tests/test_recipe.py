@@ -22,11 +22,15 @@ from conftest import (
     RECIPES,
     ROOT,
     TINYLLAMA,
+    built_once,
     make_checkpoint,
+    model_config_fields,
     student_config_yaml,
     tiny_config,
+    typed_here,
 )
 from jsonargparse import CLI, capture_parser
+from litgpt.config import Config
 from test_loss_distributed import free_port
 from test_user_errors import assert_one_line
 
@@ -83,6 +87,13 @@ def litgpt_pretrain(
     return out
 
 
+def pretrain_here(config: Path, *args: str) -> subprocess.CompletedProcess:
+    """`litgpt_pretrain` in this process (`typed_here`): the same command, for a run whose process is not the point."""
+    out = typed_here(BIN / "litgpt", "pretrain", "--recipe", "vocagnolm", "--config", config, *args)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    return out
+
+
 def metric_rows(out_dir: Path) -> list[dict[str, float]]:
     """Every row of the CSV logs in `out_dir`, run after run (a resumed run logs into a new version_N/)."""
     rows = []
@@ -114,12 +125,13 @@ def test_recipe_yamls_parse_against_setup(path):
 
 @pytest.mark.slow
 def test_guided_training_end_to_end_with_qwen_teacher(tmp_path, tinyllama_qwen_data, qwen_teacher):
-    """TinyLlama-tokenizer student, Qwen2.5-tokenizer teacher (6% vocabulary overlap), through `litgpt`."""
+    """TinyLlama-tokenizer student, Qwen2.5-tokenizer teacher (6% vocabulary overlap), through `litgpt pretrain
+    --recipe vocagnolm`, then `litgpt generate` (both in this process: `typed_here`)."""
     config = recipe_config(tmp_path, tinyllama_qwen_data, qwen_teacher)
-    out = litgpt_pretrain(config)
+    out = pretrain_here(config, "--train.max_tokens", str(6 * 4 * 64), "--train.save_interval", "2")
     assert "vocabulary overlap" in out.stdout
     rows = metrics(tmp_path / "out")
-    assert len(rows) == 12
+    assert len(rows) == 6
     assert sum(r["loss"] for r in rows[-3:]) < sum(r["loss"] for r in rows[:3])  # the loss falls
     for row in rows:  # ceil(0.4 * mapped) of the mapped tokens of each micro-batch
         assert 0.4 <= row["selected_fraction"] <= 0.4 + 2 / (row["mapped_fraction"] * 2 * 64)
@@ -132,27 +144,14 @@ def test_guided_training_end_to_end_with_qwen_teacher(tmp_path, tinyllama_qwen_d
     assert saved["guidance"]["method"] == "vocagnolm" and saved["teacher"]["checkpoint_dir"] == [str(qwen_teacher)]
     assert saved["data"]["class_path"] == "litgpt_vocagnolm.data.VocAgnoData"  # as the recipes' YAML names it
     assert sorted(p.name for p in (tmp_path / "out").glob("step-*")) == [
+        "step-00000002",
         "step-00000004",
-        "step-00000008",
-        "step-00000012",
+        "step-00000006",
     ]
 
     # LitGPT's own tools take the checkpoint.
-    generate = subprocess.run(
-        [
-            str(BIN / "litgpt"),
-            "generate",
-            str(final),
-            "--prompt",
-            "Natalia sold",
-            "--max_new_tokens",
-            "5",
-            "--precision",
-            "32-true",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    generate = typed_here(
+        BIN / "litgpt", "generate", final, "--prompt", "Natalia sold", "--max_new_tokens", "5", "--precision", "32-true"
     )
     assert generate.returncode == 0, generate.stderr[-3000:]
     assert "Natalia sold" in generate.stdout
@@ -163,43 +162,70 @@ def test_kld_with_llemma_trains_over_the_student_vocabulary(tmp_path, tinyllama_
     """Table 1's KLD row: Llemma's vocabulary holds TinyLlama's with the same ids and 16 more tokens, so the method is
     accepted, and the recipe passes the student's vocabulary size down to the loss (rho1 passes the same check)."""
     config = recipe_config(tmp_path, tinyllama_llemma_data, llemma_teacher, guidance={"method": "kld"})
-    litgpt_pretrain(config, "--train.max_tokens", str(3 * 4 * 64), "--train.save_interval", "null")
+    pretrain_here(config, "--train.max_tokens", str(3 * 4 * 64), "--train.save_interval", "null")
     rows = metrics(tmp_path / "out")
     assert len(rows) == 3 and all(math.isfinite(row["loss"]) and row["distill_loss"] > 0 for row in rows)
     assert (tmp_path / "out" / "final" / "lit_model.pth").is_file()
 
 
-@pytest.mark.slow
-def test_two_process_fsdp_matches_one_process(tmp_path, tinyllama_mistral_data, mistral_teacher):
-    """FSDP2 (ModelParallelStrategy, gloo) on 2 CPU processes = 1 process accumulating the same 2 micro-batches: the
-    loss curve and the logged step metrics.
+# A 2-layer student with grouped-query attention (4 query heads, 2 key-value groups): test_convert_from_litgpt.py
+# converts the two-process run's final checkpoint, whose attention LitGPT's conversion splits into q, k and v.
+GQA_STUDENT = Config(
+    **model_config_fields(tiny_config("student", 32000, n_layer=2, block_size=64)) | {"n_head": 4, "n_query_groups": 2}
+)
+TWO_PROCESS_STEPS = 4  # of 2 micro-batches of one block (one a rank on 2 processes)
 
-    Both continue from one student checkpoint, as continual pretraining does: initialising on the meta device and
-    materialising each shard draws the random numbers in another order than one process does.
-    """
-    student = make_checkpoint(tmp_path / "student", tiny_config("student", 32000, block_size=64), TINYLLAMA, seed=3)
+
+def two_process_config(directory: Path, data_path: Path, teacher_dir: Path, student: Path, devices: int) -> Path:
+    """`recipe_config` in `directory` (made) for `two_process_run` and the one process it is compared with: the
+    `GQA_STUDENT` continued from `student`, its blocks wrapped for activation checkpointing as the paper's runs wrap
+    them."""
+    directory.mkdir()
+    config = recipe_config(
+        directory,
+        data_path,
+        teacher_dir,
+        devices=devices,
+        initial_checkpoint_dir=str(student),
+        fsdp={"activation_checkpointing": True},
+    )
+    settings = yaml.safe_load(config.read_text())
+    settings["model_config"] = model_config_fields(GQA_STUDENT) | {"n_query_groups": GQA_STUDENT.n_query_groups}
+    settings["train"] |= {"micro_batch_size": 1, "global_batch_size": 2, "save_interval": None}
+    settings["train"]["max_tokens"] = TWO_PROCESS_STEPS * 2 * 64
+    config.write_text(yaml.safe_dump(settings))
+    return config
+
+
+@pytest.fixture(scope="session")
+def two_process_run(tmp_path_factory, worker_id, tinyllama_mistral_data, mistral_teacher) -> Path:
+    """`litgpt pretrain --recipe vocagnolm` on 2 processes (FSDP2 over gloo), once per session for pytest-xdist's
+    workers (`built_once`): its folder, with student/ (the checkpoint it continued from) and run/ (its config.yaml and
+    out/). Two tests read it: test_two_process_fsdp_matches_one_process and test_convert_from_litgpt.py's."""
+
+    def build(folder: Path) -> None:
+        # Continued from a checkpoint, as continual pretraining does: initialising on the meta device and materialising
+        # each shard draws the random numbers in another order than one process does.
+        student = make_checkpoint(folder / "student", GQA_STUDENT, TINYLLAMA, seed=3)
+        litgpt_pretrain(two_process_config(folder / "run", tinyllama_mistral_data, mistral_teacher, student, 2))
+
+    return built_once(tmp_path_factory, worker_id, "two-process-run", build)
+
+
+@pytest.mark.slow
+def test_two_process_fsdp_matches_one_process(tmp_path, two_process_run, tinyllama_mistral_data, mistral_teacher):
+    """FSDP2 (ModelParallelStrategy, gloo) on 2 CPU processes = 1 process accumulating the same 2 micro-batches: the
+    loss curve and the logged step metrics. The one process is this one (`typed_here`), from the same checkpoint."""
+    config = two_process_config(
+        tmp_path / "one", tinyllama_mistral_data, mistral_teacher, two_process_run / "student", devices=1
+    )
+    pretrain_here(config)
     curves = {}
-    for devices in (1, 2):
-        run_dir = tmp_path / f"devices-{devices}"
-        run_dir.mkdir()
-        config = recipe_config(
-            run_dir, tinyllama_mistral_data, mistral_teacher, devices=devices, initial_checkpoint_dir=str(student)
-        )
-        litgpt_pretrain(
-            config,
-            "--train.micro_batch_size",
-            "1",
-            "--train.global_batch_size",
-            "2",
-            "--train.max_tokens",
-            str(6 * 2 * 64),
-            "--train.save_interval",
-            "null",
-        )
+    for devices, run_dir in ((1, tmp_path / "one"), (2, two_process_run / "run")):
         # The step metrics are reduced over the ranks as the loss is: 2 ranks' micro-batches = 1 rank's 2.
         curves[devices] = [[row[name] for name in ("loss", "student_loss")] for row in metrics(run_dir / "out")]
         assert (run_dir / "out" / "final" / "lit_model.pth").is_file()
-    assert len(curves[1]) == len(curves[2]) == 6
+    assert len(curves[1]) == len(curves[2]) == TWO_PROCESS_STEPS
     torch.testing.assert_close(torch.tensor(curves[2]), torch.tensor(curves[1]), rtol=1e-4, atol=1e-4)
 
 
@@ -207,9 +233,11 @@ def test_two_process_fsdp_matches_one_process(tmp_path, tinyllama_mistral_data, 
 def test_kill_and_resume_past_a_damaged_checkpoint_equals_uninterrupted_run(
     tmp_path, tinyllama_mistral_data, mistral_teacher
 ):
-    args = ["--train.save_interval", "2", "--train.max_tokens", str(10 * 4 * 64)]
+    """kill -9 of a run's process, its newest checkpoint damaged, then `--resume auto` (in this process, as the
+    uninterrupted run): the resumed run ends with the uninterrupted one's weights."""
+    args = ["--train.save_interval", "2", "--train.max_tokens", str(8 * 4 * 64)]
     (tmp_path / "whole").mkdir()
-    litgpt_pretrain(recipe_config(tmp_path / "whole", tinyllama_mistral_data, mistral_teacher), *args)
+    pretrain_here(recipe_config(tmp_path / "whole", tinyllama_mistral_data, mistral_teacher), *args)
 
     (tmp_path / "killed").mkdir()
     killed = recipe_config(tmp_path / "killed", tinyllama_mistral_data, mistral_teacher)
@@ -227,18 +255,18 @@ def test_kill_and_resume_past_a_damaged_checkpoint_equals_uninterrupted_run(
     shard = newest / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:1000])
 
-    out = litgpt_pretrain(killed, *args, "--resume", "auto")
+    out = pretrain_here(killed, *args, "--resume", "auto")
     assert f"Skipping {newest}: {shard} does not match its checksum" in out.stdout
     resumed_step = int(re.search(r"Resuming training from \S*step-(\d+)", out.stdout)[1])
     assert resumed_step == int(newest.name.removeprefix("step-")) - 2
     # Speed counts the tokens this run trained (2 micro-batches of 2 x 64 per step), not those before the resume.
-    run_tokens = (10 - resumed_step) * 2 * 2 * 64
+    run_tokens = (8 - resumed_step) * 2 * 2 * 64
     assert f"| - This run      : {run_tokens:,} tokens" in out.stdout
     seconds = float(re.search(r"Training Time : ([\d.]+) s", out.stdout)[1])
     assert float(re.search(r"Tok/sec       : ([\d.]+)", out.stdout)[1]) == pytest.approx(run_tokens / seconds, rel=0.01)
     resumed = torch.load(tmp_path / "killed" / "out" / "final" / "lit_model.pth", weights_only=True)
     reference = torch.load(tmp_path / "whole" / "out" / "final" / "lit_model.pth", weights_only=True)
-    assert (resumed["step_count"], resumed["iter_num"]) == (reference["step_count"], reference["iter_num"]) == (10, 20)
+    assert (resumed["step_count"], resumed["iter_num"]) == (reference["step_count"], reference["iter_num"]) == (8, 16)
     for name, tensor in reference["model"].items():
         torch.testing.assert_close(resumed["model"][name], tensor, rtol=0, atol=1e-6, msg=name)
 
@@ -305,7 +333,7 @@ def start_and_signal(
     return [(process.returncode, out) for process, out in zip(processes, ["".join(lines) + outputs[0], *outputs[1:]])]
 
 
-STEPS = 12  # of 2 micro-batches of 2 blocks of 64 tokens
+STEPS = 8  # of 2 micro-batches of 2 blocks of 64 tokens
 
 
 def signal_run_args(steps: int = STEPS) -> list[str]:
@@ -326,9 +354,9 @@ def signal_run_config(directory: Path, data_path: Path, teacher_dir: Path) -> Pa
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, tinyllama_mistral_data, mistral_teacher) -> tuple[Path, str]:
-    """A run of `signal_run_args` from start to end: its out_dir and its console output."""
+    """A run of `signal_run_args` from start to end, in this process: its out_dir and its console output."""
     directory = tmp_path_factory.mktemp("uninterrupted")
-    out = litgpt_pretrain(signal_run_config(directory, tinyllama_mistral_data, mistral_teacher), *signal_run_args())
+    out = pretrain_here(signal_run_config(directory, tinyllama_mistral_data, mistral_teacher), *signal_run_args())
     return directory / "out", out.stdout
 
 
@@ -339,7 +367,7 @@ def assert_same_run(out_dir: Path, reference: Path) -> None:
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=0, atol=1e-6)
     resumed = torch.load(out_dir / "final" / "lit_model.pth", weights_only=True)
     whole = torch.load(reference / "final" / "lit_model.pth", weights_only=True)
-    assert (resumed["step_count"], resumed["iter_num"]) == (whole["step_count"], whole["iter_num"]) == (STEPS, 24)
+    assert (resumed["step_count"], resumed["iter_num"]) == (whole["step_count"], whole["iter_num"]) == (STEPS, 16)
     for name, tensor in whole["model"].items():
         torch.testing.assert_close(resumed["model"][name], tensor, rtol=0, atol=1e-6, msg=name)
 
@@ -353,21 +381,17 @@ def test_metrics_are_logged_at_the_optimizer_step_the_console_prints(uninterrupt
     rows = metric_rows(out_dir)
     assert [row["step"] for row in rows if "loss" in row] == printed == list(range(1, STEPS + 1))
     assert [row["iter"] for row in rows if "loss" in row] == [2 * step for step in printed]
-    assert [row["step"] for row in rows if "val_loss" in row] == [4, 8, 12, 12]  # --eval.interval 4, then the final
+    assert [row["step"] for row in rows if "val_loss" in row] == [4, 8, 8]  # --eval.interval 4, then the final
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGINT, signal.SIGTERM], ids=lambda signum: signum.name)
-def test_a_signal_saves_the_step_exits_and_resume_finishes_as_uninterrupted(
-    tmp_path, tinyllama_mistral_data, mistral_teacher, uninterrupted, signum
-):
-    """Slurm's warning before the time limit (`--signal=SIGUSR1@120`), Ctrl-C, and scancel or preemption (SIGTERM),
-    to the run and its loader worker: the recipe ends its step, saves it, says in one line where `--resume auto`
+def signalled_run(tmp_path: Path, data_path: Path, teacher_dir: Path, signum: signal.Signals) -> tuple[Path, dict]:
+    """The run of `signal_run_args` as task 0 of a one-task Slurm job (a stub `scontrol`), sent `signum` once it has
+    trained a step, to it and its loader worker: it ends its step, saves it, says in one line where `--resume auto`
     continues and exits: 75 after `scontrol requeue` of the job on SIGUSR1, 128 + the signal's number and no requeue
-    on the others. Resumed (the requeued job, or the same command again), the run ends as an uninterrupted one."""
+    on the others. Returns its config and environment."""
     calls = stub_scontrol(tmp_path / "bin")
     env = slurm_task(0, 1, tmp_path / "bin", port=free_port())
-    config = signal_run_config(tmp_path / "job", tinyllama_mistral_data, mistral_teacher)
+    config = signal_run_config(tmp_path / "job", data_path, teacher_dir)
     command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config), *signal_run_args()]
     requeued = "requeue 4242\n" if signum == signal.SIGUSR1 else ""
     ((status, out),) = start_and_signal(command, [env], signalled=0, signum=signum)
@@ -387,7 +411,38 @@ def test_a_signal_saves_the_step_exits_and_resume_finishes_as_uninterrupted(
     assert [p.name for p in job.glob("step-*")] == [checkpoint.name] and not (job / "final").exists()
     saved = json.loads((checkpoint / "train_state.json").read_text())
     assert (saved["step_count"], saved["iter_num"]) == (stopped, 2 * stopped)
+    return config, env
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda signum: signum.name)
+def test_a_signal_saves_the_step_and_exits(tmp_path, tinyllama_mistral_data, mistral_teacher, signum):
+    """Ctrl-C, and scancel or preemption (SIGTERM), to the run and its loader worker: `signalled_run`. The run that
+    each leaves is resumed in `make test-long` (the test below); SIGUSR1's, in `make test`, is resumed from the same
+    step checkpoint by the same `--resume auto`, whichever signal stopped the run."""
+    signalled_run(tmp_path, tinyllama_mistral_data, mistral_teacher, signum)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "signum",
+    [
+        signal.SIGUSR1,
+        pytest.param(signal.SIGINT, marks=pytest.mark.long),
+        pytest.param(signal.SIGTERM, marks=pytest.mark.long),
+    ],
+    ids=lambda signum: signum.name,
+)
+def test_a_signal_saves_the_step_exits_and_resume_finishes_as_uninterrupted(
+    tmp_path, tinyllama_mistral_data, mistral_teacher, uninterrupted, signum
+):
+    """Slurm's warning before the time limit (`--signal=SIGUSR1@120`), Ctrl-C, and scancel or preemption (SIGTERM):
+    the run stops (`signalled_run`). Resumed (the requeued job, or the same command again), it ends as an
+    uninterrupted one."""
+    config, env = signalled_run(tmp_path, tinyllama_mistral_data, mistral_teacher, signum)
+    requeued = "requeue 4242\n" if signum == signal.SIGUSR1 else ""
+    job, calls = tmp_path / "job" / "out", tmp_path / "bin" / "scontrol.calls"
+    (checkpoint,) = job.glob("step-*")
     out = litgpt_pretrain(config, *signal_run_args(), "--resume", "auto", env=env)
     assert f"Resuming training from {checkpoint}" in out.stdout
     assert (calls.read_text() if calls.exists() else "") == requeued  # it finished: no requeue
@@ -430,20 +485,18 @@ def test_resume_auto_continues_a_finished_run_on_a_larger_budget_and_refuses_the
 ):
     """A finished run that saved no step checkpoint, only final/, continues from its last step with `--resume auto`
     and a larger `--train.max_tokens`, and ends as the longer run does, step by step. With its budget trained already,
-    it is refused in one line, its final/ kept: never started afresh over it."""
+    it is refused in one line, its final/ kept: never started afresh over it. (Every run in this process.)"""
     config = signal_run_config(tmp_path, tinyllama_mistral_data, mistral_teacher)
     out_dir = tmp_path / "out"
-    litgpt_pretrain(config, *signal_run_args(steps=6))
+    pretrain_here(config, *signal_run_args(steps=STEPS // 2))
     assert not list(out_dir.glob("step-*"))
-    out = litgpt_pretrain(config, *signal_run_args(), "--resume", "auto")
-    assert f"Resuming training from {out_dir / 'final'} after {6 * 4} blocks" in out.stdout
+    out = pretrain_here(config, *signal_run_args(), "--resume", "auto")
+    assert f"Resuming training from {out_dir / 'final'} after {STEPS // 2 * 4} blocks" in out.stdout
     assert_same_run(out_dir, uninterrupted[0])
 
     finished = (out_dir / "final" / "checksums.json").read_text()
-    command = [str(BIN / "litgpt"), "pretrain", "--recipe", "vocagnolm", "--config", str(config)]
-    refused = subprocess.run(
-        [*command, *signal_run_args(), "--resume", "auto"], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    command = [BIN / "litgpt", "pretrain", "--recipe", "vocagnolm", "--config", config]
+    refused = typed_here(*command, *signal_run_args(), "--resume", "auto")
     assert_one_line(
         refused,
         "litgpt pretrain --recipe vocagnolm",

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import BIN, MISTRAL, ROOT, make_checkpoint, tiny_config
+from conftest import BIN, MISTRAL, ROOT, make_checkpoint, tiny_config, typed_here
 from litgpt.config import Config
 from litgpt.model import GPT
-from test_recipe import litgpt_pretrain, metrics, recipe_config
+from test_recipe import metrics, pretrain_here, recipe_config
 
 from litgpt_vocagnolm.data.prepared import iter_blocks
 from litgpt_vocagnolm.data.teacher_cache import TeacherLossCache, check_cache, file_record
@@ -36,6 +36,14 @@ def score(data: Path, teacher: Path, output: Path, *args: str) -> subprocess.Com
         *args,
     ]
     out = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out
+
+
+def score_here(data: Path, teacher: Path, output: Path, *args: str) -> subprocess.CompletedProcess:
+    """`score` in this process (`typed_here`), with no loader workers."""
+    command = ["score-teacher", "--data", data, "--teacher", teacher, "--output", output, "--num_workers", "0", *args]
+    out = typed_here(BIN / "vocagnolm", *command, "--batch_size", "4")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out
 
@@ -70,44 +78,50 @@ def test_cache_holds_the_teachers_losses_in_16_bit(cache, tinyllama_mistral_data
         torch.testing.assert_close(stored, online, rtol=2**-11, atol=0, equal_nan=True)
 
 
-def test_rerun_is_a_no_op_and_a_killed_run_resumes(tmp_path, cache, tinyllama_mistral_data, mistral_teacher):
-    finished = shutil.copytree(cache, tmp_path / "finished")  # a copy: other tests, on other workers, read `cache`
-    again = score(tinyllama_mistral_data, mistral_teacher, finished, "--blocks_per_shard", "64")
+def test_rerun_is_a_no_op_and_a_killed_run_resumes(tmp_path, cached_split, mistral_teacher):
+    """Over the 34 blocks of `cached_split` in shards of 2 blocks: a finished cache scored again is left as it is; a
+    scoring killed (kill -9) after its first shard is finished by the same command (in this process), shard for shard
+    and checksum for checksum the cache of a scoring never interrupted."""
+    data, shard = cached_split[0], ["--blocks_per_shard", "2"]
+    finished = tmp_path / "finished"
+    score_here(data, mistral_teacher, finished, *shard)
+    written = {p: p.stat().st_mtime_ns for p in finished.rglob("*")}
+    again = score_here(data, mistral_teacher, finished, *shard)
     assert "nothing to do" in again.stdout
+    assert {p: p.stat().st_mtime_ns for p in finished.rglob("*")} == written
 
     output = tmp_path / "killed"
     command = [
         str(BIN / "vocagnolm"),
         "score-teacher",
         "--data",
-        str(tinyllama_mistral_data),
+        str(data),
         "--teacher",
         str(mistral_teacher),
         "--output",
         str(output),
-        "--blocks_per_shard",
-        "64",
+        *shard,
         "--batch_size",
-        "4",
+        "2",
     ]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = output / "train" / "000000.losses.npy"
     deadline = time.time() + 300
     while not first.exists() and process.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
+        time.sleep(0.002)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert first.exists() and not (output / "manifest.json").exists()
     done_before = {p.name: p.stat().st_mtime_ns for p in (output / "train").glob("*.losses.npy")}
 
-    resumed = score(tinyllama_mistral_data, mistral_teacher, output, "--blocks_per_shard", "64")
+    resumed = score_here(data, mistral_teacher, output, *shard)
     assert "Train with --teacher.cache" in resumed.stdout
     for name, mtime in done_before.items():  # finished shards were not scored again
         assert (output / "train" / name).stat().st_mtime_ns == mtime
-    for path in sorted((cache / "train").glob("*.npy")) + sorted((cache / "val").glob("*.npy")):
+    for path in sorted((finished / "train").glob("*.npy")) + sorted((finished / "val").glob("*.npy")):
         np.testing.assert_array_equal(np.load(output / path.parent.name / path.name), np.load(path))
     # The checksums of the shards scored before the kill made it into the manifest.
-    checksums = [json.loads((path / "manifest.json").read_text())["files"] for path in (output, cache)]
+    checksums = [json.loads((path / "manifest.json").read_text())["files"] for path in (output, finished)]
     assert checksums[0] == checksums[1]
 
 
@@ -154,11 +168,12 @@ def test_training_with_the_cache_follows_the_online_teacher(tmp_path, cache, tin
     The teachers' losses agree to 1e-3 and the first step's loss to 2e-3 (two swaps in a step), not bit for bit. From
     the second step on the two students' weights differ by what those swaps trained, and the curves drift apart slowly:
     within 1% over the 12 steps (0.34% at most when last measured, since each document's EOS maps to the teacher's).
+    Both run in this process.
     """
     curves = {}
     for name, teacher in (("online", {"checkpoint_dir": str(mistral_teacher)}), ("cached", {"cache": str(cache)})):
         (tmp_path / name).mkdir()
-        litgpt_pretrain(recipe_config(tmp_path / name, tinyllama_mistral_data, None, teacher=teacher))
+        pretrain_here(recipe_config(tmp_path / name, tinyllama_mistral_data, None, teacher=teacher))
         curves[name] = metrics(tmp_path / name / "out")
     assert len(curves["online"]) == len(curves["cached"]) == 12
     assert curves["cached"][0]["loss"] == pytest.approx(curves["online"][0]["loss"], rel=2e-3)

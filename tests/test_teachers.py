@@ -11,8 +11,8 @@ from conftest import MISTRAL, QWEN, ROOT, TINYLLAMA, prepare_pair, tiny_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from litgpt.args import TrainArgs
-from test_recipe import litgpt_pretrain, metrics, recipe_config
-from test_teacher_cache import score
+from test_recipe import metrics, pretrain_here, recipe_config
+from test_teacher_cache import score_here
 
 from litgpt_vocagnolm.data.prepared import BlockDataset, VocAgnoData
 from litgpt_vocagnolm.loss.methods import GuidanceArgs, GuidedLoss, LossInputs
@@ -277,11 +277,12 @@ def test_online_teachers_score_their_own_windows(
 
 @pytest.fixture(scope="module")
 def small_pair(tmp_path_factory) -> tuple[Path, Path]:
-    """The first 60 GSM8K problems prepared for a Qwen2.5 and a Mistral teacher (the same student blocks): scoring
-    the Qwen teacher's 151,665-row head over the session's 240 took most of a minute."""
+    """The first 20 GSM8K problems prepared for a Qwen2.5 and a Mistral teacher (the same student blocks: about 60 in
+    the train split, 16 for the runs below): scoring the Qwen teacher's 151,665-row head over the session's 240 took
+    most of a minute."""
     root = tmp_path_factory.mktemp("small-pair")
     corpus = root / "gsm8k.jsonl"
-    corpus.write_text("".join((ROOT / "data" / "gsm8k" / "train.jsonl").read_text().splitlines(True)[:60]))
+    corpus.write_text("".join((ROOT / "data" / "gsm8k" / "train.jsonl").read_text().splitlines(True)[:20]))
     return prepare_pair(root / "qwen", corpus, TINYLLAMA, QWEN), prepare_pair(
         root / "mistral", corpus, TINYLLAMA, MISTRAL
     )
@@ -290,16 +291,18 @@ def small_pair(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def two_caches(tmp_path_factory, small_pair, qwen_teacher, mistral_teacher):
     root = tmp_path_factory.mktemp("caches")
-    score(small_pair[0], qwen_teacher, root / "qwen")
-    score(small_pair[1], mistral_teacher, root / "mistral")
+    score_here(small_pair[0], qwen_teacher, root / "qwen")
+    score_here(small_pair[1], mistral_teacher, root / "mistral")
     return root / "qwen", root / "mistral"
 
 
 @pytest.mark.slow
 def test_training_with_two_caches(tmp_path, small_pair, two_caches):
     """`litgpt pretrain` with both teachers' caches: a run that logs each teacher's share of the references; with
-    the first cache alone, as a one-element list, the very curve of today's `--teacher.cache DIR`."""
+    the first cache alone, as a one-element list, the very curve of today's `--teacher.cache DIR`. Each run 4 steps,
+    in this process."""
     qwen_data, mistral_data = small_pair
+    budget = ["--train.max_tokens", str(4 * 4 * 64), "--train.save_interval", "null"]
     data = {
         "class_path": "litgpt_vocagnolm.data.VocAgnoData",
         "init_args": {"path": str(qwen_data), "num_workers": 0, "other_teachers": [str(mistral_data)]},
@@ -308,9 +311,9 @@ def test_training_with_two_caches(tmp_path, small_pair, two_caches):
     config = recipe_config(
         tmp_path / "two", qwen_data, None, data=data, teacher={"cache": [str(c) for c in two_caches]}
     )
-    litgpt_pretrain(config, "--guidance.combine", "min")
+    pretrain_here(config, "--guidance.combine", "min", *budget)
     rows = metrics(tmp_path / "two" / "out")
-    assert len(rows) == 12 and all(math.isfinite(row["loss"]) for row in rows)
+    assert len(rows) == 4 and all(math.isfinite(row["loss"]) for row in rows)
     for row in rows:
         assert row["reference_share_0"] + row["reference_share_1"] == pytest.approx(1.0, abs=1e-6)
     assert np.mean([row["reference_share_1"] for row in rows]) > 0.95  # the untrained teachers: see above
@@ -318,9 +321,9 @@ def test_training_with_two_caches(tmp_path, small_pair, two_caches):
     curves = []
     for name, cache in (("plain", str(two_caches[0])), ("list", [str(two_caches[0])])):
         (tmp_path / name).mkdir()
-        litgpt_pretrain(recipe_config(tmp_path / name, qwen_data, None, teacher={"cache": cache}))
+        pretrain_here(recipe_config(tmp_path / name, qwen_data, None, teacher={"cache": cache}), *budget)
         curves.append([(row["loss"], row["selected_fraction"]) for row in metrics(tmp_path / name / "out")])
-    assert curves[0] == curves[1]
+    assert len(curves[0]) == 4 and curves[0] == curves[1]
 
 
 @pytest.mark.parametrize(
