@@ -12,12 +12,11 @@ import csv
 from pathlib import Path
 
 import pytest
+import ranks
 import torch
-import torch.multiprocessing as mp
 from conftest import tiny_config
 from litgpt.args import EvalArgs, TrainArgs
 from test_layouts import STEPS, losses, run_args, worker
-from test_loss_distributed import free_port
 from traced_data import TracedData, trained
 
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
@@ -68,7 +67,7 @@ def test_every_step_has_the_same_loss_on_1_2_and_4_processes_from_random_weights
     for run in runs(1):
         setup(**run)
     for processes in (2, 4):
-        mp.spawn(worker, args=(free_port(), processes, runs(processes), None), nprocs=processes, join=True)
+        ranks.start(worker, (runs(processes),), processes)
 
     curves = {
         (setting, processes): losses(run["out_dir"])

@@ -8,16 +8,14 @@ reads as W accumulated micro-batches, so each optimizer step sees the same data 
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import pytest
+import ranks
 import torch
-import torch.multiprocessing as mp
 import torch.nn as nn
 from conftest import TINYLLAMA, make_checkpoint, tiny_config
 from litgpt.args import EvalArgs, TrainArgs
-from test_loss_distributed import free_port
 from test_recipe import metrics
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -60,13 +58,10 @@ def run_args(tmp_path: Path, data: Path, teacher_dir: Path, student: Path, world
     return {**args, **overrides}
 
 
-def worker(rank: int, port: int, devices: int, runs: list[dict], record: Path | None) -> None:
-    """One process of a `len(runs)`-run job: `setup(**run)` for each, as local rank `rank % devices` of node
-    `rank // devices`. With `record`: the dtype of every linear layer's weight as its forward sees it (FSDP2 has
-    gathered it then) and of the optimizer's state and parameters after each step, into `record/rank-R.json`."""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(rank // devices), LOCAL_RANK=str(rank % devices)
-    )
+def worker(rank: int, runs: list[dict], record: Path | None = None) -> None:
+    """One process of a `len(runs)`-run job (`ranks.start`): `setup(**run)` for each. With `record`: the dtype of every
+    linear layer's weight as its forward sees it (FSDP2 has gathered it then) and of the optimizer's state and
+    parameters after each step, into `record/rank-R.json`."""
     seen = {"student weights": set(), "teacher weights": set(), "parameters": set(), "AdamW state": set()}
     if record is not None:
 
@@ -124,7 +119,7 @@ def test_each_layout_on_two_nodes_of_two_matches_one_process(
         )
         for t, s in layouts
     ]
-    mp.spawn(worker, args=(free_port(), 2, runs, None), nprocs=4, join=True)
+    ranks.start(worker, (runs,), processes=4, devices=2)
     expected = losses(tmp_path / "one" / "out")
     assert len(expected) == STEPS and expected[-1] < expected[0]  # it trains
     for (t, s), run in zip(layouts, runs):
@@ -144,7 +139,7 @@ def test_bf16_gathers_bf16_keeps_float32_shards_and_matches_one_process(
     reference = run_args(tmp_path / "one", tinyllama_mistral_data, mistral_teacher, student, world=2, **bf16)
     setup(**reference)
     run = run_args(tmp_path / "two", tinyllama_mistral_data, mistral_teacher, student, world=2, devices=2, **bf16)
-    mp.spawn(worker, args=(free_port(), 2, [run], tmp_path), nprocs=2, join=True)
+    ranks.start(worker, ([run], tmp_path), processes=2)
     for rank in range(2):
         seen = json.loads((tmp_path / f"rank-{rank}.json").read_text())
         assert seen == {
