@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import ranks
 import torch
-from conftest import CachedSplit, tiny_config
-from litgpt.args import EvalArgs, TrainArgs
+from conftest import CachedSplit
+from litgpt.args import EvalArgs
 from test_layouts import STEPS, losses, run_args, worker
 from traced_data import TracedData, trained
 
@@ -32,29 +32,16 @@ def runs(root: Path, split: CachedSplit, processes: int) -> list[dict]:
     """Each setting's run on `processes` processes. The last one's data records the blocks every rank reads, and it
     validates on the whole split at its end: its 3 blocks leave a rank of 2 (and of 4) a micro-batch short, which
     runs an empty forward (`recipe.validate`)."""
-    train = TrainArgs(
-        global_batch_size=BLOCKS,
-        micro_batch_size=1,
-        max_tokens=STEPS * BLOCKS * 128,
-        max_seq_length=128,
-        max_norm=1.0,
-        lr_warmup_steps=1,
-        min_lr=1e-3,
-    )
     found = []
     for method, scope in SETTINGS:
         run = run_args(
             root / f"{method}-{scope}-{processes}",
-            split.data,
-            None,
+            split,
             None,  # no initial checkpoint: random weights
             world=BLOCKS,
             devices=processes,
             guidance=GuidanceArgs(method=method, scope=scope, top_k=0.3),
             teacher=TeacherArgs(cache=split.cache),
-            train=train,
-            model_config=tiny_config("student", 512, n_layer=2, n_embd=64, block_size=128),  # the data's blocks
-            tokenizer_dir=split.student,
         )
         if (method, scope) == SETTINGS[-1]:
             trace = root / f"trace-{processes}"

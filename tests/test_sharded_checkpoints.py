@@ -12,11 +12,11 @@ import lightning as L
 import pytest
 import ranks
 import torch
-from conftest import CachedSplit, make_checkpoint, tiny_config
+from conftest import CachedSplit, make_checkpoint
 from litgpt.args import EvalArgs, TrainArgs
 from litgpt.model import GPT
 from test_checkpoints import setup_args
-from test_layouts import run_args, worker
+from test_layouts import STUDENT, run_args, worker
 from test_recipe import metrics
 from traced_data import TracedData, trained
 
@@ -126,7 +126,7 @@ def test_a_run_resumed_on_as_many_processes_ends_bit_for_bit_as_the_uninterrupte
     for name, tensor in reference["model"].items():
         assert torch.equal(final["model"][name], tensor), name
     assert not (resumed / "final" / "hyperparameters.yaml").read_text().startswith("#")  # no change of shape to note
-    GPT(ORDER_STUDENT).load_state_dict(final["model"])
+    GPT(STUDENT).load_state_dict(final["model"])
 
 
 def test_a_resume_that_changes_the_global_batch_is_refused_before_any_model(tmp_path, tinyllama_mistral_data):
@@ -161,7 +161,6 @@ def test_a_resume_with_another_micro_batch_keeps_the_runs_steps_and_says_so(tmp_
 
 
 STEPS, GLOBAL_BATCH, SAVED = 5, 12, 2  # the global-order runs: steps of 12 blocks, one per micro-batch, saved at step 2
-ORDER_STUDENT = tiny_config("student", 512, n_layer=2, n_embd=64, block_size=128)  # `cached_split`'s vocabulary
 
 
 def printing_worker(rank: int, runs: list[dict], printed: Path) -> None:
@@ -186,13 +185,10 @@ class GlobalOrder:
         printed."""
         args = run_args(
             self.root / name,
-            self.split.data,
-            self.split.teacher,
+            self.split,
             self.student,
             world=GLOBAL_BATCH,
             out_dir=self.root / name,
-            model_config=ORDER_STUDENT,
-            tokenizer_dir=self.split.student,
             teacher=TeacherArgs(checkpoint_dir=self.split.teacher, cache=self.split.cache),
             guidance=GuidanceArgs(method="vocagnolm", top_k=0.4),
             train=TrainArgs(
@@ -237,7 +233,7 @@ def global_order(tmp_path_factory, cached_split) -> tuple[GlobalOrder, dict]:
     """The global order's runs (issue 31), and the uninterrupted run on 1 and 2 processes: {processes: (blocks of
     each step, losses, printed)}. Once for this module's tests, which resume them."""
     root = tmp_path_factory.mktemp("global-order")
-    student = make_checkpoint(root / "student", ORDER_STUDENT, cached_split.student, seed=3)
+    student = make_checkpoint(root / "student", STUDENT, cached_split.student, seed=3)
     runs = GlobalOrder(root, cached_split, student)
     return runs, {processes: runs.run(f"whole-{processes}", processes) for processes in (1, 2)}
 
