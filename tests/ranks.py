@@ -10,11 +10,11 @@ initialised CUDA, which a fork can't inherit, they are spawned.
 """
 
 import os
+import socket
 from typing import Callable
 
 import torch
 import torch.multiprocessing as mp
-from test_loss_distributed import free_port
 
 
 def start(worker: Callable, args: tuple, processes: int, devices: int | None = None) -> None:
@@ -23,6 +23,12 @@ def start(worker: Callable, args: tuple, processes: int, devices: int | None = N
     method = "spawn" if torch.cuda.is_initialized() else "fork"
     ranks = (worker, free_port(), devices or processes, args)
     mp.start_processes(run_rank, args=ranks, nprocs=processes, join=True, start_method=method)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_rank(rank: int, worker: Callable, port: int, devices: int, args: tuple) -> None:
