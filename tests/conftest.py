@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -99,7 +100,10 @@ def gsm8k_sample(tmp_path_factory, worker_id) -> Path:
     return built_once(tmp_path_factory, worker_id, "corpus", write) / "gsm8k.jsonl"
 
 
-def prepare_pair(output: Path, corpus: Path, student: Path, teacher: Path, max_seq_length: int = 64) -> Path:
+def prepare_pair(
+    output: Path, corpus: Path, student: Path, teacher: Path, max_seq_length: int = 64, val_input: Path | None = None
+) -> Path:
+    """GSM8K records prepared for a pair: a tenth of them for validation, or those of `val_input`."""
     from litgpt_vocagnolm.data.prepare import prepare
 
     prepare(
@@ -110,7 +114,8 @@ def prepare_pair(output: Path, corpus: Path, student: Path, teacher: Path, max_s
         max_seq_length=max_seq_length,
         num_workers=1,
         text_key="question,answer",
-        val_fraction=0.1,
+        val_fraction=None if val_input else 0.1,
+        val_input=val_input,
     )
     return output
 
@@ -178,19 +183,43 @@ def mistral_cache(tmp_path_factory, worker_id, tinyllama_mistral_data, mistral_t
     return folder / "cache", (folder / "printed.txt").read_text()
 
 
+class CachedSplit(NamedTuple):
+    data: Path
+    cache: Path
+    student: Path
+    """The student's tokenizer (a folder)."""
+    teacher: Path
+    """The teacher's checkpoint, whose losses `cache` holds."""
+
+
 @pytest.fixture(scope="session")
-def cached_split(tmp_path_factory, worker_id, mistral_teacher) -> tuple[Path, Path]:
-    """20 GSM8K records prepared at 128 tokens (32 train blocks, 2 validation blocks), and the teacher's loss cache:
-    once for all of pytest-xdist's workers (the tests only read them)."""
+def cached_split(tmp_path_factory, worker_id) -> CachedSplit:
+    """16 GSM8K records prepared at 128 tokens for training (35 blocks) and one more for validation (3 blocks: of two
+    ranks, one reads a micro-batch fewer), for a student's and a teacher's tokenizer of 512 tokens trained on them
+    (tests/test_gpu.py's: like TinyLlama's and like Qwen2.5's), with a 2-layer teacher of that vocabulary and its loss
+    cache in shards of 8 blocks: once for all of pytest-xdist's workers (the tests only read them). A student of 512
+    words costs a sixtieth of what TinyLlama's 32,000 cost in the head, most of a tiny model's step."""
+    from litgpt_vocagnolm.demo.tokenizer_training import train_student_tokenizer, train_teacher_tokenizer
 
     def build(directory: Path) -> None:
-        corpus = directory / "gsm8k-20.jsonl"
-        corpus.write_text("\n".join((ROOT / "data" / "gsm8k" / "train.jsonl").read_text().splitlines()[:20]) + "\n")
-        data = prepare_pair(directory / "data", corpus, TINYLLAMA, MISTRAL, max_seq_length=128)
-        score_teacher(data=data, teacher=mistral_teacher, output=directory / "cache", num_workers=0)
+        lines = (ROOT / "data" / "gsm8k" / "train.jsonl").read_text().splitlines()
+        (directory / "train.jsonl").write_text("\n".join(lines[:16]) + "\n")
+        (directory / "val.jsonl").write_text(lines[16] + "\n")
+        texts = [record["question"] + "\n" + record["answer"] for record in map(json.loads, lines[:16])]
+        student = train_student_tokenizer(texts, 512, directory / "student")
+        teacher = make_checkpoint(
+            directory / "teacher",
+            tiny_config("teacher", 512, n_layer=2),
+            train_teacher_tokenizer(texts, 512, directory / "teacher-tokenizer"),
+            seed=1,
+        )
+        data = prepare_pair(
+            directory / "data", directory / "train.jsonl", student, teacher, 128, val_input=directory / "val.jsonl"
+        )
+        score_teacher(data=data, teacher=teacher, output=directory / "cache", blocks_per_shard=8, num_workers=0)
 
-    directory = built_once(tmp_path_factory, worker_id, "order", build)
-    return directory / "data", directory / "cache"
+    directory = built_once(tmp_path_factory, worker_id, "cached-split", build)
+    return CachedSplit(directory / "data", directory / "cache", directory / "student", directory / "teacher")
 
 
 def model_config_fields(config: Config) -> dict:

@@ -8,16 +8,14 @@ reads as W accumulated micro-batches, so each optimizer step sees the same data 
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import pytest
+import ranks
 import torch
-import torch.multiprocessing as mp
 import torch.nn as nn
-from conftest import TINYLLAMA, make_checkpoint, tiny_config
+from conftest import CachedSplit, make_checkpoint, tiny_config
 from litgpt.args import EvalArgs, TrainArgs
-from test_loss_distributed import free_port
 from test_recipe import metrics
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -28,45 +26,44 @@ from litgpt_vocagnolm.training.recipe import setup
 from litgpt_vocagnolm.training.teacher import TeacherArgs
 
 STEPS = 3
+STUDENT = tiny_config("student", 512, n_layer=2, n_embd=64, block_size=128)  # `cached_split`'s vocabulary and blocks
 
 
-def run_args(tmp_path: Path, data: Path, teacher_dir: Path, student: Path, world: int, **overrides) -> dict:
-    """`setup`'s arguments for STEPS optimizer steps of `world` micro-batches of one block each."""
+def run_args(tmp_path: Path, split: CachedSplit, student: Path | None, world: int, **overrides) -> dict:
+    """`setup`'s arguments for STEPS optimizer steps of `world` micro-batches of one block each of `split`, the student
+    continued from the checkpoint `student` (None: drawn from the seed), guided by the split's teacher online."""
     args = dict(
-        model_config=tiny_config("student", 32000, n_layer=2, n_embd=64, block_size=64),
+        model_config=STUDENT,
         out_dir=tmp_path / "out",
         precision="32-true",
         initial_checkpoint_dir=student,
-        data=VocAgnoData(path=data, num_workers=0),
+        data=VocAgnoData(path=split.data, num_workers=0),
         train=TrainArgs(
             save_interval=None,
             log_interval=1,
             global_batch_size=world,
             micro_batch_size=1,
             lr_warmup_steps=1,
-            max_tokens=STEPS * world * 64,
-            max_seq_length=64,
+            max_tokens=STEPS * world * 128,
+            max_seq_length=128,
             max_norm=1.0,
             min_lr=1e-3,
         ),
         eval=EvalArgs(interval=100, max_iters=1, final_validation=False),
         optimizer={"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-2}},
-        tokenizer_dir=TINYLLAMA,
+        tokenizer_dir=split.student,
         logger_name="csv",
         seed=7,
-        teacher=TeacherArgs(checkpoint_dir=teacher_dir),
+        teacher=TeacherArgs(checkpoint_dir=split.teacher),
         devices=1,
     )
     return {**args, **overrides}
 
 
-def worker(rank: int, port: int, devices: int, runs: list[dict], record: Path | None) -> None:
-    """One process of a `len(runs)`-run job: `setup(**run)` for each, as local rank `rank % devices` of node
-    `rank // devices`. With `record`: the dtype of every linear layer's weight as its forward sees it (FSDP2 has
-    gathered it then) and of the optimizer's state and parameters after each step, into `record/rank-R.json`."""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(rank // devices), LOCAL_RANK=str(rank % devices)
-    )
+def worker(rank: int, runs: list[dict], record: Path | None = None) -> None:
+    """One process of a `len(runs)`-run job (`ranks.start`): `setup(**run)` for each. With `record`: the dtype of every
+    linear layer's weight as its forward sees it (FSDP2 has gathered it then) and of the optimizer's state and
+    parameters after each step, into `record/rank-R.json`."""
     seen = {"student weights": set(), "teacher weights": set(), "parameters": set(), "AdamW state": set()}
     if record is not None:
 
@@ -95,38 +92,30 @@ def losses(out_dir: Path) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def student(tmp_path_factory) -> Path:
-    config = tiny_config("student", 32000, n_layer=2, n_embd=64, block_size=64)
-    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "student", config, TINYLLAMA, seed=3)
+def student(tmp_path_factory, cached_split) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "student", STUDENT, cached_split.student, seed=3)
 
 
-@pytest.mark.slow
-def test_each_layout_on_two_nodes_of_two_matches_one_process(
-    tmp_path, tinyllama_mistral_data, mistral_teacher, student
-):
-    """Teacher whole on every rank, sharded within a node, sharded over all; student fully sharded or hybrid: four
-    processes as two nodes of two train to the losses of one process accumulating four micro-batches. Each teacher
-    placement and each student sharding runs (the two are set up apart, `distributed.parallelize`), the paper
-    recipes' pair among them; all six pairs took 280 s of the suite's 13 minutes."""
-    reference = run_args(tmp_path / "one", tinyllama_mistral_data, mistral_teacher, student, world=4)
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, cached_split, student) -> torch.Tensor:
+    """The losses of one process accumulating four micro-batches: what every layout of two nodes of two gives."""
+    reference = run_args(tmp_path_factory.mktemp("one-process"), cached_split, student, world=4)
     setup(**reference)
-    layouts = [("replicate", "hybrid"), ("node", "full"), ("all", "hybrid")]
+    found = losses(reference["out_dir"])
+    assert len(found) == STEPS and found[-1] < found[0]  # it trains
+    return found
+
+
+def assert_layouts_match_one_process(root: Path, split: CachedSplit, student: Path, layouts, expected) -> None:
+    """Each (teacher, student) layout of `layouts` on four processes as two nodes of two, in one job (each rank runs
+    them one after the other): the losses `expected`."""
     runs = [
         run_args(
-            tmp_path / f"{t}-{s}",
-            tinyllama_mistral_data,
-            mistral_teacher,
-            student,
-            world=4,
-            devices=2,
-            num_nodes=2,
-            fsdp=FSDPArgs(teacher=t, student=s),
+            root / f"{t}-{s}", split, student, world=4, devices=2, num_nodes=2, fsdp=FSDPArgs(teacher=t, student=s)
         )
         for t, s in layouts
     ]
-    mp.spawn(worker, args=(free_port(), 2, runs, None), nprocs=4, join=True)
-    expected = losses(tmp_path / "one" / "out")
-    assert len(expected) == STEPS and expected[-1] < expected[0]  # it trains
+    ranks.start(worker, (runs,), processes=4, devices=2)
     for (t, s), run in zip(layouts, runs):
         torch.testing.assert_close(
             losses(run["out_dir"]), expected, rtol=1e-4, atol=1e-4, msg=f"teacher {t}, student {s}"
@@ -134,17 +123,35 @@ def test_each_layout_on_two_nodes_of_two_matches_one_process(
 
 
 @pytest.mark.slow
-def test_bf16_gathers_bf16_keeps_float32_shards_and_matches_one_process(
-    tmp_path, tinyllama_mistral_data, mistral_teacher, student
+def test_the_paper_layout_and_a_teacher_sharded_within_each_node_on_two_nodes_of_two(
+    tmp_path, cached_split, student, one_process
 ):
+    """The 2-D mesh: the paper recipes' layout (teacher whole on every rank, student hybrid: sharded within a node,
+    replicated across) and a teacher sharded within each node under a fully sharded student, on four processes as two
+    nodes of two, train to the losses of one process accumulating four micro-batches. With the bf16 test's teacher
+    sharded over all, every teacher placement and each student sharding runs (the two are set up apart,
+    `distributed.parallelize`); the other pairs run in `make test-long`."""
+    layouts = [("replicate", "hybrid"), ("node", "full")]
+    assert_layouts_match_one_process(tmp_path, cached_split, student, layouts, one_process)
+
+
+@pytest.mark.long
+def test_every_other_layout_on_two_nodes_of_two_matches_one_process(tmp_path, cached_split, student, one_process):
+    """The layouts the test above leaves out, the four other pairs of teacher placement and student sharding."""
+    layouts = [("replicate", "full"), ("node", "hybrid"), ("all", "full"), ("all", "hybrid")]
+    assert_layouts_match_one_process(tmp_path, cached_split, student, layouts, one_process)
+
+
+@pytest.mark.slow
+def test_bf16_gathers_bf16_keeps_float32_shards_and_matches_one_process(tmp_path, cached_split, student):
     """Under bf16-mixed on two processes FSDP2 gathers the student's weights in bf16 for its forward, keeps its
-    parameters and AdamW state in float32; the bf16 teacher is gathered in bf16; the losses are one bf16-mixed
-    process's within bf16's precision."""
-    bf16 = dict(precision="bf16-mixed", teacher=TeacherArgs(checkpoint_dir=mistral_teacher, precision="bf16-true"))
-    reference = run_args(tmp_path / "one", tinyllama_mistral_data, mistral_teacher, student, world=2, **bf16)
+    parameters and AdamW state in float32; the bf16 teacher, sharded over all ranks, is gathered in bf16; the losses
+    are one bf16-mixed process's within bf16's precision."""
+    bf16 = dict(precision="bf16-mixed", teacher=TeacherArgs(checkpoint_dir=cached_split.teacher, precision="bf16-true"))
+    reference = run_args(tmp_path / "one", cached_split, student, world=2, **bf16)
     setup(**reference)
-    run = run_args(tmp_path / "two", tinyllama_mistral_data, mistral_teacher, student, world=2, devices=2, **bf16)
-    mp.spawn(worker, args=(free_port(), 2, [run], tmp_path), nprocs=2, join=True)
+    run = run_args(tmp_path / "two", cached_split, student, world=2, devices=2, fsdp=FSDPArgs(teacher="all"), **bf16)
+    ranks.start(worker, ([run], tmp_path), processes=2)
     for rank in range(2):
         seen = json.loads((tmp_path / f"rank-{rank}.json").read_text())
         assert seen == {

@@ -1,11 +1,11 @@
 """scope="global" across 2 CPU processes (gloo) equals one process ranking the concatenated batch."""
 
 import math
-import socket
 
+import ranks
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import free_port  # noqa: F401 (tests/test_recipe.py imports it from here)
 from test_loss import guided_loss_of_logits, one_teacher_weights, step_verdict
 
 from litgpt_vocagnolm.loss.methods import GuidanceArgs
@@ -13,12 +13,6 @@ from litgpt_vocagnolm.loss.selection import aggregate_teacher_loss, position_dra
 
 WORLD = 2
 SETTINGS = [(top_k, aggregation) for top_k in (0.1, 0.4, 1.0) for aggregation in ("max", "mean")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def shard(rank: int) -> dict[str, torch.Tensor]:
@@ -58,8 +52,8 @@ def all_gather(x: torch.Tensor) -> torch.Tensor:
     return torch.stack(gathered)
 
 
-def worker(rank: int, port: int, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+def worker(rank: int, out_dir: str) -> None:
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)  # at MASTER_ADDR:MASTER_PORT (`ranks.start`)
     try:
         x = shard(rank)
         results = {}
@@ -108,7 +102,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
 
 
 def test_global_scope_across_two_processes_equals_the_concatenated_batch(tmp_path):
-    mp.spawn(worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    ranks.start(worker, (str(tmp_path),), WORLD)
     per_rank = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
     whole = {name: torch.cat([shard(rank)[name] for rank in range(WORLD)]) for name in shard(0)}
     for top_k, aggregation in SETTINGS:
@@ -160,8 +154,8 @@ def test_global_scope_across_two_processes_equals_the_concatenated_batch(tmp_pat
     assert torch.equal(got.reshape(-1, 8), expected)
 
 
-def random_worker(rank: int, port: int, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+def random_worker(rank: int, out_dir: str) -> None:
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)  # at MASTER_ADDR:MASTER_PORT (`ranks.start`)
     try:
         x = shard(0)  # the same micro-batch on both ranks, at the places in the data order each is given
         valid, mapped = x["targets"] != -100, aggregate_teacher_loss(x["lt"], x["ranges"])[1]
@@ -200,7 +194,7 @@ def test_random_draws_follow_the_place_in_the_data_and_select_as_many_as_vocagno
     same rows at the same places select the same tokens, at other places other tokens; a rerun (a resume) selects
     the same again; under scope "global" two ranks select what one process selects over their rows in order, and
     as many as vocagnolm."""
-    mp.spawn(random_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    ranks.start(random_worker, (str(tmp_path),), WORLD)
     per_rank = [torch.load(tmp_path / f"random-rank{rank}.pt") for rank in range(WORLD)]
     x = shard(0)
     valid, mapped = x["targets"] != -100, aggregate_teacher_loss(x["lt"], x["ranges"])[1]

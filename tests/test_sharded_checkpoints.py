@@ -1,32 +1,38 @@
 """Sharded checkpoints (DCP): checksums that catch damage in place, the used out_dir refused, the final export that
 LitGPT loads, and resuming on another number of processes."""
 
+import contextlib
 import csv
 import json
-import os
 import shutil
-import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
 import pytest
+import ranks
 import torch
-from conftest import BIN, ROOT, TINYLLAMA, make_checkpoint, model_config_fields, tiny_config
-from litgpt.args import TrainArgs
+from conftest import CachedSplit, make_checkpoint
+from litgpt.args import EvalArgs, TrainArgs
 from litgpt.model import GPT
 from test_checkpoints import setup_args
-from test_recipe import litgpt_pretrain, metrics, recipe_config
-from traced_data import trained
+from test_layouts import STUDENT, run_args, worker
+from test_recipe import metrics
+from traced_data import TracedData, trained
 
+from litgpt_vocagnolm import cli
 from litgpt_vocagnolm.errors import InvalidArgument
+from litgpt_vocagnolm.loss.methods import GuidanceArgs
 from litgpt_vocagnolm.models.weights import CHECKSUMS, check_checkpoint_dir
 from litgpt_vocagnolm.training.checkpoints import find_resume_checkpoint
 from litgpt_vocagnolm.training.recipe import setup
+from litgpt_vocagnolm.training.teacher import TeacherArgs
 from litgpt_vocagnolm.training.train_state import TRAIN_STATE, data_position
 
 
 def train(tmp_path: Path, data: Path, steps: int, **overrides) -> Path:
-    """A tiny one-process run of `steps` optimizer steps (2 x 64 tokens each), a checkpoint after every step."""
+    """A tiny one-process run of `steps` optimizer steps (2 x 64 tokens each), a checkpoint after every step, and a
+    final validation of one micro-batch (LitGPT's default reads 100, most of such a run's time)."""
     train_args = TrainArgs(
         global_batch_size=2,
         micro_batch_size=2,
@@ -35,7 +41,7 @@ def train(tmp_path: Path, data: Path, steps: int, **overrides) -> Path:
         max_seq_length=64,
         save_interval=1,
     )
-    setup(**setup_args(tmp_path, data, train=train_args, **overrides))
+    setup(**setup_args(tmp_path, data, train=train_args, eval=EvalArgs(max_iters=1), **overrides))
     return tmp_path / "out"
 
 
@@ -79,9 +85,8 @@ def test_a_checkpoint_damaged_in_place_is_skipped_naming_the_file(tmp_path, tiny
 def test_resume_on_one_process_is_bit_exact_and_the_final_export_loads_in_litgpt(tmp_path, tinyllama_mistral_data):
     whole = train(tmp_path / "whole", tinyllama_mistral_data, steps=4)
     resumed_dir = tmp_path / "resumed"
-    train(resumed_dir, tinyllama_mistral_data, steps=4)
-    for step in ("step-00000003", "step-00000004", "final"):  # as if killed after step 2
-        shutil.rmtree(resumed_dir / "out" / step)
+    killed = shutil.ignore_patterns("step-00000003", "step-00000004", "final", "logs")  # as if killed after step 2
+    shutil.copytree(whole, resumed_dir / "out", ignore=killed)
     resumed = train(resumed_dir, tinyllama_mistral_data, steps=4, resume="auto")
     reference = torch.load(whole / "final" / "lit_model.pth", weights_only=True)
     final = torch.load(resumed / "final" / "lit_model.pth", weights_only=True)
@@ -95,9 +100,7 @@ def test_resume_on_one_process_is_bit_exact_and_the_final_export_loads_in_litgpt
 
 def test_export_of_a_step_is_a_litgpt_checkpoint(tmp_path, tinyllama_mistral_data):
     out_dir = train(tmp_path, tinyllama_mistral_data, steps=2)
-    command = [str(BIN / "vocagnolm"), "export", str(out_dir / "step-00000002"), str(tmp_path / "exported")]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
+    cli.main(["export", str(out_dir / "step-00000002"), str(tmp_path / "exported")])  # as typed
     check_checkpoint_dir(tmp_path / "exported", "exported", tokenizer=True)  # what `litgpt generate` needs
     exported = torch.load(tmp_path / "exported" / "lit_model.pth", weights_only=True)
     final = torch.load(out_dir / "final" / "lit_model.pth", weights_only=True)  # the same step, exported at the end
@@ -107,42 +110,23 @@ def test_export_of_a_step_is_a_litgpt_checkpoint(tmp_path, tinyllama_mistral_dat
 
 
 @pytest.mark.slow
-def test_a_run_resumed_on_as_many_processes_ends_bit_for_bit_as_the_uninterrupted_one(tmp_path, tinyllama_mistral_data):
+def test_a_run_resumed_on_as_many_processes_ends_bit_for_bit_as_the_uninterrupted_one(global_order):
     """Saved on 2 processes (FSDP2 over gloo, each rank its shard), resumed from step 2 on 2: the step count, the token
     budget and the schedule stay the run's, the end is bit for bit the uninterrupted run's, and the final lit_model.pth
-    loads in LitGPT. (Another number of processes:
-    `test_every_block_once_and_the_same_losses_on_1_2_3_and_4_processes`.)"""
-    before = after = 2
-    config = recipe_config(tmp_path, tinyllama_mistral_data, None, guidance={"method": "ce"}, devices=before)
-    args = [
-        "--train.micro_batch_size",
-        "1",
-        "--train.global_batch_size",
-        "2",
-        "--train.save_interval",
-        "2",
-        "--train.max_tokens",
-        str(6 * 2 * 64),
-    ]
-    litgpt_pretrain(config, *args, "--out_dir", str(tmp_path / "whole"))
-    assert len(list((tmp_path / "whole" / "step-00000002").glob("__*_0.distcp"))) == before  # one shard per rank
-    shutil.copytree(
-        tmp_path / "whole",
-        tmp_path / "resumed",
-        ignore=shutil.ignore_patterns("step-00000004", "step-00000006", "final", "logs"),
-    )
-    out = litgpt_pretrain(
-        config, *args, "--out_dir", str(tmp_path / "resumed"), "--devices", str(after), "--resume", "auto"
-    ).stdout
-    assert f"Resuming training from {tmp_path / 'resumed' / 'step-00000002'} after 4 blocks" in out
-    final = torch.load(tmp_path / "resumed" / "final" / "lit_model.pth", weights_only=True)
-    assert (final["step_count"], final["iter_num"]) == (6, 6 * 2 // after)  # the run's 6 steps of 2 blocks
-    assert len(metrics(tmp_path / "resumed")) == 4  # steps 3 to 6: the budget is the run's, not a new one
-    reference = torch.load(tmp_path / "whole" / "final" / "lit_model.pth", weights_only=True)
+    loads in LitGPT. The run is the global order's below, which resumes it on another number of processes too."""
+    runs, _ = global_order
+    assert len(list((runs.root / "whole-2" / f"step-{SAVED:08d}").glob("__*_0.distcp"))) == 2  # one shard per rank
+    _, losses, out = runs.resumed(2, 2)
+    resumed = runs.root / "resumed-2-2"
+    assert f"Resuming training from {resumed / f'step-{SAVED:08d}'} after {SAVED * GLOBAL_BATCH} blocks" in out
+    final = torch.load(resumed / "final" / "lit_model.pth", weights_only=True)
+    assert (final["step_count"], final["iter_num"]) == (STEPS, STEPS * GLOBAL_BATCH // 2)  # the run's steps
+    assert len(losses) == STEPS - SAVED  # the budget is the run's, not a new one
+    reference = torch.load(runs.root / "whole-2" / "final" / "lit_model.pth", weights_only=True)
     for name, tensor in reference["model"].items():
         assert torch.equal(final["model"][name], tensor), name
-    assert not (tmp_path / "resumed" / "final" / "hyperparameters.yaml").read_text().startswith("#")
-    GPT(setup_args(tmp_path, tinyllama_mistral_data)["model_config"]).load_state_dict(final["model"])
+    assert not (resumed / "final" / "hyperparameters.yaml").read_text().startswith("#")  # no change of shape to note
+    GPT(STUDENT).load_state_dict(final["model"])
 
 
 def test_a_resume_that_changes_the_global_batch_is_refused_before_any_model(tmp_path, tinyllama_mistral_data):
@@ -166,7 +150,7 @@ def test_a_resume_with_another_micro_batch_keeps_the_runs_steps_and_says_so(tmp_
         global_batch_size=2, micro_batch_size=1, max_tokens=3 * 2 * 64, max_norm=1.0, max_seq_length=64, save_interval=1
     )
     capsys.readouterr()
-    setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train_args, resume="auto"))
+    setup(**setup_args(tmp_path, tinyllama_mistral_data, train=train_args, eval=EvalArgs(max_iters=1), resume="auto"))
     out = capsys.readouterr().out
     assert "Resumed from step 2 with train.micro_batch_size 2 -> 1." in out
     final = torch.load(tmp_path / "out" / "final" / "lit_model.pth", weights_only=True)
@@ -176,85 +160,125 @@ def test_a_resume_with_another_micro_batch_keeps_the_runs_steps_and_says_so(tmp_
     assert hparams.startswith("# Resumed from step 2 with train.micro_batch_size 2 -> 1.\n")
 
 
-@pytest.mark.slow
-def test_every_block_once_and_the_same_losses_on_1_2_and_3_processes(tmp_path, cached_split, mistral_teacher):
-    """The global order (issue 31). Runs of 5 steps of 12 blocks (one block per micro-batch) over a train split of 32,
-    so step 3 ends epoch 1 and begins epoch 2, with the teacher's cached losses selecting the tokens: from one
-    student checkpoint on 1 and 2 processes they train the same blocks in every step and log the same losses (4
-    processes, from random weights: tests/test_any_number_of_processes.py); saved at step 2 (mid-epoch) and resumed
-    2 -> 1, 1 -> 2 and 2 -> 3, they go on with the uninterrupted run's blocks and losses, so every block of the epoch
-    is trained once. Each process records the blocks it reads (`TracedData`)."""
-    data, cache = cached_split
-    config = tiny_config("student", 32000, n_layer=2, n_embd=64, block_size=128)
-    student = make_checkpoint(tmp_path / "student", config, TINYLLAMA, seed=3)
-    config = recipe_config(
-        tmp_path,
-        data,
-        mistral_teacher,
-        teacher={"checkpoint_dir": str(mistral_teacher), "cache": str(cache)},
-        model_config=model_config_fields(config),
-        initial_checkpoint_dir=str(student),
-        data={"class_path": "traced_data.TracedData", "init_args": {"path": str(data), "num_workers": 0}},
-    )
-    args = [
-        "--train.micro_batch_size",
-        "1",
-        "--train.global_batch_size",
-        "12",
-        "--train.max_seq_length",
-        "128",
-        "--train.save_interval",
-        "2",
-        "--train.max_tokens",
-        str(5 * 12 * 128),
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+STEPS, GLOBAL_BATCH, SAVED = 5, 12, 2  # the global-order runs: steps of 12 blocks, one per micro-batch, saved at step 2
 
-    def run(name: str, processes: int, *more: str) -> tuple[list[list[int]], list[float], str]:
-        out = litgpt_pretrain(
-            config,
-            *args,
-            *more,
-            "--devices",
-            str(processes),
-            "--out_dir",
-            str(tmp_path / name),
-            "--data.trace",
-            str(tmp_path / f"{name}-trace"),
-            env=env,
-        ).stdout
-        steps = trained(tmp_path / f"{name}-trace", processes, accumulation=12 // processes)
-        return steps, [row["loss"] for row in metrics(tmp_path / name)], out
 
-    def final_val_loss(name: str) -> float:
-        (path,) = (tmp_path / name).glob("logs/**/metrics.csv")
+def printing_worker(rank: int, runs: list[dict], printed: Path) -> None:
+    """`test_layouts.worker`, what the rank prints written to `printed/rank-R.txt`."""
+    with open(printed / f"rank-{rank}.txt", "w") as f, contextlib.redirect_stdout(f):
+        worker(rank, runs)
+
+
+@dataclass
+class GlobalOrder:
+    """Runs of STEPS steps over `split` (35 train blocks, so that step 3 ends epoch 1 and begins epoch 2) from one
+    student checkpoint, the teacher's cached losses selecting the tokens; each process records the blocks it reads
+    (`TracedData`). One process runs in this one, several in forked ranks (`ranks.start`)."""
+
+    root: Path
+    split: CachedSplit
+    student: Path
+    """The student's checkpoint."""
+
+    def run(self, name: str, processes: int, resume: bool | str = False) -> tuple[list[list[int]], list[float], str]:
+        """The run in `root/name` on `processes` processes: the blocks of each step, each step's loss, what rank 0
+        printed."""
+        args = run_args(
+            self.root / name,
+            self.split,
+            self.student,
+            world=GLOBAL_BATCH,
+            out_dir=self.root / name,
+            teacher=TeacherArgs(checkpoint_dir=self.split.teacher, cache=self.split.cache),
+            guidance=GuidanceArgs(method="vocagnolm", top_k=0.4),
+            train=TrainArgs(
+                save_interval=SAVED,
+                log_interval=1,
+                global_batch_size=GLOBAL_BATCH,
+                micro_batch_size=1,
+                lr_warmup_steps=1,
+                max_tokens=STEPS * GLOBAL_BATCH * 128,
+                max_seq_length=128,
+                max_norm=1.0,
+                min_lr=1e-3,
+            ),
+            eval=EvalArgs(interval=100, max_iters=100, final_validation=True),  # the whole split at the end
+            devices=processes,
+            resume=resume,
+        )
+        args["data"] = TracedData(path=self.split.data, num_workers=0, trace=self.root / f"{name}-trace")
+        printed = self.root / f"{name}-printed"
+        printed.mkdir()
+        if processes == 1:
+            printing_worker(0, [args], printed)
+        else:
+            ranks.start(printing_worker, ([args], printed), processes)
+        steps = trained(self.root / f"{name}-trace", processes, accumulation=GLOBAL_BATCH // processes)
+        return steps, [row["loss"] for row in metrics(self.root / name)], (printed / "rank-0.txt").read_text()
+
+    def resumed(self, before: int, after: int) -> tuple[list[list[int]], list[float], str]:
+        """The run saved on `before` processes, resumed from step SAVED on `after`, as if killed after it."""
+        name = f"resumed-{before}-{after}"
+        ignored = shutil.ignore_patterns(*(f"step-{step:08d}" for step in range(SAVED + 1, STEPS + 1)), "final", "logs")
+        shutil.copytree(self.root / f"whole-{before}", self.root / name, ignore=ignored)
+        return self.run(name, after, resume="auto")
+
+    def final_val_loss(self, name: str) -> float:
+        (path,) = (self.root / name).glob("logs/**/metrics.csv")
         return [float(row["val_loss"]) for row in csv.DictReader(path.open()) if row["val_loss"]][-1]
 
-    whole = {processes: run(f"whole-{processes}", processes) for processes in (1, 2)}
+
+@pytest.fixture(scope="module")
+def global_order(tmp_path_factory, cached_split) -> tuple[GlobalOrder, dict]:
+    """The global order's runs (issue 31), and the uninterrupted run on 1 and 2 processes: {processes: (blocks of
+    each step, losses, printed)}. Once for this module's tests, which resume them."""
+    root = tmp_path_factory.mktemp("global-order")
+    student = make_checkpoint(root / "student", STUDENT, cached_split.student, seed=3)
+    runs = GlobalOrder(root, cached_split, student)
+    return runs, {processes: runs.run(f"whole-{processes}", processes) for processes in (1, 2)}
+
+
+@pytest.mark.slow
+def test_every_block_once_and_the_same_losses_on_1_and_2_processes_and_resumed_on_the_other(global_order):
+    """The global order (issue 31): from one student checkpoint, runs on 1 and 2 processes train the same blocks in
+    every step and log the same losses (from random weights, with other methods: tests/test_any_number_of_processes.py);
+    saved at step 2 (mid-epoch) and resumed 2 -> 1 and 1 -> 2 (resharded), they go on with the uninterrupted run's
+    blocks and losses, so every block of the epoch is trained once. On 3 processes: the test below, `long`."""
+    runs, whole = global_order
+    train_blocks = json.loads((runs.split.data / "manifest.json").read_text())["splits"]["train"]["blocks"]
     steps, losses, _ = whole[1]
     blocks = [block for step in steps for block in step]
-    assert len(steps) == 5 and sorted(blocks[:32]) == list(range(32))  # epoch 1: every block once
-    assert len(set(blocks[32:])) == 28  # epoch 2 begins in step 3, in another order
-    assert blocks[32:] != blocks[:28]
+    assert len(steps) == STEPS and sorted(blocks[:train_blocks]) == list(range(train_blocks))  # epoch 1: each once
+    assert len(set(blocks[train_blocks:])) == STEPS * GLOBAL_BATCH - train_blocks  # epoch 2 begins in step 3,
+    assert blocks[train_blocks:] != blocks[: STEPS * GLOBAL_BATCH - train_blocks]  # in another order
     assert whole[2][0] == steps
     torch.testing.assert_close(torch.tensor(whole[2][1]), torch.tensor(losses), rtol=1e-4, atol=1e-4)
-    assert final_val_loss("whole-2") == pytest.approx(final_val_loss("whole-1"), rel=1e-4)
+    # The 3 validation blocks, rank 1 of 2 a micro-batch short (an empty forward): the loss of one process.
+    assert runs.final_val_loss("whole-2") == pytest.approx(runs.final_val_loss("whole-1"), rel=1e-4)
+    for before, after in ((2, 1), (1, 2)):
+        continues_the_global_order(runs, whole, before, after)
 
-    for before, after in ((2, 1), (1, 2), (2, 3)):
-        name = f"resumed-{before}-{after}"
-        shutil.copytree(
-            tmp_path / f"whole-{before}",
-            tmp_path / name,
-            ignore=shutil.ignore_patterns("step-00000004", "final", "logs"),
-        )
-        resumed_steps, resumed_losses, out = run(name, after, "--resume", "auto")
-        assert f"Resuming training from {tmp_path / name / 'step-00000002'} after 24 blocks" in out
-        assert f"Resumed from step 2 with processes {before} -> {after}" in out
-        assert whole[before][0][:2] + resumed_steps == steps  # every block of epoch 1 once, then epoch 2 as before
-        torch.testing.assert_close(torch.tensor(resumed_losses), torch.tensor(losses[2:]), rtol=1e-4, atol=1e-4)
-        final = torch.load(tmp_path / name / "final" / "lit_model.pth", weights_only=True)
-        assert (final["step_count"], final["iter_num"]) == (5, 5 * 12 // after)
-        assert json.loads((tmp_path / name / "final" / "train_state.json").read_text())["position"] == 60
+
+@pytest.mark.long
+def test_a_run_saved_on_2_processes_resumes_on_3_with_the_same_blocks_and_losses(global_order):
+    """The test above's run saved on 2 processes, resumed on 3, a number it never ran on (4 micro-batches a rank)."""
+    runs, whole = global_order
+    continues_the_global_order(runs, whole, 2, 3)
+
+
+def continues_the_global_order(runs: GlobalOrder, whole: dict, before: int, after: int) -> None:
+    """The run saved on `before` processes, resumed on `after`: the uninterrupted run's blocks and losses."""
+    steps, losses, _ = whole[1]
+    name = f"resumed-{before}-{after}"
+    resumed_steps, resumed_losses, out = runs.resumed(before, after)
+    assert f"Resuming training from {runs.root / name / f'step-{SAVED:08d}'} after {SAVED * GLOBAL_BATCH} blocks" in out
+    assert f"Resumed from step {SAVED} with processes {before} -> {after}" in out
+    assert whole[before][0][:SAVED] + resumed_steps == steps  # every block of epoch 1 once, then epoch 2 as before
+    torch.testing.assert_close(torch.tensor(resumed_losses), torch.tensor(losses[SAVED:]), rtol=1e-4, atol=1e-4)
+    final = torch.load(runs.root / name / "final" / "lit_model.pth", weights_only=True)
+    assert (final["step_count"], final["iter_num"]) == (STEPS, STEPS * GLOBAL_BATCH // after)
+    position = json.loads((runs.root / name / "final" / "train_state.json").read_text())["position"]
+    assert position == STEPS * GLOBAL_BATCH
 
 
 def test_the_data_position_is_the_saved_count_and_per_rank_loader_states_are_not_moved(tmp_path):
