@@ -74,17 +74,17 @@ def test_a_second_prepare_is_refused_and_a_killed_ones_folder_is_finished_by_the
     assert sorted(p.name for p in output.iterdir()) == ["manifest.json", "train", "val"]
 
 
-def test_a_second_score_teacher_is_refused_and_the_first_finishes(tmp_path, cached_split, mistral_teacher):
-    data = cached_split[0]  # 34 blocks: the first command has little to score once it goes on
+def test_a_second_score_teacher_is_refused_and_the_first_finishes(tmp_path, cached_split):
+    data = cached_split.data  # 38 blocks: the first command has little to score once it goes on
     output, log = tmp_path / "cache", tmp_path / "first.log"
     command = [str(BIN / "vocagnolm"), "score-teacher", "--data", str(data)]
-    command += ["--teacher", str(mistral_teacher), "--output", str(output)]
+    command += ["--teacher", str(cached_split.teacher), "--output", str(output)]
     first = start_holding(command, output, log)
     try:
         with pytest.raises(
             FolderInUse, match=re.escape(refusal(output.absolute(), "vocagnolm score-teacher", first.pid))
         ):
-            score_teacher(data=data, teacher=mistral_teacher, output=output)
+            score_teacher(data=data, teacher=cached_split.teacher, output=output)
     finally:
         resume(first, log)
     check_cache(output, data / "manifest.json", None)  # every shard there, at its recorded size

@@ -78,15 +78,16 @@ def test_cache_holds_the_teachers_losses_in_16_bit(cache, tinyllama_mistral_data
         torch.testing.assert_close(stored, online, rtol=2**-11, atol=0, equal_nan=True)
 
 
-def test_rerun_is_a_no_op_and_a_killed_run_resumes(tmp_path, cached_split, mistral_teacher):
-    """Over the 34 blocks of `cached_split` in shards of 2 blocks: a finished cache scored again is left as it is; a
-    scoring killed (kill -9) after its first shard is finished by the same command (in this process), shard for shard
-    and checksum for checksum the cache of a scoring never interrupted."""
-    data, shard = cached_split[0], ["--blocks_per_shard", "2"]
+def test_rerun_is_a_no_op_and_a_killed_run_resumes(tmp_path, cached_split):
+    """Over the 38 blocks of `cached_split` in shards of 1 block (the killed run has 38 shards to write, more than a
+    2-layer teacher of 512 words writes in the time a busy machine takes to see its first): a finished cache scored
+    again is left as it is; a scoring killed (kill -9) after its first shard is finished by the same command (in this
+    process), shard for shard and checksum for checksum the cache of a scoring never interrupted."""
+    data, shard = cached_split.data, ["--blocks_per_shard", "1"]
     finished = tmp_path / "finished"
-    score_here(data, mistral_teacher, finished, *shard)
+    score_here(data, cached_split.teacher, finished, *shard)
     written = {p: p.stat().st_mtime_ns for p in finished.rglob("*")}
-    again = score_here(data, mistral_teacher, finished, *shard)
+    again = score_here(data, cached_split.teacher, finished, *shard)
     assert "nothing to do" in again.stdout
     assert {p: p.stat().st_mtime_ns for p in finished.rglob("*")} == written
 
@@ -97,12 +98,12 @@ def test_rerun_is_a_no_op_and_a_killed_run_resumes(tmp_path, cached_split, mistr
         "--data",
         str(data),
         "--teacher",
-        str(mistral_teacher),
+        str(cached_split.teacher),
         "--output",
         str(output),
         *shard,
         "--batch_size",
-        "2",
+        "1",
     ]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = output / "train" / "000000.losses.npy"
@@ -114,7 +115,7 @@ def test_rerun_is_a_no_op_and_a_killed_run_resumes(tmp_path, cached_split, mistr
     assert first.exists() and not (output / "manifest.json").exists()
     done_before = {p.name: p.stat().st_mtime_ns for p in (output / "train").glob("*.losses.npy")}
 
-    resumed = score_here(data, mistral_teacher, output, *shard)
+    resumed = score_here(data, cached_split.teacher, output, *shard)
     assert "Train with --teacher.cache" in resumed.stdout
     for name, mtime in done_before.items():  # finished shards were not scored again
         assert (output / "train" / name).stat().st_mtime_ns == mtime

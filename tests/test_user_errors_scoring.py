@@ -99,11 +99,11 @@ def test_a_teacher_whose_losses_are_nan_stops_scoring_naming_it(tmp_path, tinyll
     assert not list(output.rglob("*.npy")) and not (output / "manifest.json").exists()
 
 
-def test_sigterm_stops_scoring_in_one_line_and_a_rerun_continues(tmp_path, cached_split, mistral_teacher, monkeypatch):
+def test_sigterm_stops_scoring_in_one_line_and_a_rerun_continues(tmp_path, cached_split, monkeypatch):
     """SIGTERM during the second forward (a shard of 8 blocks each): the first shard is kept, the rerun scores the
-    rest only, and the cache is the bytes of one uninterrupted run (the same shard and batch sizes). On the 34 blocks
-    of `cached_split`'s data: 5 shards, as many forwards."""
-    data, _ = cached_split
+    rest only, and the cache is the bytes of one uninterrupted run (the same shard and batch sizes). On the 38 blocks
+    of `cached_split`'s data (35 train, 3 validation): 6 shards, as many forwards."""
+    data = cached_split.data
     forwards = []
 
     def count_forwards(*args):
@@ -114,7 +114,7 @@ def test_sigterm_stops_scoring_in_one_line_and_a_rerun_continues(tmp_path, cache
 
     stop_at, output, handler = 2, tmp_path / "cache", signal.getsignal(signal.SIGTERM)
     monkeypatch.setattr(score_teacher_module, "teacher_token_loss", count_forwards)
-    arguments = dict(data=data, teacher=mistral_teacher, blocks_per_shard=8, num_workers=0, batch_size=8)
+    arguments = dict(data=data, teacher=cached_split.teacher, blocks_per_shard=8, num_workers=0, batch_size=8)
     with pytest.raises(ScoringStopped) as error:
         score_teacher(**arguments, output=output)
     assert str(error.value) == (
