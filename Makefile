@@ -10,14 +10,18 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # Re-runs only when the package metadata or the pins change.
-$(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/transformers.txt tests/litgpt-extra.txt
+$(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/transformers.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -c constraints.txt torch==2.13.0
 	$(PIP) install --quiet -c constraints.txt -e ".[test]"
 	$(PIP) install --quiet --upgrade --no-deps --target $(VENV)/transformers -r tests/transformers.txt
-# This package beside the versions LitGPT's extras pick (resolved, nothing installed; a conflict stops here), then
-# those versions, for tests/test_install.py.
+	touch $(STAMP)
+
+# For make test-install: this package beside the versions LitGPT's extras pick (resolved, nothing installed; a conflict
+# stops here), then those versions, for tests/test_install.py.
+EXTRA_STAMP := $(VENV)/.litgpt-extra-installed
+$(EXTRA_STAMP): $(STAMP) tests/litgpt-extra.txt
 	for attempt in 1 2 3; do \
 		$(PIP) install --quiet --dry-run --ignore-installed torch==2.13.0 -e ".[test]" -r tests/litgpt-extra.txt \
 			&& break; \
@@ -26,7 +30,7 @@ $(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/tran
 # Emptied first: --target keeps a package the list no longer names.
 	rm -rf $(VENV)/litgpt-extra
 	$(PIP) install --quiet --no-deps --target $(VENV)/litgpt-extra -r tests/litgpt-extra.txt
-	touch $(STAMP)
+	touch $(EXTRA_STAMP)
 
 # The formatter and the linter check first (pyproject.toml, [tool.ruff]); they change nothing. The tests run in two
 # workers (pytest-xdist), each a test file at a time (its module fixtures once) on one thread: the suite's processes
@@ -35,24 +39,31 @@ $(STAMP): pyproject.toml constraints.txt litgpt_vocagnolm_recipes.pth tests/tran
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "$(TIER_TEST)" -n 2 --dist loadfile --durations 15
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "$(TIER_TEST)" -n 2 --dist loadfile --durations 15; \
+		status=$$?; $(TOOK) test 600; exit $$status
+
+# What a tier took since make started (the install included) beside its budget in seconds (docs/testing.md).
+START := $(shell date +%s)
+TOOK = took() { s=$$(( $$(date +%s) - $(START) )); echo "make $$1: $$((s / 60)) min $$((s % 60)) s, the install included (budget: $$(($$2 / 60)) min on 2 cores)"; }; took
 
 # The tiers beside `make test` (docs/testing.md: what each holds, why, and its budget). test-long: what a test of
 # `make test` shows, again on 3 or 4 processes or over many more steps. test-install: the built wheel installed into
 # fresh environments, as a user installs it; it needs the package index.
 TIER_TEST := not slurm and not gpu and not wheels and not install and not long
 test-long: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "long" -n 2 --dist loadfile --durations 15
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "long" -n 2 --dist loadfile --durations 15; \
+		status=$$?; $(TOOK) test-long 900; exit $$status
 
-test-install: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "install" -n 2 --dist loadfile --durations 15
+test-install: $(EXTRA_STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "install" -n 2 --dist loadfile --durations 15; \
+		status=$$?; $(TOOK) test-install 900; exit $$status
 
 # Jobs submitted to a real two-node Slurm on this machine, which the script installs (as root) and starts, and stops
 # after. Where it cannot start, the tests skip, except under CI=true, where they fail.
 test-slurm: install
 	eval "$$(bash tests/slurm/local-cluster.sh start)"; \
 		$(PY) -m pytest -q -m slurm tests/slurm; status=$$?; \
-		bash tests/slurm/local-cluster.sh stop; exit $$status
+		bash tests/slurm/local-cluster.sh stop; $(TOOK) test-slurm 1200; exit $$status
 
 # The whole chain on one GPU at the paper's widths (tests/test_gpu.py: under 8 minutes of an H100); where torch sees no
 # GPU its test skips. With WHEELS=DIR (`make wheels` beforehand, on a machine with the package registry) it first
@@ -83,7 +94,7 @@ wheels: install
 # `make wheels`, then `make test-gpu WHEELS=DIR` with no index in a stand-in of the GPU machine's image: it installs
 # and the GPU test skips (tests/test_gpu_wheels.py). Needs the package registry; minutes.
 test-wheels: install
-	$(PY) -m pytest -q -m wheels tests/test_gpu_wheels.py
+	$(PY) -m pytest -q -m wheels tests/test_gpu_wheels.py; status=$$?; $(TOOK) test-wheels 900; exit $$status
 
 demo: install
 	$(VENV)/bin/vocagnolm demo

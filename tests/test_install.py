@@ -1,7 +1,7 @@
 """This package beside the versions `pip install 'litgpt[extra]'` picks, as LitGPT's README installs it, and LitGPT
 still working.
 
-`make install` checks that this package and tests/litgpt-extra.txt resolve together in one `pip install` (dry run),
+`make test-install` checks that this package and tests/litgpt-extra.txt resolve together in one `pip install` (dry run),
 and puts those pins (transformers, tokenizers, huggingface-hub, ...: what litgpt[extra] brings where it differs from
 this environment, litdata aside, which this package pins: tests/test_wheel_install.py) in .venv/litgpt-extra. The
 commands here run with that folder first on their path: LitGPT's own `pretrain` (help, and a few steps of pythia-14m
@@ -23,8 +23,8 @@ import torch
 from conftest import BIN, QWEN, ROOT, TINYLLAMA
 from test_recipe import recipe_config
 
-pytestmark = pytest.mark.slow  # console scripts in subprocesses
-EXTRA = Path(sys.prefix) / "litgpt-extra"  # `make install` puts tests/litgpt-extra.txt there
+pytestmark = [pytest.mark.slow, pytest.mark.install]  # beside the versions litgpt[extra] picks: `make test-install`
+EXTRA = Path(sys.prefix) / "litgpt-extra"  # `make test-install` puts tests/litgpt-extra.txt there
 PINS = dict(
     line.split("==")
     for line in (ROOT / "tests" / "litgpt-extra.txt").read_text().splitlines()
@@ -34,7 +34,7 @@ PINS = dict(
 
 def run(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess:
     """A console script of this environment with the litgpt[extra] pins first on its path (and `env` set)."""
-    assert EXTRA.is_dir(), f"{EXTRA} is missing: run `make install`."
+    assert EXTRA.is_dir(), f"{EXTRA} is missing: run `make test-install`."
     env = {**os.environ, "PYTHONPATH": str(EXTRA), "OMP_NUM_THREADS": "1", **env}
     command = [str(BIN / args[0]), *args[1:]]
     out = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
@@ -87,7 +87,6 @@ def litgpt_pretrain(out_dir: Path, *data: str) -> None:
     assert (out_dir / "final" / "lit_model.pth").is_file()
 
 
-@pytest.mark.install  # LitData's workers and three runs of LitGPT's command: `make test-install`
 def test_litgpt_pretrain_trains_a_tiny_model_on_its_litdata_modules(tmp_path):
     """LitGPT's data modules on this package's LitData (0.2.44, where litgpt[extra] pins 0.2.59): `TextFiles`
     tokenizes text files with LitData's `optimize` in forked workers and streams them (`StreamingDataset`,
@@ -108,7 +107,6 @@ def test_litgpt_pretrain_trains_a_tiny_model_on_its_litdata_modules(tmp_path):
     litgpt_pretrain(tmp_path / "out-mixed", "--data", "TinyLlama", "--data.data_path", str(mixed))
 
 
-@pytest.mark.install  # every GSM8K record prepared, then two runs of the recipe: `make test-install`
 def test_prepare_with_several_workers_then_a_resumed_recipe_run(tmp_path, qwen_teacher):
     data = tmp_path / "data"
     out = run(
