@@ -52,7 +52,7 @@ TOOK = took() { s=$$(( $$(date +%s) - $(START) )); echo "make $$1: $$((s / 60)) 
 TIER_TEST := not slurm and not gpu and not wheels and not install and not long
 test-long: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "long" -n 2 --dist loadfile --durations 15; \
-		status=$$?; $(TOOK) test-long 900; exit $$status
+		status=$$?; $(TOOK) test-long 300; exit $$status
 
 test-install: $(EXTRA_STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "install" -n 2 --dist loadfile --durations 15; \

@@ -351,3 +351,22 @@ def test_the_wheel_and_sdist_carry_the_readme_license_and_metadata(dist):
         assert any(url.startswith("Paper, https://arxiv.org/abs/2503.19123") for url in message.get_all("Project-URL"))
     license_text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+
+
+def test_docs_testing_gives_the_makefiles_budgets_and_make_test_holds_each_feature():
+    """docs/testing.md's table of tiers gives each tier the budget the Makefile prints beside its time (`$(TOOK) NAME
+    SECONDS`), and each test its feature table names is one `make test` runs (none of the other tiers' markers)."""
+    text = (ROOT / "docs" / "testing.md").read_text()
+    budgets = re.findall(r"\$\(TOOK\) (\S+) (\d+)", (ROOT / "Makefile").read_text())
+    assert {name for name, _ in budgets} >= {"test", "test-long", "test-install", "test-slurm", "test-wheels"}
+    for name, seconds in budgets:
+        assert re.search(rf"^\| `make {name}` \|.*\| {int(seconds) // 60} min \|", text, re.M), name
+    tiers = {"slurm", "gpu", "wheels", "install", "long"}
+    features = text[text.index("## What `make test` covers") :].split("\n## ")[0]
+    named = re.findall(r"`(test_\w+)\.py::(test_\w+)`", features)
+    assert len(named) >= 30
+    for module_name, function in named:
+        module = __import__(module_name)
+        marks = [getattr(module, "pytestmark", []), getattr(getattr(module, function), "pytestmark", [])]
+        marks = [mark for held in marks for mark in (held if isinstance(held, list) else [held])]
+        assert not {mark.name for mark in marks} & tiers, f"{module_name}::{function} is not in make test"
