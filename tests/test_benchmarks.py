@@ -23,6 +23,13 @@ pytestmark = pytest.mark.benchmark
 
 BENCHMARKS = sorted((ROOT / "benchmarks").glob("bench_*.py"))
 ON_CUDA = [path for path in BENCHMARKS if '"--device"' in path.read_text(encoding="utf-8")]
+# Smoke runs that start several fresh interpreters of their own (peak memory measured per process, gloo ranks per
+# layout): about 20 s of CPU each beyond the others, so they run, and their quotes are checked, in `make test-long`.
+STARTS_PROCESSES = {"bench_prepare.py", "bench_checkpoint.py"}
+ON_CPU = [
+    pytest.param(path, marks=pytest.mark.long, id=path.name) if path.name in STARTS_PROCESSES else path
+    for path in BENCHMARKS
+]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SCRIPT = re.compile(r"\bbench_\w+\.py\b")
 LABEL = re.compile(r"`([^`\n]+:)`")  # a printed label as the docs quote it: `cached / ce:`
@@ -117,7 +124,7 @@ def finished(run: Future) -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.name)
+@pytest.mark.parametrize("script", ON_CPU, ids=lambda path: path.name)
 def test_benchmark_runs_at_its_smoke_setting(script, smoke_runs):
     finished(smoke_runs[script.name, "cpu"])
 
@@ -128,7 +135,7 @@ def test_benchmark_runs_at_its_smoke_setting_on_cuda(script, smoke_runs):
     finished(smoke_runs[script.name, "cuda"])
 
 
-@pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.name)
+@pytest.mark.parametrize("script", ON_CPU, ids=lambda path: path.name)
 def test_docs_quote_what_the_benchmark_prints(script, smoke_runs):
     quoted = quotes_in_docs()[0].get(script.name, [])
     assert quoted, f"README.md and docs/ quote no figure of {script.name}"
