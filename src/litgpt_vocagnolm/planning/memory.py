@@ -180,8 +180,17 @@ def block_bytes_per_token(config: Config, train: bool) -> tuple[float, float]:
 
 @functools.lru_cache(maxsize=16)
 def _block_bytes_per_token(config_json: str, train: bool, lengths: tuple[int, int] = (32, 64)) -> tuple[float, float]:
+    config = Config(**json.loads(config_json))  # (a Config is not hashable: cached by its JSON)
     torch.manual_seed(0)
-    model = GPT(Config(**json.loads(config_json)))  # (a Config is not hashable: cached by its JSON)
+    if config.n_expert_groups:  # a grouped router picks experts by the weights' values: random ones, as trained
+        model = GPT(config)
+    else:  # what a block holds does not depend on its values: zeros, not seconds of random numbers at a 27B's width
+        with torch.device("meta"):
+            model = GPT(config)
+        model = model.to_empty(device="cpu")
+        with torch.no_grad():
+            for tensor in (*model.parameters(), *model.buffers()):
+                tensor.zero_()
     block = model.transformer.h[0]
     if not train:
         block = block.to(torch.bfloat16).requires_grad_(False)
