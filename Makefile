@@ -56,7 +56,7 @@ test-long: install
 
 test-install: $(EXTRA_STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "install" -n 2 --dist loadfile --durations 15; \
-		status=$$?; $(TOOK) test-install 900; exit $$status
+		status=$$?; $(TOOK) test-install 600; exit $$status
 
 # Jobs submitted to a real two-node Slurm on this machine, which the script installs (as root) and starts, and stops
 # after. Where it cannot start, the tests skip, except under CI=true, where they fail.
@@ -94,7 +94,7 @@ wheels: install
 # `make wheels`, then `make test-gpu WHEELS=DIR` with no index in a stand-in of the GPU machine's image: it installs
 # and the GPU test skips (tests/test_gpu_wheels.py). Needs the package registry; minutes.
 test-wheels: install
-	$(PY) -m pytest -q -m wheels tests/test_gpu_wheels.py; status=$$?; $(TOOK) test-wheels 900; exit $$status
+	$(PY) -m pytest -q -m wheels tests/test_gpu_wheels.py; status=$$?; $(TOOK) test-wheels 300; exit $$status
 
 demo: install
 	$(VENV)/bin/vocagnolm demo

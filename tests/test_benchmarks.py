@@ -23,9 +23,10 @@ pytestmark = pytest.mark.benchmark
 
 BENCHMARKS = sorted((ROOT / "benchmarks").glob("bench_*.py"))
 ON_CUDA = [path for path in BENCHMARKS if '"--device"' in path.read_text(encoding="utf-8")]
-# Smoke runs that start several fresh interpreters of their own (peak memory measured per process, gloo ranks per
-# layout): about 20 s of CPU each beyond the others, so they run, and their quotes are checked, in `make test-long`.
-STARTS_PROCESSES = {"bench_prepare.py", "bench_checkpoint.py"}
+# Smoke runs that start many fresh interpreters of their own (peak memory measured per process, gloo ranks per
+# layout, each command's start): 15-20 s of CPU each beyond the others, so they run, and their quotes are checked, in
+# `make test-long`.
+STARTS_PROCESSES = {"bench_prepare.py", "bench_checkpoint.py", "bench_startup.py"}
 ON_CPU = [
     pytest.param(path, marks=pytest.mark.long, id=path.name) if path.name in STARTS_PROCESSES else path
     for path in BENCHMARKS
