@@ -67,14 +67,8 @@ TEACHER = tiny_config("teacher", 512, block_size=4096)  # longer than any teache
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """A console command as typed in `cwd`, run here to its exit on one thread (the session's fixtures run before a
-    test's `one_thread`), which must succeed."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        out = typed_here(*args, cwd=cwd)
-    finally:
-        torch.set_num_threads(threads)
+    """A console command as typed in `cwd`, run here to its exit (`typed_here`: on one thread), which must succeed."""
+    out = typed_here(*args, cwd=cwd)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     return out
 
