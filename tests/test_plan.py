@@ -252,19 +252,9 @@ def test_plan_measure_on_the_tiny_recipe_prints_measured_beside_planned(one_thre
     save, load = map(float, re.search(r"a blocking save ([\d.]+) s, a load ([\d.]+) s", printed).groups())
     assert save > 0 and load > 0
     assert re.search(r"before the time limit .*: the step under way \([\d.]+ s\) and the save take [\d.]+ s", printed)
-    # The device it ran on, by name, and what the run's one device is here: a CPU process, whose hours are CPU-hours.
-    device = r"^Measured here, on one device, cpu \(\d+ threads?, [\d.]+ GB\): one process's share"
-    assert re.search(device, printed)
-    assert "GPUs) at the peaks measured here: planned 1024, measured" in printed  # 80 GB: the job's GPUs, not the CPU's
-    assert "(student only steps on 1 CPU process)" in printed
     # The budget: 40,960 tokens in steps of 16 sequences of 128 tokens; the step's time is that of its 2,048 tokens.
-    projection = r"measured ([\d,]+) steps x ([\d.]+) s = ([\d,.]+) s wall-clock, ([\d.]+) CPU-hours"
-    steps, step, wall, cpu_hours = (float(x.replace(",", "")) for x in re.search(projection, printed).groups())
-    assert steps == 40960 // (16 * 128)
-    assert abs(wall - steps * step) <= 0.05 + steps * 5e-5
-    assert abs(cpu_hours - wall / 3600) <= 0.005
+    check_measured_here(printed, rows, "student only", 8, 16 * 128)
     speed = float(rows["student only", 8][3].replace(",", ""))
-    assert abs(2048 / speed - step) <= 0.01 * step
     ratio = float(re.search(r"Student only step / LitGPT's step, tokens/s at micro-batch 8: ([\d.]+)x", printed)[1])
     litgpt_speed = float(rows["LitGPT's step", 8][3].replace(",", ""))
     assert ratio > 0 and abs(ratio - speed / litgpt_speed) <= 0.01 + 0.01 * ratio
@@ -317,19 +307,9 @@ def test_plan_measure_with_a_teacher_runs_online_cached_and_scoring(
     save, load = map(float, re.search(r"a blocking save ([\d.]+) s, a load ([\d.]+) s", printed).groups())
     assert save > 0 and load > 0
     assert re.search(r"before the time limit .*: the step under way \([\d.]+ s\) and the save take [\d.]+ s", printed)
-    # The device it ran on, by name, and what the run's one device is here: a CPU process, whose hours are CPU-hours.
-    assert re.search(r"^Measured here, on one device, cpu \(\d+ threads?, [\d.]+ GB\): one process's share", printed)
-    assert "GPUs) at the peaks measured here: planned 1024, measured" in printed  # 80 GB: the job's GPUs, not the CPU's
-    assert "(online steps on 1 CPU process)" in printed
     # The budget: demo-cpu's 40,960 tokens in steps of 4 sequences of 64 tokens, each the time of its 256 tokens at
     # the pace of the recipe's own step (online, at its micro-batch).
-    projection = r"measured ([\d,]+) steps x ([\d.]+) s = ([\d,.]+) s wall-clock, ([\d.]+) CPU-hours"
-    steps, step, wall, cpu_hours = (float(x.replace(",", "")) for x in re.search(projection, printed).groups())
-    assert steps == 40960 // (4 * 64)
-    assert abs(wall - steps * step) <= 0.05 + steps * 5e-5
-    assert abs(cpu_hours - wall / 3600) <= 0.005
-    speed = float(rows["online", 2][3].replace(",", ""))
-    assert abs(256 / speed - step) <= 0.01 * step
+    check_measured_here(printed, rows, "online", 2, 4 * 64)
     ratio = float(re.search(r"Cached step / LitGPT's step, tokens/s at micro-batch 2: ([\d.]+)x", printed)[1])
     cached, litgpt_speed = (float(rows[work, 2][3].replace(",", "")) for work in ("cached", "LitGPT's step"))
     assert ratio > 0 and abs(ratio - cached / litgpt_speed) <= 0.01 + 0.01 * ratio
@@ -401,3 +381,19 @@ def test_the_teacher_costs_that_docs_models_quotes_are_what_plan_prints(capsys):
     assert f"2 x {gemma.padded_vocab_size:,} x {gemma.n_embd:,}" in prose
     assert f"a tile of {TILE_ELEMENTS // gemma.padded_vocab_size} rows of {gemma.padded_vocab_size:,} logits" in prose
     assert f"({SOFTCAPPED_SCORE_BYTES['forward']} bytes each at their peak" in prose
+
+
+def check_measured_here(printed: str, rows: dict, work: str, micro_batch: int, step_tokens: int) -> None:
+    """What `plan --measure` on a CPU says of where it measured (the device by name; the run's one device a CPU
+    process, whose hours are CPU-hours; the job's GPUs planned at 80 GB) and of the budget: demo-cpu's 40,960 tokens
+    in steps of `step_tokens`, each the time of its tokens at the pace `rows` gives `work` at `micro_batch`."""
+    assert re.search(r"^Measured here, on one device, cpu \(\d+ threads?, [\d.]+ GB\): one process's share", printed)
+    assert "GPUs) at the peaks measured here: planned 1024, measured" in printed
+    assert f"({work} steps on 1 CPU process)" in printed
+    projection = r"measured ([\d,]+) steps x ([\d.]+) s = ([\d,.]+) s wall-clock, ([\d.]+) CPU-hours"
+    steps, step, wall, cpu_hours = (float(x.replace(",", "")) for x in re.search(projection, printed).groups())
+    assert steps == 40960 // step_tokens
+    assert abs(wall - steps * step) <= 0.05 + steps * 5e-5
+    assert abs(cpu_hours - wall / 3600) <= 0.005
+    speed = float(rows[work, micro_batch][3].replace(",", ""))
+    assert abs(step_tokens / speed - step) <= 0.01 * step

@@ -181,7 +181,9 @@ def _optimizer_option() -> type:
     shows, what runs and what hyperparameters.yaml records are one class and its arguments. jsonargparse's own replaces
     a class with init_args by a bare name, and a name by a dict of arguments without a class."""
 
-    from jsonargparse._typehints import ActionTypeHint  # the action of a typed parameter (not exported)
+    # The action jsonargparse gives a typed parameter, which it does not export: subclassed so that the option keeps
+    # its type's parsing and --help. pyproject.toml holds jsonargparse within LitGPT's range (4.37-4.41).
+    from jsonargparse._typehints import ActionTypeHint
 
     class OptimizerOption(ActionTypeHint):
         def __call__(self, parser, cfg, value: str, option: str) -> None:
@@ -200,7 +202,7 @@ def _model_config_option() -> type:
     `__path__` key that the dataclass refuses) and merges a whole config into the one before it, keeping the recipe's
     fields that a file lacks. `--model_config.KEY VALUE` is jsonargparse's."""
 
-    from jsonargparse._typehints import ActionTypeHint  # the action of a typed parameter (not exported)
+    from jsonargparse._typehints import ActionTypeHint  # as in `_optimizer_option`
 
     class ModelConfigOption(ActionTypeHint):
         def __call__(self, parser, cfg, value: str, option: str) -> None:

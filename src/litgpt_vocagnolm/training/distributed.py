@@ -103,6 +103,8 @@ def fused_optimizer(device: torch.device) -> bool:
 def checkpoint_activations(model: GPT) -> None:
     """Wraps each transformer block so that backward recomputes its activations: only the blocks' inputs stay saved.
     For the student only: the frozen teacher keeps no activations. The checkpoint keys stay LitGPT's."""
+    # torch publishes its module wrapper nowhere else; LitGPT's LoRA recipe and Fabric's FSDP strategy import it from
+    # here too. It keeps the state dict's keys LitGPT's, which wrapping `torch.utils.checkpoint` by hand would not.
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     model.transformer.h = nn.ModuleList(checkpoint_wrapper(b, preserve_rng_state=False) for b in model.transformer.h)

@@ -148,6 +148,11 @@ def architecture(fields: dict) -> dict:
     return {key: value for key, value in fields.items() if key != "hf_config"}
 
 
+def first_three(differences: list[str]) -> str:
+    """The first three `differences`, and how many more."""
+    return "; ".join(differences[:3]) + (f"; {len(differences) - 3} more" if len(differences) > 3 else "")
+
+
 def check_weights_fit(config: Config, checkpoint_dir: Path, given: str, source: str) -> None:
     """Fails unless the checkpoint's weights have the tensors, by name and shape, of the model `config` builds (built
     on the meta device: no memory), naming the first that differ; else `load_state_dict` refuses them after the model
@@ -167,7 +172,7 @@ def check_weights_fit(config: Config, checkpoint_dir: Path, given: str, source: 
         its_model = f"--model_config {saved}" if saved.is_file() else "the --model_name or --model_config it was"
         raise InvalidArgument(
             f"{given} {str(checkpoint_dir)!r} holds another architecture than the student {config.name!r} ({source};"
-            f" {'; '.join(differ[:3])}{f'; {len(differ) - 3} more' if len(differ) > 3 else ''}). To continue that"
+            f" {first_three(differ)}). To continue that"
             f" checkpoint, give its model instead, {its_model}; to train {config.name!r}, give --initial_checkpoint_dir"
             " a checkpoint of it, or null to start from random weights."
         )
@@ -181,6 +186,6 @@ def check_resumed_model(config: Config, checkpoint_dir: Path) -> None:
     if differ:
         raise InvalidArgument(
             f"--resume: {checkpoint_dir} was trained as {saved['name']!r}, this run's student is {config.name!r}"
-            f" ({'; '.join(differ[:3])}{f'; {len(differ) - 3} more' if len(differ) > 3 else ''}). Resume it as the"
+            f" ({first_three(differ)}). Resume it as the"
             f" model it is: --model_config {checkpoint_dir / 'model_config.yaml'}."
         )
