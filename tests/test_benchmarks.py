@@ -24,7 +24,7 @@ pytestmark = pytest.mark.benchmark
 BENCHMARKS = sorted((ROOT / "benchmarks").glob("bench_*.py"))
 ON_CUDA = [path for path in BENCHMARKS if '"--device"' in path.read_text(encoding="utf-8")]
 # Smoke runs that start many fresh interpreters of their own (peak memory measured per process, gloo ranks per
-# layout, each command's start): 15-20 s of CPU each beyond the others, so they run, and their quotes are checked, in
+# layout, each command's start), each importing torch again: they run, and their quotes are checked, in
 # `make test-long`.
 STARTS_PROCESSES = {"bench_prepare.py", "bench_checkpoint.py", "bench_startup.py"}
 ON_CPU = [
