@@ -575,6 +575,21 @@ def _prepare_with_a_worker_killed(kwargs, log):
         Path(log).write_text(str(error))
 
 
+def living_members(group: int) -> list[str]:
+    """The processes of process group `group` that have not ended, each as "pid state command" (from /proc): a
+    zombie has ended, though it holds its group until its parent, or init, reaps it."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            command, rest = stat.read_text().split(" (", 1)[1].rsplit(") ", 1)
+        except (OSError, IndexError, ValueError):  # ended while read
+            continue
+        state, _, pgrp = rest.split()[:3]
+        if int(pgrp) == group and state != "Z":
+            members.append(f"{stat.parent.name} {state} {command}")
+    return members
+
+
 def test_a_dead_worker_stops_the_run_and_the_next_run_finishes(prepared, corpus, tmp_path):
     output, log = tmp_path / "out", tmp_path / "log"
     kwargs = prepare_args(corpus[0], output)
@@ -584,13 +599,11 @@ def test_a_dead_worker_stops_the_run_and_the_next_run_finishes(prepared, corpus,
     assert process.exitcode == 0, "prepare did not stop"
     assert re.fullmatch(r"LitData worker \d \(pid \d+\) was killed by SIGKILL \(out of memory\? .*", log.read_text())
     for _ in range(600):  # the other worker and the uploaders are stopped
-        try:
-            os.killpg(process.pid, 0)
-        except ProcessLookupError:
+        if not (alive := living_members(process.pid)):
             break
         time.sleep(0.1)
     else:
-        pytest.fail("Workers of the stopped run are still alive.")
+        pytest.fail(f"Workers of the stopped run are still alive: {alive}")
 
     prepare(**kwargs)
     _assert_same_blocks(all_blocks(output), all_blocks(prepared))
